@@ -1,0 +1,185 @@
+//! Types shared by mergetrace's eBPF programs (kernel side) and its user space.
+//!
+//! Everything here is `#[repr(C)]` plain data: the kernel side writes it into a ring buffer
+//! or reads it from read-only globals, user space reads the same bytes back. The numeric
+//! values of [`kind`], [`path`] and [`flags`] are part of the capture format: append only.
+#![no_std]
+
+/// One block-layer event, as emitted by a probe. 56 bytes; fields not used by a kind are 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Event {
+    /// `bpf_ktime_get_ns()`: CLOCK_MONOTONIC nanoseconds.
+    pub ts_ns: u64,
+    /// Inode number of the bio's blkcg cgroup directory (v1 blkio or v2); 0 = none (no blkg,
+    /// or a request without bios such as a flush).
+    pub cgroup_id: u64,
+    /// Kernel address of the bio (bio kinds) or request (request kinds): a correlation key.
+    pub id: u64,
+    /// Kind-specific: for [`kind::SPLIT`] the address of the remainder bio (the parent that
+    /// keeps going); for request kinds the address of the request's first bio.
+    pub aux64: u64,
+    /// Start sector (512 bytes) of the bio or request.
+    pub sector: u64,
+    /// Whole-disk device in the kernel's encoding: `major << 20 | minor`.
+    pub dev: u32,
+    /// Bytes of the bio or request (`bi_size`, `__data_len`).
+    pub bytes: u32,
+    /// Kind-specific: split: sector where the remainder starts; unplug: depth;
+    /// complete: bytes completed; bio merge: address of the CPU's plug (low 32 bits, 0 = none).
+    pub aux: u32,
+    /// One of [`kind`].
+    pub kind: u8,
+    /// `REQ_OP_*` (`opf & 0xff`).
+    pub op: u8,
+    /// Bio merges: one of [`path`]; complete: the `blk_status_t`.
+    pub path: u8,
+    /// Bits of [`flags`].
+    pub flags: u8,
+}
+
+/// Event kinds. Append only: the values are stored in captures.
+pub mod kind {
+    pub const BIO_QUEUE: u8 = 1;
+    pub const SPLIT: u8 = 2;
+    pub const BACK_MERGE: u8 = 3;
+    pub const FRONT_MERGE: u8 = 4;
+    pub const GETRQ: u8 = 5;
+    pub const RQ_MERGE: u8 = 6;
+    pub const RQ_INSERT: u8 = 7;
+    pub const RQ_ISSUE: u8 = 8;
+    pub const RQ_COMPLETE: u8 = 9;
+    pub const UNPLUG: u8 = 10;
+    pub const RQ_REQUEUE: u8 = 11;
+    /// One past the largest kind: sizes the per-kind lost-event counters.
+    pub const COUNT: u32 = 16;
+
+    pub fn name(kind: u8) -> &'static str {
+        match kind {
+            BIO_QUEUE => "bio_queue",
+            SPLIT => "split",
+            BACK_MERGE => "back_merge",
+            FRONT_MERGE => "front_merge",
+            GETRQ => "getrq",
+            RQ_MERGE => "rq_merge",
+            RQ_INSERT => "rq_insert",
+            RQ_ISSUE => "rq_issue",
+            RQ_COMPLETE => "rq_complete",
+            UNPLUG => "unplug",
+            RQ_REQUEUE => "rq_requeue",
+            _ => "unknown",
+        }
+    }
+}
+
+/// Which mechanism merged a bio into an existing request ([`kind::BACK_MERGE`] and
+/// [`kind::FRONT_MERGE`]). Append only.
+pub mod path {
+    /// The probe could not tell (no caller information).
+    pub const UNKNOWN: u8 = 0;
+    /// `blk_attempt_plug_merge`: the task's plug list.
+    pub const PLUG: u8 = 1;
+    /// `blk_mq_sched_try_merge` / `elv_merge`: the I/O scheduler (mq-deadline, bfq).
+    pub const ELEVATOR: u8 = 2;
+    /// `blk_bio_list_merge`: the software queue of scheduler "none" or kyber.
+    pub const SW_QUEUE: u8 = 3;
+}
+
+/// Event flag bits. Append only.
+pub mod flags {
+    /// `block_bio_queue` fired while blk-throttle's dispatch work released the bio: it waited.
+    pub const THROTTLE_RELEASED: u8 = 1 << 0;
+    /// The bio's throttle group has an iops rule (own or inherited) for its direction.
+    pub const RULES_IOPS: u8 = 1 << 1;
+    /// The bio's throttle group has a bps rule (own or inherited) for its direction.
+    pub const RULES_BPS: u8 = 1 << 2;
+    /// The bio was already charged for its bytes (`BIO_BPS_THROTTLED`).
+    pub const BPS_CHARGED: u8 = 1 << 3;
+    /// Unplug: an explicit `blk_finish_plug`, not a flush from schedule.
+    pub const UNPLUG_EXPLICIT: u8 = 1 << 4;
+}
+
+/// Kernel struct offsets (bytes) and enum values, resolved by user space from the running
+/// kernel's BTF and written into the programs' read-only data before load. The eBPF side has
+/// no CO-RE relocations, so nothing here may be compiled in.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelOffsets {
+    /// Non-zero once user space filled the struct in; programs do nothing while it is 0.
+    pub ready: u32,
+    pub bio_bi_opf: u32,
+    pub bio_bi_bdev: u32,
+    pub bio_bi_blkg: u32,
+    pub bio_bi_flags: u32,
+    pub bio_bi_sector: u32,
+    pub bio_bi_size: u32,
+    pub bio_bi_private: u32,
+    pub bdev_bd_disk: u32,
+    pub disk_major: u32,
+    pub disk_first_minor: u32,
+    pub blkg_blkcg: u32,
+    /// `blkcg.css` + `cgroup_subsys_state.cgroup`.
+    pub blkcg_css_cgroup: u32,
+    pub cgroup_kn: u32,
+    pub kn_id: u32,
+    pub rq_q: u32,
+    pub rq_cmd_flags: u32,
+    pub rq_data_len: u32,
+    pub rq_sector: u32,
+    pub rq_bio: u32,
+    pub q_disk: u32,
+    /// `work_struct.func`.
+    pub work_func: u32,
+    /// `blkcg_gq.pd` (array of `struct blkg_policy_data *`).
+    pub blkg_pd: u32,
+    /// `throtl_grp.has_rules_iops` (bool[2]); 0 where the kernel has no such field.
+    pub tg_has_rules_iops: u32,
+    /// `throtl_grp.has_rules_bps` (bool[2]).
+    pub tg_has_rules_bps: u32,
+    /// `enum bio_flags` value of `BIO_BPS_THROTTLED` (moves between versions).
+    pub bio_bps_throttled_bit: u32,
+    /// `blkcg_policy.plid`: read at `KernelSymbols::throtl_policy` + this offset.
+    pub policy_plid: u32,
+}
+
+/// Kernel addresses from `/proc/kallsyms`, written into read-only data before load: where the
+/// tracepoint tier learns its context (which function a merge came from, whether blk-throttle's
+/// dispatch work is running). A 0 address means "unknown" and disables what depends on it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelSymbols {
+    /// `blk_throtl_dispatch_work_fn`: the work item that releases throttled bios.
+    pub throtl_dispatch_fn: u64,
+    /// `blkcg_policy_throtl`: blk-throttle's policy, whose `plid` indexes `blkcg_gq.pd[]`.
+    pub throtl_policy: u64,
+    /// `[start, end)` of the functions that call `bio_attempt_{back,front}_merge`, one per
+    /// [`path`] value: index `path::PLUG - 1`, `path::ELEVATOR - 1`, `path::SW_QUEUE - 1`.
+    pub merge_callers: [[u64; 2]; MERGE_CALLERS],
+}
+
+/// Number of caller ranges in [`KernelSymbols::merge_callers`].
+pub const MERGE_CALLERS: usize = 3;
+
+/// Per-CPU counter slots besides the per-kind lost counters.
+pub const LOST_SLOTS: u32 = kind::COUNT;
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: plain #[repr(C)] integers without padding holes that matter to the kernel.
+    unsafe impl aya::Pod for super::Event {}
+    unsafe impl aya::Pod for super::KernelOffsets {}
+    unsafe impl aya::Pod for super::KernelSymbols {}
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+
+    #[test]
+    fn event_layout_is_stable() {
+        assert_eq!(core::mem::size_of::<Event>(), 56);
+        assert_eq!(core::mem::align_of::<Event>(), 8);
+        assert_eq!(core::mem::size_of::<KernelOffsets>() % 8, 0);
+    }
+}

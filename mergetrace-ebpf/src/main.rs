@@ -1,0 +1,406 @@
+//! mergetrace's kernel side: one small program per block-layer hook, each turning what it sees
+//! into a [`mergetrace_common::Event`] on a ring buffer. No struct layout is compiled in: field
+//! offsets come from [`OFFSETS`], kernel addresses from [`SYMBOLS`], both filled in from the
+//! running kernel by user space before load. Events the ring buffer cannot take are counted per
+//! kind in [`LOST`], never dropped silently.
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{
+    helpers::{bpf_get_stack, bpf_ktime_get_ns, bpf_probe_read_kernel},
+    macros::{btf_tracepoint, map},
+    maps::{HashMap, PerCpuArray, RingBuf},
+    programs::BtfTracePointContext,
+    EbpfContext,
+};
+use mergetrace_common::{flags, kind, path, Event, KernelOffsets, KernelSymbols, LOST_SLOTS};
+
+#[no_mangle]
+static OFFSETS: KernelOffsets = unsafe { core::mem::zeroed() };
+
+#[no_mangle]
+static SYMBOLS: KernelSymbols = unsafe { core::mem::zeroed() };
+
+/// Events for user space. User space sizes it (`set_max_entries`) before load.
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 24, 0);
+
+/// Whole disks to trace, in the kernel's `dev_t` encoding. Value unused.
+#[map]
+static DEVICES: HashMap<u32, u8> = HashMap::with_max_entries(256, 0);
+
+/// Per CPU, per event kind: events the ring buffer had no room for.
+#[map]
+static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOST_SLOTS, 0);
+
+/// Per CPU: non-zero while blk-throttle's dispatch work item runs on this CPU.
+#[map]
+static IN_THROTL_DISPATCH: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Reads one offset from the read-only globals. Volatile, so the compiler cannot fold the
+/// zero it sees at build time; the verifier sees the real, frozen value.
+macro_rules! off {
+    ($field:ident) => {
+        unsafe { core::ptr::read_volatile(&raw const OFFSETS.$field) }
+    };
+}
+macro_rules! sym {
+    ($field:ident) => {
+        unsafe { core::ptr::read_volatile(&raw const SYMBOLS.$field) }
+    };
+}
+
+/// Reads a `T` at `base + offset` from kernel memory; zero if unreadable or `base` is NULL.
+#[inline(always)]
+fn read<T: Copy + Default>(base: u64, offset: u32) -> T {
+    if base == 0 {
+        return T::default();
+    }
+    unsafe { bpf_probe_read_kernel((base + offset as u64) as *const T) }.unwrap_or_default()
+}
+
+#[inline(always)]
+fn ready() -> bool {
+    off!(ready) != 0
+}
+
+/// `major << 20 | first_minor` of a `struct gendisk`.
+#[inline(always)]
+fn disk_dev(disk: u64) -> u32 {
+    let major: i32 = read(disk, off!(disk_major));
+    let minor: i32 = read(disk, off!(disk_first_minor));
+    ((major as u32) << 20) | (minor as u32 & 0xfffff)
+}
+
+#[inline(always)]
+fn traced(dev: u32) -> bool {
+    unsafe { DEVICES.get(&dev) }.is_some()
+}
+
+/// The cgroup id (kernfs inode) a `struct blkcg_gq` belongs to; 0 for NULL.
+#[inline(always)]
+fn blkg_cgroup_id(blkg: u64) -> u64 {
+    let blkcg: u64 = read(blkg, off!(blkg_blkcg));
+    let cgroup: u64 = read(blkcg, off!(blkcg_css_cgroup));
+    let kn: u64 = read(cgroup, off!(cgroup_kn));
+    read(kn, off!(kn_id))
+}
+
+#[inline(always)]
+fn emit(ev: &Event) {
+    match EVENTS.reserve::<Event>(0) {
+        Some(mut entry) => {
+            entry.write(*ev);
+            entry.submit(0);
+        }
+        None => count_lost(ev.kind),
+    }
+}
+
+#[inline(always)]
+fn count_lost(kind: u8) {
+    if let Some(slot) = LOST.get_ptr_mut(kind as u32) {
+        unsafe { *slot += 1 };
+    }
+}
+
+/// The common part of every bio event; `None` if the bio's disk is not traced.
+#[inline(always)]
+fn bio_event(bio: u64, kind: u8) -> Option<Event> {
+    if bio == 0 || !ready() {
+        return None;
+    }
+    let bdev: u64 = read(bio, off!(bio_bi_bdev));
+    let disk: u64 = read(bdev, off!(bdev_bd_disk));
+    let dev = disk_dev(disk);
+    if !traced(dev) {
+        return None;
+    }
+    let opf: u32 = read(bio, off!(bio_bi_opf));
+    let blkg: u64 = read(bio, off!(bio_bi_blkg));
+    Some(Event {
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        cgroup_id: blkg_cgroup_id(blkg),
+        id: bio,
+        aux64: 0,
+        sector: read(bio, off!(bio_bi_sector)),
+        dev,
+        bytes: read(bio, off!(bio_bi_size)),
+        aux: 0,
+        kind,
+        op: (opf & 0xff) as u8,
+        path: 0,
+        flags: 0,
+    })
+}
+
+/// The common part of every request event; `None` if the request's disk is not traced.
+#[inline(always)]
+fn rq_event(rq: u64, kind: u8) -> Option<Event> {
+    if rq == 0 || !ready() {
+        return None;
+    }
+    let q: u64 = read(rq, off!(rq_q));
+    let disk: u64 = read(q, off!(q_disk));
+    let dev = disk_dev(disk);
+    if !traced(dev) {
+        return None;
+    }
+    let cmd_flags: u32 = read(rq, off!(rq_cmd_flags));
+    // A request never mixes cgroups (blk_cgroup_mergeable), so its first bio tells its cgroup.
+    let first_bio: u64 = read(rq, off!(rq_bio));
+    let blkg: u64 = read(first_bio, off!(bio_bi_blkg));
+    Some(Event {
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        cgroup_id: blkg_cgroup_id(blkg),
+        id: rq,
+        aux64: first_bio,
+        sector: read(rq, off!(rq_sector)),
+        dev,
+        bytes: read(rq, off!(rq_data_len)),
+        aux: 0,
+        kind,
+        op: (cmd_flags & 0xff) as u8,
+        path: 0,
+        flags: 0,
+    })
+}
+
+/// blk-throttle's view of a bio: does its group have rules for the bio's direction, and were
+/// its bytes already charged. Read from `bio->bi_blkg->pd[plid]` (a `struct throtl_grp`).
+#[inline(always)]
+fn throttle_flags(bio: u64, op: u8) -> u8 {
+    let policy = sym!(throtl_policy);
+    if policy == 0 {
+        return 0;
+    }
+    let plid: i32 = read(policy, off!(policy_plid));
+    if !(0..8).contains(&plid) {
+        return 0;
+    }
+    let blkg: u64 = read(bio, off!(bio_bi_blkg));
+    let tg: u64 = read(blkg, off!(blkg_pd) + plid as u32 * 8);
+    if tg == 0 {
+        return 0;
+    }
+    let rw = (op & 1) as u32; // bio_data_dir(): op_is_write()
+    let mut out = 0;
+    if read::<u8>(tg, off!(tg_has_rules_iops) + rw) != 0 {
+        out |= flags::RULES_IOPS;
+    }
+    if read::<u8>(tg, off!(tg_has_rules_bps) + rw) != 0 {
+        out |= flags::RULES_BPS;
+    }
+    let bi_flags: u16 = read(bio, off!(bio_bi_flags));
+    if bi_flags & (1u16 << (off!(bio_bps_throttled_bit) & 15)) != 0 {
+        out |= flags::BPS_CHARGED;
+    }
+    out
+}
+
+#[inline(always)]
+fn in_throttle_dispatch() -> bool {
+    IN_THROTL_DISPATCH.get(0).is_some_and(|v| *v != 0)
+}
+
+#[btf_tracepoint(function = "block_bio_queue")]
+pub fn block_bio_queue(ctx: BtfTracePointContext) -> u32 {
+    let bio: u64 = ctx.arg(0);
+    if let Some(mut ev) = bio_event(bio, kind::BIO_QUEUE) {
+        ev.flags = throttle_flags(bio, ev.op);
+        if in_throttle_dispatch() {
+            ev.flags |= flags::THROTTLE_RELEASED;
+        }
+        emit(&ev);
+    }
+    0
+}
+
+/// `block_split(split, new_sector)`: `split` is the front piece; the original bio becomes the
+/// remainder (`split->bi_private`) and re-enters the throttle, where it is charged again.
+#[btf_tracepoint(function = "block_split")]
+pub fn block_split(ctx: BtfTracePointContext) -> u32 {
+    let split: u64 = ctx.arg(0);
+    let new_sector: u64 = ctx.arg(1);
+    if let Some(mut ev) = bio_event(split, kind::SPLIT) {
+        ev.aux = new_sector as u32;
+        ev.aux64 = read(split, off!(bio_bi_private));
+        ev.flags = throttle_flags(split, ev.op);
+        emit(&ev);
+    }
+    0
+}
+
+/// Which merge caller is on the kernel stack: the first frame inside one of the
+/// `merge_callers` ranges decides. `path::UNKNOWN` if none (or no ranges were given).
+#[inline(always)]
+fn merge_path<C: EbpfContext>(ctx: &C) -> u8 {
+    const FRAMES: usize = 8;
+    let mut stack = [0u64; FRAMES];
+    let got = unsafe {
+        bpf_get_stack(
+            ctx.as_ptr(),
+            stack.as_mut_ptr() as *mut _,
+            (FRAMES * 8) as u32,
+            0,
+        )
+    };
+    if got <= 0 {
+        return path::UNKNOWN;
+    }
+    let frames = (got as usize / 8).min(FRAMES);
+    let callers = sym!(merge_callers);
+    for (i, ip) in stack.iter().enumerate() {
+        if i >= frames {
+            break;
+        }
+        for (p, range) in callers.iter().enumerate() {
+            if range[0] != 0 && *ip >= range[0] && *ip < range[1] {
+                return p as u8 + 1;
+            }
+        }
+    }
+    path::UNKNOWN
+}
+
+fn bio_merge(ctx: &BtfTracePointContext, kind: u8) {
+    let bio: u64 = ctx.arg(0);
+    if let Some(mut ev) = bio_event(bio, kind) {
+        ev.path = merge_path(ctx);
+        emit(&ev);
+    }
+}
+
+#[btf_tracepoint(function = "block_bio_backmerge")]
+pub fn block_bio_backmerge(ctx: BtfTracePointContext) -> u32 {
+    bio_merge(&ctx, kind::BACK_MERGE);
+    0
+}
+
+#[btf_tracepoint(function = "block_bio_frontmerge")]
+pub fn block_bio_frontmerge(ctx: BtfTracePointContext) -> u32 {
+    bio_merge(&ctx, kind::FRONT_MERGE);
+    0
+}
+
+#[btf_tracepoint(function = "block_getrq")]
+pub fn block_getrq(ctx: BtfTracePointContext) -> u32 {
+    if let Some(ev) = bio_event(ctx.arg(0), kind::GETRQ) {
+        emit(&ev);
+    }
+    0
+}
+
+fn rq_simple(ctx: &BtfTracePointContext, kind: u8) {
+    if let Some(ev) = rq_event(ctx.arg(0), kind) {
+        emit(&ev);
+    }
+}
+
+/// `block_rq_merge(next)`: `next` is absorbed into another request.
+#[btf_tracepoint(function = "block_rq_merge")]
+pub fn block_rq_merge(ctx: BtfTracePointContext) -> u32 {
+    rq_simple(&ctx, kind::RQ_MERGE);
+    0
+}
+
+#[btf_tracepoint(function = "block_rq_insert")]
+pub fn block_rq_insert(ctx: BtfTracePointContext) -> u32 {
+    rq_simple(&ctx, kind::RQ_INSERT);
+    0
+}
+
+#[btf_tracepoint(function = "block_rq_issue")]
+pub fn block_rq_issue(ctx: BtfTracePointContext) -> u32 {
+    rq_simple(&ctx, kind::RQ_ISSUE);
+    0
+}
+
+#[btf_tracepoint(function = "block_rq_requeue")]
+pub fn block_rq_requeue(ctx: BtfTracePointContext) -> u32 {
+    rq_simple(&ctx, kind::RQ_REQUEUE);
+    0
+}
+
+/// `block_rq_complete(rq, error, nr_bytes)`; may be partial.
+#[btf_tracepoint(function = "block_rq_complete")]
+pub fn block_rq_complete(ctx: BtfTracePointContext) -> u32 {
+    let error: u64 = ctx.arg(1);
+    let nr_bytes: u64 = ctx.arg(2);
+    if let Some(mut ev) = rq_event(ctx.arg(0), kind::RQ_COMPLETE) {
+        ev.path = error as u8;
+        ev.aux = nr_bytes as u32;
+        emit(&ev);
+    }
+    0
+}
+
+/// `block_unplug(q, depth, explicit)`.
+#[btf_tracepoint(function = "block_unplug")]
+pub fn block_unplug(ctx: BtfTracePointContext) -> u32 {
+    if !ready() {
+        return 0;
+    }
+    let q: u64 = ctx.arg(0);
+    let depth: u64 = ctx.arg(1);
+    let explicit: u64 = ctx.arg(2);
+    let disk: u64 = read(q, off!(q_disk));
+    let dev = disk_dev(disk);
+    if !traced(dev) {
+        return 0;
+    }
+    let ev = Event {
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        id: q,
+        dev,
+        aux: depth as u32,
+        kind: kind::UNPLUG,
+        flags: if explicit & 0xff != 0 {
+            flags::UNPLUG_EXPLICIT
+        } else {
+            0
+        },
+        ..Event::default()
+    };
+    emit(&ev);
+    0
+}
+
+/// Marks the CPU while blk-throttle's dispatch work runs: bios queued then were held back.
+/// The mark is the work item's address, so the matching end clears it.
+#[btf_tracepoint(function = "workqueue_execute_start")]
+pub fn workqueue_execute_start(ctx: BtfTracePointContext) -> u32 {
+    let work: u64 = ctx.arg(0);
+    let target = sym!(throtl_dispatch_fn);
+    if target != 0 && read::<u64>(work, off!(work_func)) == target {
+        if let Some(mark) = IN_THROTL_DISPATCH.get_ptr_mut(0) {
+            unsafe { *mark = work };
+        }
+    }
+    0
+}
+
+/// `workqueue_execute_end(work, func)`: `func` is a function pointer tp_btf cannot read, so
+/// match on the work item's address instead.
+#[btf_tracepoint(function = "workqueue_execute_end")]
+pub fn workqueue_execute_end(ctx: BtfTracePointContext) -> u32 {
+    let work: u64 = ctx.arg(0);
+    if let Some(mark) = IN_THROTL_DISPATCH.get_ptr_mut(0) {
+        unsafe {
+            if *mark == work {
+                *mark = 0;
+            }
+        }
+    }
+    0
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

@@ -1,0 +1,261 @@
+//! Cgroup ids → paths. The id the probes report is the kernfs inode of the bio's blkcg
+//! directory, which lives in the hierarchy that hosts the io controller: cgroup v1 `blkio`
+//! when it is mounted (hybrid hosts), the unified v2 hierarchy otherwise.
+use std::{
+    collections::HashMap,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{bail, Context, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Hierarchy {
+    /// cgroup v1 with the blkio controller.
+    V1,
+    /// The unified cgroup v2 hierarchy.
+    V2,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupName {
+    /// Path relative to the hierarchy's mount: "/" for the root.
+    pub path: String,
+    /// The id no longer exists (the cgroup was removed); `path` is the last one seen.
+    pub gone: bool,
+}
+
+/// Resolves and caches cgroup ids of one hierarchy.
+pub struct Cgroups {
+    pub hierarchy: Hierarchy,
+    pub mount: PathBuf,
+    by_id: HashMap<u64, String>,
+}
+
+/// The mount that hosts the io controller, from `/proc/self/mountinfo`.
+pub fn io_hierarchy(mountinfo: &str) -> Option<(Hierarchy, PathBuf)> {
+    let mut v2 = None;
+    for line in mountinfo.lines() {
+        // id parent maj:min root mountpoint opts - fstype source superopts
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let mountpoint = left.split(' ').nth(4).unwrap_or_default();
+        let mut r = right.split(' ');
+        let fstype = r.next().unwrap_or_default();
+        let superopts = r.nth(1).unwrap_or_default();
+        let mountpoint = PathBuf::from(unescape(mountpoint));
+        if fstype == "cgroup" && superopts.split(',').any(|o| o == "blkio") {
+            return Some((Hierarchy::V1, mountpoint));
+        }
+        if fstype == "cgroup2" && v2.is_none() {
+            v2 = Some((Hierarchy::V2, mountpoint));
+        }
+    }
+    v2
+}
+
+/// mountinfo escapes space, tab, newline and backslash as octal.
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+impl Cgroups {
+    pub fn discover() -> Result<Cgroups> {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+            .context("cannot read /proc/self/mountinfo")?;
+        let (hierarchy, mount) = io_hierarchy(&mountinfo)
+            .context("no cgroup hierarchy with the io/blkio controller is mounted")?;
+        Ok(Cgroups::at(hierarchy, mount))
+    }
+
+    pub fn at(hierarchy: Hierarchy, mount: PathBuf) -> Cgroups {
+        let mut c = Cgroups {
+            hierarchy,
+            mount,
+            by_id: HashMap::new(),
+        };
+        c.rescan();
+        c
+    }
+
+    /// Walks the hierarchy and records every directory's inode.
+    pub fn rescan(&mut self) {
+        let mut stack = vec![self.mount.clone()];
+        while let Some(dir) = stack.pop() {
+            let Ok(meta) = std::fs::metadata(&dir) else {
+                continue;
+            };
+            self.by_id.insert(meta.ino(), self.relative(&dir));
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    stack.push(e.path());
+                }
+            }
+        }
+    }
+
+    fn relative(&self, dir: &Path) -> String {
+        match dir.strip_prefix(&self.mount) {
+            Ok(rel) if rel.as_os_str().is_empty() => "/".to_string(),
+            Ok(rel) => format!("/{}", rel.display()),
+            Err(_) => dir.display().to_string(),
+        }
+    }
+
+    fn exists(&self, id: u64, path: &str) -> bool {
+        let full = self.mount.join(path.trim_start_matches('/'));
+        std::fs::metadata(full).is_ok_and(|m| m.ino() == id)
+    }
+
+    /// The name of `id`: looked up, rescanned once if unknown, checked for removal.
+    pub fn name(&mut self, id: u64) -> CgroupName {
+        if id == 0 {
+            return CgroupName {
+                path: "(none)".into(),
+                gone: false,
+            };
+        }
+        if let Some(path) = self.by_id.get(&id).cloned() {
+            if self.exists(id, &path) {
+                return CgroupName { path, gone: false };
+            }
+            self.rescan();
+            return match self.by_id.get(&id) {
+                Some(p) if self.exists(id, p) => CgroupName {
+                    path: p.clone(),
+                    gone: false,
+                },
+                _ => CgroupName { path, gone: true },
+            };
+        }
+        self.rescan();
+        match self.by_id.get(&id) {
+            Some(p) => CgroupName {
+                path: p.clone(),
+                gone: false,
+            },
+            None => CgroupName {
+                path: format!("(unknown cgroup id {id})"),
+                gone: true,
+            },
+        }
+    }
+
+    /// Normalises a user's `-c` argument to a hierarchy-relative path and checks it exists.
+    /// Accepts `/mt`, `mt`, or the full filesystem path under the mount.
+    pub fn normalize(&self, user: &str) -> Result<String> {
+        let p = Path::new(user);
+        let rel = if let Ok(rel) = p.strip_prefix(&self.mount) {
+            format!("/{}", rel.display())
+        } else {
+            format!("/{}", user.trim_start_matches('/'))
+        };
+        let rel = if rel.len() > 1 {
+            rel.trim_end_matches('/').to_string()
+        } else {
+            rel
+        };
+        let full = self.mount.join(rel.trim_start_matches('/'));
+        if !full.is_dir() {
+            bail!(
+                "unknown cgroup '{user}': no directory {} (cgroup paths are relative to {})",
+                full.display(),
+                self.mount.display()
+            );
+        }
+        Ok(rel)
+    }
+}
+
+/// Whether `path` is `subtree` or below it.
+pub fn in_subtree(path: &str, subtree: &str) -> bool {
+    subtree == "/"
+        || path == subtree
+        || path
+            .strip_prefix(subtree)
+            .is_some_and(|r| r.starts_with('/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn picks_v1_blkio_over_v2() {
+        let mi = "30 24 0:26 / /sys/fs/cgroup ro - tmpfs tmpfs ro\n\
+                  35 30 0:31 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n\
+                  40 30 0:36 / /sys/fs/cgroup/blkio rw - cgroup cgroup rw,blkio\n";
+        assert_eq!(
+            io_hierarchy(mi),
+            Some((Hierarchy::V1, "/sys/fs/cgroup/blkio".into()))
+        );
+        let v2only = "35 30 0:31 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n";
+        assert_eq!(
+            io_hierarchy(v2only),
+            Some((Hierarchy::V2, "/sys/fs/cgroup".into()))
+        );
+        assert_eq!(io_hierarchy(""), None);
+        assert_eq!(unescape("/a\\040b"), "/a b");
+    }
+
+    #[test]
+    fn resolves_ids_and_notices_removal() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(t.path().join("a/b")).unwrap();
+        let mut c = Cgroups::at(Hierarchy::V2, t.path().to_path_buf());
+        let ino = |p: &str| std::fs::metadata(t.path().join(p)).unwrap().ino();
+        let b = ino("a/b");
+        assert_eq!(c.name(ino("")).path, "/");
+        assert_eq!(
+            c.name(b),
+            CgroupName {
+                path: "/a/b".into(),
+                gone: false
+            }
+        );
+        std::fs::create_dir(t.path().join("new")).unwrap();
+        assert_eq!(c.name(ino("new")).path, "/new");
+        std::fs::remove_dir(t.path().join("a/b")).unwrap();
+        assert_eq!(
+            c.name(b),
+            CgroupName {
+                path: "/a/b".into(),
+                gone: true
+            }
+        );
+        assert!(c.name(u64::MAX).gone);
+        assert_eq!(c.normalize("a").unwrap(), "/a");
+        assert_eq!(
+            c.normalize(&t.path().join("a").display().to_string())
+                .unwrap(),
+            "/a"
+        );
+        assert!(c
+            .normalize("/nope")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown cgroup"));
+        assert!(in_subtree("/a/b", "/a") && in_subtree("/a", "/a") && !in_subtree("/ab", "/a"));
+        assert!(in_subtree("/x", "/"));
+    }
+}

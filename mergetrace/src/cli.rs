@@ -1,0 +1,113 @@
+//! Command line.
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "mergetrace",
+    version,
+    about = "Per-cgroup view of what blk-throttle charged, what merged (and how), and what the device saw",
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub live: LiveArgs,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {}
+
+#[derive(Args, Debug, Clone)]
+pub struct LiveArgs {
+    /// Block device to trace: a name (vda), /dev/NAME or MAJ:MIN. Repeatable. A partition
+    /// maps to its disk.
+    #[arg(short = 'd', long = "device", required = true, value_name = "DEV")]
+    pub devices: Vec<String>,
+    /// Refresh interval, e.g. 1s, 500ms.
+    #[arg(short = 'i', long, default_value = "1s", value_parser = parse_duration)]
+    pub interval: Duration,
+    /// Stop after this long (e.g. 10s); otherwise run until Ctrl-C or SIGTERM.
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// Print NDJSON: one object per interval, then one for the whole run.
+    #[arg(long)]
+    pub json: bool,
+    /// Plain text even on a terminal.
+    #[arg(long, conflicts_with = "json")]
+    pub text: bool,
+    /// Only this cgroup and its descendants (path relative to the cgroup mount, e.g. /mt).
+    #[arg(short = 'c', long, value_name = "PATH")]
+    pub cgroup: Option<String>,
+    /// Ring buffer size in MiB (a power of two).
+    #[arg(long, default_value_t = 16, value_name = "MIB", value_parser = parse_ring_mib)]
+    pub ring_mib: u32,
+}
+
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s)
+        .map_err(|e| format!("'{s}' is not a duration ({e}); write e.g. 500ms, 1s, 2m"))?;
+    if d.is_zero() {
+        return Err("a duration must be longer than 0".into());
+    }
+    Ok(d)
+}
+
+fn parse_ring_mib(s: &str) -> Result<u32, String> {
+    let n: u32 = s
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number of MiB"))?;
+    if !n.is_power_of_two() || n > 1024 {
+        return Err(format!(
+            "ring size {n} MiB must be a power of two up to 1024"
+        ));
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn parses_live_flags() {
+        let c = Cli::try_parse_from([
+            "mergetrace",
+            "-d",
+            "vda",
+            "-d",
+            "7:3",
+            "-i",
+            "500ms",
+            "--json",
+            "--duration",
+            "10s",
+            "-c",
+            "/mt",
+        ])
+        .unwrap();
+        assert_eq!(c.live.devices, ["vda", "7:3"]);
+        assert_eq!(c.live.interval, Duration::from_millis(500));
+        assert_eq!(c.live.duration, Some(Duration::from_secs(10)));
+        assert!(c.live.json);
+        assert_eq!(c.live.cgroup.as_deref(), Some("/mt"));
+    }
+
+    #[test]
+    fn rejects_bad_values() {
+        assert!(Cli::try_parse_from(["mergetrace", "-d", "vda", "-i", "0s"]).is_err());
+        assert!(Cli::try_parse_from(["mergetrace", "-d", "vda", "-i", "soon"]).is_err());
+        assert!(Cli::try_parse_from(["mergetrace", "-d", "vda", "--json", "--text"]).is_err());
+        assert!(Cli::try_parse_from(["mergetrace", "-d", "vda", "--ring-mib", "3"]).is_err());
+        assert!(Cli::try_parse_from(["mergetrace"]).is_err());
+    }
+}

@@ -1,0 +1,475 @@
+//! A small reader for the kernel's BTF (`/sys/kernel/btf/vmlinux`): just enough to find struct
+//! member offsets (through anonymous unions and structs), enum values, and whether a function
+//! or tracepoint exists. Untrusted input: every read is bounds-checked, errors never panic.
+use std::collections::HashMap;
+
+use anyhow::{bail, Context, Result};
+
+const MAGIC: u16 = 0xeb9f;
+
+pub const KIND_INT: u8 = 1;
+pub const KIND_PTR: u8 = 2;
+pub const KIND_ARRAY: u8 = 3;
+pub const KIND_STRUCT: u8 = 4;
+pub const KIND_UNION: u8 = 5;
+pub const KIND_ENUM: u8 = 6;
+pub const KIND_FWD: u8 = 7;
+pub const KIND_TYPEDEF: u8 = 8;
+pub const KIND_VOLATILE: u8 = 9;
+pub const KIND_CONST: u8 = 10;
+pub const KIND_RESTRICT: u8 = 11;
+pub const KIND_FUNC: u8 = 12;
+pub const KIND_FUNC_PROTO: u8 = 13;
+pub const KIND_VAR: u8 = 14;
+pub const KIND_DATASEC: u8 = 15;
+pub const KIND_FLOAT: u8 = 16;
+pub const KIND_DECL_TAG: u8 = 17;
+pub const KIND_TYPE_TAG: u8 = 18;
+pub const KIND_ENUM64: u8 = 19;
+
+#[derive(Debug, Clone)]
+pub struct Member {
+    pub name: String,
+    pub type_id: u32,
+    /// Offset in bits from the start of the containing struct.
+    pub bit_offset: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct Type {
+    pub kind: u8,
+    pub name: String,
+    /// `size` for INT/STRUCT/UNION/ENUM/FLOAT/DATASEC, `type` for PTR/TYPEDEF/modifiers/FUNC.
+    pub size_or_type: u32,
+    pub members: Vec<Member>,
+    /// ENUM/ENUM64 values, by name.
+    pub enumerators: Vec<(String, i64)>,
+    /// ARRAY: (element type, element count).
+    pub array: Option<(u32, u32)>,
+}
+
+/// A parsed BTF blob. Type id 0 is `void`; ids start at 1 as in the kernel.
+pub struct Btf {
+    types: Vec<Type>,
+    by_name: HashMap<String, Vec<u32>>,
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl Reader<'_> {
+    fn u32(&mut self) -> Result<u32> {
+        let end = self.pos.checked_add(4).context("BTF offset overflow")?;
+        let b = self
+            .bytes
+            .get(self.pos..end)
+            .context("BTF type section ends inside a record")?;
+        self.pos = end;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn skip(&mut self, n: usize) -> Result<()> {
+        self.pos = self.pos.checked_add(n).context("BTF offset overflow")?;
+        if self.pos > self.bytes.len() {
+            bail!("BTF type section ends inside a record");
+        }
+        Ok(())
+    }
+}
+
+fn read_u32(bytes: &[u8], at: usize) -> Result<u32> {
+    let b = bytes.get(at..at + 4).context("BTF header is truncated")?;
+    Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+impl Btf {
+    /// The running kernel's BTF.
+    pub fn from_sys_fs() -> Result<Btf> {
+        let path = "/sys/kernel/btf/vmlinux";
+        let bytes = std::fs::read(path).with_context(|| {
+            format!(
+                "this kernel has no BTF ({path} is missing): mergetrace needs a kernel built \
+                 with CONFIG_DEBUG_INFO_BTF=y"
+            )
+        })?;
+        Btf::parse(&bytes).with_context(|| format!("cannot parse {path}"))
+    }
+
+    /// Parses a little-endian BTF blob.
+    pub fn parse(bytes: &[u8]) -> Result<Btf> {
+        if bytes.len() < 24 {
+            bail!("BTF blob is {} bytes, shorter than its header", bytes.len());
+        }
+        let magic = u16::from_le_bytes([bytes[0], bytes[1]]);
+        if magic != MAGIC {
+            bail!("not BTF (magic {magic:#06x}, expected {MAGIC:#06x}, little-endian)");
+        }
+        let hdr_len = read_u32(bytes, 4)? as usize;
+        let type_off = read_u32(bytes, 8)? as usize;
+        let type_len = read_u32(bytes, 12)? as usize;
+        let str_off = read_u32(bytes, 16)? as usize;
+        let str_len = read_u32(bytes, 20)? as usize;
+        let section = |off: usize, len: usize, what: &str| -> Result<&[u8]> {
+            let start = hdr_len.checked_add(off).context("BTF header overflow")?;
+            let end = start.checked_add(len).context("BTF header overflow")?;
+            bytes
+                .get(start..end)
+                .with_context(|| format!("BTF {what} section lies outside the blob"))
+        };
+        let type_sec = section(type_off, type_len, "type")?;
+        let strings = section(str_off, str_len, "string")?;
+        let string_at = |off: u32| -> Result<String> {
+            let rest = strings
+                .get(off as usize..)
+                .with_context(|| format!("BTF string offset {off} is out of range"))?;
+            let end = rest.iter().position(|&c| c == 0).unwrap_or(rest.len());
+            Ok(String::from_utf8_lossy(&rest[..end]).into_owned())
+        };
+
+        let mut types = vec![Type {
+            kind: 0,
+            name: String::new(),
+            size_or_type: 0,
+            members: Vec::new(),
+            enumerators: Vec::new(),
+            array: None,
+        }];
+        let mut r = Reader {
+            bytes: type_sec,
+            pos: 0,
+        };
+        while r.pos < type_sec.len() {
+            let name = string_at(r.u32()?)?;
+            let info = r.u32()?;
+            let size_or_type = r.u32()?;
+            let vlen = (info & 0xffff) as usize;
+            let kind = ((info >> 24) & 0x1f) as u8;
+            let kind_flag = info >> 31 != 0;
+            let mut t = Type {
+                kind,
+                name,
+                size_or_type,
+                members: Vec::new(),
+                enumerators: Vec::new(),
+                array: None,
+            };
+            match kind {
+                KIND_INT | KIND_VAR | KIND_DECL_TAG => r.skip(4)?,
+                KIND_PTR | KIND_FWD | KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT
+                | KIND_FUNC | KIND_FLOAT | KIND_TYPE_TAG => {}
+                KIND_ARRAY => {
+                    let elem = r.u32()?;
+                    let _index = r.u32()?;
+                    let n = r.u32()?;
+                    t.array = Some((elem, n));
+                }
+                KIND_STRUCT | KIND_UNION => {
+                    for _ in 0..vlen {
+                        let name = string_at(r.u32()?)?;
+                        let type_id = r.u32()?;
+                        let off = r.u32()?;
+                        let bit_offset = if kind_flag { off & 0xff_ffff } else { off };
+                        t.members.push(Member {
+                            name,
+                            type_id,
+                            bit_offset,
+                        });
+                    }
+                }
+                KIND_ENUM => {
+                    for _ in 0..vlen {
+                        let name = string_at(r.u32()?)?;
+                        let raw = r.u32()?;
+                        let val = if kind_flag {
+                            raw as i32 as i64
+                        } else {
+                            raw as i64
+                        };
+                        t.enumerators.push((name, val));
+                    }
+                }
+                KIND_ENUM64 => {
+                    for _ in 0..vlen {
+                        let name = string_at(r.u32()?)?;
+                        let lo = r.u32()? as u64;
+                        let hi = r.u32()? as u64;
+                        t.enumerators.push((name, ((hi << 32) | lo) as i64));
+                    }
+                }
+                KIND_FUNC_PROTO => r.skip(vlen.checked_mul(8).context("BTF overflow")?)?,
+                KIND_DATASEC => r.skip(vlen.checked_mul(12).context("BTF overflow")?)?,
+                other => bail!("BTF type {} has unknown kind {other}", types.len()),
+            }
+            types.push(t);
+        }
+        let mut by_name: HashMap<String, Vec<u32>> = HashMap::new();
+        for (id, t) in types.iter().enumerate().skip(1) {
+            if !t.name.is_empty() {
+                by_name.entry(t.name.clone()).or_default().push(id as u32);
+            }
+        }
+        Ok(Btf { types, by_name })
+    }
+
+    pub fn get(&self, id: u32) -> Option<&Type> {
+        self.types.get(id as usize)
+    }
+
+    /// The id of the first type named `name` of kind `kind`.
+    pub fn find(&self, kind: u8, name: &str) -> Option<u32> {
+        self.by_name
+            .get(name)?
+            .iter()
+            .copied()
+            .find(|&id| self.types[id as usize].kind == kind)
+    }
+
+    /// Follows typedefs and qualifiers to the underlying type (bounded, so loops cannot hang).
+    pub fn resolve(&self, mut id: u32) -> Option<u32> {
+        for _ in 0..32 {
+            let t = self.get(id)?;
+            match t.kind {
+                KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => {
+                    id = t.size_or_type
+                }
+                _ => return Some(id),
+            }
+        }
+        None
+    }
+
+    /// Byte offset of `path` (e.g. `"bi_iter.bi_sector"`) inside `struct name`, looking through
+    /// anonymous unions and structs as C does.
+    pub fn member_offset(&self, struct_name: &str, path: &str) -> Result<u32> {
+        let mut id = self
+            .find(KIND_STRUCT, struct_name)
+            .or_else(|| self.find(KIND_UNION, struct_name))
+            .with_context(|| format!("struct {struct_name} is not in this kernel's BTF"))?;
+        let mut bits = 0u64;
+        for part in path.split('.') {
+            let (off, member_type) = self
+                .find_member(id, part, 0)
+                .with_context(|| format!("struct {struct_name} has no member {path}"))?;
+            bits += off as u64;
+            id = self
+                .resolve(member_type)
+                .with_context(|| format!("{struct_name}.{path}: broken type chain"))?;
+        }
+        if bits % 8 != 0 {
+            bail!("{struct_name}.{path} is a bitfield");
+        }
+        u32::try_from(bits / 8).context("offset out of range")
+    }
+
+    /// (bit offset, type id) of member `name` in the struct/union `id`, recursing into anonymous
+    /// members. Depth-bounded against malformed input.
+    fn find_member(&self, id: u32, name: &str, depth: u32) -> Option<(u32, u32)> {
+        if depth > 8 {
+            return None;
+        }
+        let t = self.get(self.resolve(id)?)?;
+        if t.kind != KIND_STRUCT && t.kind != KIND_UNION {
+            return None;
+        }
+        for m in &t.members {
+            if m.name == name {
+                return Some((m.bit_offset, m.type_id));
+            }
+        }
+        for m in &t.members {
+            if m.name.is_empty() {
+                if let Some((off, ty)) = self.find_member(m.type_id, name, depth + 1) {
+                    return Some((m.bit_offset.checked_add(off)?, ty));
+                }
+            }
+        }
+        None
+    }
+
+    /// Size in bytes of a struct.
+    pub fn struct_size(&self, name: &str) -> Option<u32> {
+        Some(self.get(self.find(KIND_STRUCT, name)?)?.size_or_type)
+    }
+
+    /// Value of an enumerator, searched across all enums (C enumerators share one namespace).
+    pub fn enum_value(&self, enumerator: &str) -> Option<i64> {
+        self.types
+            .iter()
+            .filter(|t| t.kind == KIND_ENUM || t.kind == KIND_ENUM64)
+            .flat_map(|t| t.enumerators.iter())
+            .find(|(n, _)| n == enumerator)
+            .map(|(_, v)| *v)
+    }
+
+    /// Whether the kernel has a function of this name in BTF (a candidate for fentry).
+    pub fn has_function(&self, name: &str) -> bool {
+        self.find(KIND_FUNC, name).is_some()
+    }
+
+    /// Whether a BTF-enabled tracepoint exists (its `btf_trace_<name>` typedef).
+    pub fn has_tracepoint(&self, name: &str) -> bool {
+        self.find(KIND_TYPEDEF, &format!("btf_trace_{name}"))
+            .is_some()
+    }
+
+    pub fn type_count(&self) -> usize {
+        self.types.len()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// Builds a BTF blob by hand: a tiny stand-in for a kernel's.
+    #[derive(Default)]
+    pub struct Builder {
+        types: Vec<u8>,
+        strings: Vec<u8>,
+        pub next_id: u32,
+    }
+
+    impl Builder {
+        pub fn new() -> Self {
+            Builder {
+                types: Vec::new(),
+                strings: vec![0],
+                next_id: 1,
+            }
+        }
+        fn str(&mut self, s: &str) -> u32 {
+            if s.is_empty() {
+                return 0;
+            }
+            let off = self.strings.len() as u32;
+            self.strings.extend_from_slice(s.as_bytes());
+            self.strings.push(0);
+            off
+        }
+        fn head(&mut self, name: &str, kind: u8, vlen: u32, size_or_type: u32) -> u32 {
+            let n = self.str(name);
+            self.types.extend_from_slice(&n.to_le_bytes());
+            self.types
+                .extend_from_slice(&(((kind as u32) << 24) | vlen).to_le_bytes());
+            self.types.extend_from_slice(&size_or_type.to_le_bytes());
+            let id = self.next_id;
+            self.next_id += 1;
+            id
+        }
+        pub fn int(&mut self, name: &str, size: u32) -> u32 {
+            let id = self.head(name, KIND_INT, 0, size);
+            self.types.extend_from_slice(&(size * 8).to_le_bytes());
+            id
+        }
+        pub fn ptr(&mut self, to: u32) -> u32 {
+            self.head("", KIND_PTR, 0, to)
+        }
+        pub fn typedef(&mut self, name: &str, to: u32) -> u32 {
+            self.head(name, KIND_TYPEDEF, 0, to)
+        }
+        pub fn func(&mut self, name: &str) -> u32 {
+            self.head(name, KIND_FUNC, 0, 0)
+        }
+        /// members: (name, type id, byte offset)
+        pub fn record(
+            &mut self,
+            kind: u8,
+            name: &str,
+            size: u32,
+            members: &[(&str, u32, u32)],
+        ) -> u32 {
+            let id = self.head(name, kind, members.len() as u32, size);
+            for (n, ty, off) in members {
+                let n = self.str(n);
+                self.types.extend_from_slice(&n.to_le_bytes());
+                self.types.extend_from_slice(&ty.to_le_bytes());
+                self.types.extend_from_slice(&(off * 8).to_le_bytes());
+            }
+            id
+        }
+        pub fn enumeration(&mut self, name: &str, values: &[(&str, i32)]) -> u32 {
+            let id = self.head(name, KIND_ENUM, values.len() as u32, 4);
+            for (n, v) in values {
+                let n = self.str(n);
+                self.types.extend_from_slice(&n.to_le_bytes());
+                self.types.extend_from_slice(&v.to_le_bytes());
+            }
+            id
+        }
+        pub fn build(&self) -> Vec<u8> {
+            let mut out = Vec::new();
+            out.extend_from_slice(&MAGIC.to_le_bytes());
+            out.push(1);
+            out.push(0);
+            out.extend_from_slice(&24u32.to_le_bytes());
+            out.extend_from_slice(&0u32.to_le_bytes());
+            out.extend_from_slice(&(self.types.len() as u32).to_le_bytes());
+            out.extend_from_slice(&(self.types.len() as u32).to_le_bytes());
+            out.extend_from_slice(&(self.strings.len() as u32).to_le_bytes());
+            out.extend_from_slice(&self.types);
+            out.extend_from_slice(&self.strings);
+            out
+        }
+    }
+
+    #[test]
+    fn finds_members_through_anonymous_unions() {
+        let mut b = Builder::new();
+        let u64_t = b.int("long long unsigned int", 8);
+        let sector_t = b.typedef("sector_t", u64_t);
+        let iter = b.record(
+            KIND_STRUCT,
+            "bvec_iter",
+            16,
+            &[("bi_sector", sector_t, 0), ("bi_size", u64_t, 8)],
+        );
+        let anon = b.record(KIND_UNION, "", 8, &[("a", u64_t, 0), ("b", u64_t, 0)]);
+        b.record(
+            KIND_STRUCT,
+            "bio",
+            64,
+            &[("bi_next", u64_t, 0), ("", anon, 8), ("bi_iter", iter, 32)],
+        );
+        let btf = Btf::parse(&b.build()).unwrap();
+        assert_eq!(btf.member_offset("bio", "bi_iter.bi_size").unwrap(), 40);
+        assert_eq!(btf.member_offset("bio", "b").unwrap(), 8);
+        assert_eq!(btf.struct_size("bio"), Some(64));
+        let err = btf.member_offset("bio", "nope").unwrap_err().to_string();
+        assert!(err.contains("struct bio has no member nope"), "{err}");
+        assert!(btf.member_offset("request", "q").is_err());
+    }
+
+    #[test]
+    fn enum_values_and_functions() {
+        let mut b = Builder::new();
+        b.enumeration("", &[("BIO_NO_PAGE_REF", 0), ("BIO_BPS_THROTTLED", 5)]);
+        b.func("__blk_throtl_bio");
+        let fnptr = b.ptr(0);
+        b.typedef("btf_trace_block_split", fnptr);
+        let btf = Btf::parse(&b.build()).unwrap();
+        assert_eq!(btf.enum_value("BIO_BPS_THROTTLED"), Some(5));
+        assert_eq!(btf.enum_value("BIO_NOPE"), None);
+        assert!(btf.has_function("__blk_throtl_bio"));
+        assert!(!btf.has_function("throtl_charge_bio"));
+        assert!(btf.has_tracepoint("block_split"));
+    }
+
+    #[test]
+    fn rejects_garbage_without_panicking() {
+        assert!(Btf::parse(&[]).is_err());
+        assert!(Btf::parse(&[0u8; 64]).is_err());
+        let mut b = Builder::new();
+        b.int("int", 4);
+        let good = b.build();
+        for cut in 0..good.len() {
+            let _ = Btf::parse(&good[..cut]);
+        }
+        let mut flipped = good.clone();
+        for i in 0..flipped.len() {
+            flipped[i] ^= 0xff;
+            let _ = Btf::parse(&flipped);
+            flipped[i] ^= 0xff;
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! Everything that differs between kernel versions, in one place: struct offsets and enum
+//! values read from BTF, kernel addresses read from kallsyms, and which hooks exist. The eBPF
+//! programs take what this module resolves; nothing about one kernel's layout is compiled in.
+//!
+//! Hook table (checked by `hook_table_matches_btf` in the kernel tests; see docs/hooks.md):
+//!
+//! | concept                | 6.1           | 6.12          | 6.18 (host)   |
+//! |------------------------|---------------|---------------|---------------|
+//! | bio queued             | block_bio_queue (tp_btf, all)                 |
+//! | split                  | block_split (tp_btf, all)                     |
+//! | bio merges             | block_bio_backmerge / frontmerge (all)        |
+//! | merge caller ranges    | blk_attempt_plug_merge, blk_mq_sched_try_merge, blk_bio_list_merge (kallsyms, all) |
+//! | unplug                 | block_unplug (6.1 fast path emits none)       |
+//! | throttle release       | workqueue_execute_start/end + blk_throtl_dispatch_work_fn |
+//! | `BIO_BPS_THROTTLED`    | enum value from BTF (6 on 6.1/6.12, 5 on 6.18) |
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result};
+use mergetrace_common::{path, KernelOffsets, KernelSymbols, MERGE_CALLERS};
+
+use super::btf::Btf;
+
+/// Resolves every offset the programs read. Fails with the first missing struct or member,
+/// named, so a kernel we cannot read is refused instead of traced wrongly.
+pub fn resolve_offsets(btf: &Btf) -> Result<KernelOffsets> {
+    let off = |s: &str, m: &str| btf.member_offset(s, m);
+    let bps_bit = btf
+        .enum_value("BIO_BPS_THROTTLED")
+        .context("enum value BIO_BPS_THROTTLED is not in this kernel's BTF")?;
+    Ok(KernelOffsets {
+        ready: 1,
+        bio_bi_opf: off("bio", "bi_opf")?,
+        bio_bi_bdev: off("bio", "bi_bdev")?,
+        bio_bi_blkg: off("bio", "bi_blkg")?,
+        bio_bi_flags: off("bio", "bi_flags")?,
+        bio_bi_sector: off("bio", "bi_iter.bi_sector")?,
+        bio_bi_size: off("bio", "bi_iter.bi_size")?,
+        bio_bi_private: off("bio", "bi_private")?,
+        bdev_bd_disk: off("block_device", "bd_disk")?,
+        disk_major: off("gendisk", "major")?,
+        disk_first_minor: off("gendisk", "first_minor")?,
+        blkg_blkcg: off("blkcg_gq", "blkcg")?,
+        blkcg_css_cgroup: off("blkcg", "css")? + off("cgroup_subsys_state", "cgroup")?,
+        cgroup_kn: off("cgroup", "kn")?,
+        kn_id: off("kernfs_node", "id")?,
+        rq_q: off("request", "q")?,
+        rq_cmd_flags: off("request", "cmd_flags")?,
+        rq_data_len: off("request", "__data_len")?,
+        rq_sector: off("request", "__sector")?,
+        rq_bio: off("request", "bio")?,
+        q_disk: off("request_queue", "disk")?,
+        work_func: off("work_struct", "func")?,
+        blkg_pd: off("blkcg_gq", "pd")?,
+        tg_has_rules_iops: off("throtl_grp", "has_rules_iops")?,
+        tg_has_rules_bps: off("throtl_grp", "has_rules_bps")?,
+        bio_bps_throttled_bit: u32::try_from(bps_bit).context("BIO_BPS_THROTTLED out of range")?,
+        policy_plid: off("blkcg_policy", "plid")?,
+    })
+}
+
+/// `/proc/kallsyms`: text and data symbols with their addresses, sorted.
+pub struct Kallsyms {
+    /// address → name, for symbols with a non-zero address.
+    by_addr: BTreeMap<u64, String>,
+}
+
+impl Kallsyms {
+    pub fn load() -> Result<Kallsyms> {
+        let text =
+            std::fs::read_to_string("/proc/kallsyms").context("cannot read /proc/kallsyms")?;
+        Ok(Kallsyms::parse(&text))
+    }
+
+    pub fn parse(text: &str) -> Kallsyms {
+        let mut by_addr = BTreeMap::new();
+        for line in text.lines() {
+            let mut it = line.split_whitespace();
+            let (Some(addr), Some(_ty), Some(name)) = (it.next(), it.next(), it.next()) else {
+                continue;
+            };
+            let Ok(addr) = u64::from_str_radix(addr, 16) else {
+                continue;
+            };
+            if addr != 0 && it.next().is_none() {
+                // Module symbols carry a "[module]" suffix; the block layer is built in.
+                by_addr.entry(addr).or_insert_with(|| name.to_string());
+            }
+        }
+        Kallsyms { by_addr }
+    }
+
+    pub fn address(&self, name: &str) -> Option<u64> {
+        self.by_addr
+            .iter()
+            .find(|(_, n)| *n == name)
+            .map(|(a, _)| *a)
+    }
+
+    /// `[start, end)` of a function: from its address to the next symbol's.
+    pub fn range(&self, name: &str) -> Option<[u64; 2]> {
+        let start = self.address(name)?;
+        let end = self.by_addr.range(start + 1..).next().map(|(a, _)| *a)?;
+        Some([start, end])
+    }
+
+    /// Whether addresses are visible (kptr_restrict hides them as zeros).
+    pub fn is_empty(&self) -> bool {
+        self.by_addr.is_empty()
+    }
+}
+
+/// Functions whose presence on the stack names a merge path, indexed by `path::* - 1`.
+pub const MERGE_CALLER_FUNCTIONS: [(u8, &str); MERGE_CALLERS] = [
+    (path::PLUG, "blk_attempt_plug_merge"),
+    (path::ELEVATOR, "blk_mq_sched_try_merge"),
+    (path::SW_QUEUE, "blk_bio_list_merge"),
+];
+
+/// Addresses the tracepoint tier uses for context. Missing symbols leave 0 (the feature that
+/// needs them reports "unknown"), and are listed in the returned notes.
+pub fn resolve_symbols(kallsyms: &Kallsyms) -> (KernelSymbols, Vec<String>) {
+    let mut notes = Vec::new();
+    let mut syms = KernelSymbols::default();
+    let mut need = |name: &str| {
+        let a = kallsyms.address(name);
+        if a.is_none() {
+            notes.push(format!("kernel symbol {name} not found in /proc/kallsyms"));
+        }
+        a.unwrap_or(0)
+    };
+    syms.throtl_dispatch_fn = need("blk_throtl_dispatch_work_fn");
+    syms.throtl_policy = need("blkcg_policy_throtl");
+    for (p, name) in MERGE_CALLER_FUNCTIONS {
+        match kallsyms.range(name) {
+            Some(r) => syms.merge_callers[p as usize - 1] = r,
+            None => notes.push(format!(
+                "kernel function {name} not found: merges through it show as path \"unknown\""
+            )),
+        }
+    }
+    (syms, notes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kallsyms_ranges_end_at_the_next_symbol() {
+        let k = Kallsyms::parse(
+            "ffffffff81b01600 T __pfx_blk_bio_list_merge\n\
+             ffffffff81b01610 T blk_bio_list_merge\n\
+             ffffffff81b016b0 T __pfx_blk_mq_sched_try_merge\n\
+             ffffffff81b016c0 T blk_mq_sched_try_merge\n\
+             ffffffff81b01880 T __pfx_blk_attempt_plug_merge\n\
+             ffffffff81b01890 T blk_attempt_plug_merge\n\
+             ffffffff81b01a00 T next_one\n\
+             ffffffffc0000000 t some_mod_fn\t[loop]\n",
+        );
+        assert_eq!(
+            k.range("blk_bio_list_merge"),
+            Some([0xffffffff81b01610, 0xffffffff81b016b0])
+        );
+        assert_eq!(k.range("some_mod_fn"), None);
+        let (syms, notes) = resolve_symbols(&k);
+        assert_eq!(
+            syms.merge_callers[path::PLUG as usize - 1],
+            [0xffffffff81b01890, 0xffffffff81b01a00]
+        );
+        assert_eq!(syms.throtl_dispatch_fn, 0);
+        assert!(notes
+            .iter()
+            .any(|n| n.contains("blk_throtl_dispatch_work_fn")));
+    }
+
+    #[test]
+    fn hidden_addresses_parse_as_empty() {
+        let k = Kallsyms::parse("0000000000000000 T blk_attempt_plug_merge\n");
+        assert!(k.is_empty());
+    }
+}

@@ -1,0 +1,225 @@
+//! The kernel side, as user space sees it: check privileges, resolve offsets and symbols for
+//! the running kernel, load and attach the programs, and hand out the event stream.
+pub mod btf;
+pub mod collector;
+pub mod compat;
+
+use std::fmt;
+
+use anyhow::{bail, Context, Result};
+use aya::{
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    programs::BtfTracePoint,
+    Ebpf, EbpfLoader,
+};
+use mergetrace_common::LOST_SLOTS;
+
+use crate::device::Device;
+
+/// The eBPF object built by build.rs from mergetrace-ebpf.
+static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/mergetrace"));
+
+/// How mergetrace observes the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TierKind {
+    /// BTF-enabled tracepoints plus kernel stacks and kallsyms for context.
+    Tracepoint,
+    /// fentry/fexit on block-layer functions: exact throttle delays and failed merge attempts.
+    Fentry,
+}
+
+impl TierKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            TierKind::Tracepoint => "tracepoint",
+            TierKind::Fentry => "fentry",
+        }
+    }
+}
+
+/// The tier in use and why it was chosen.
+#[derive(Debug, Clone)]
+pub struct Tier {
+    pub kind: TierKind,
+    pub reason: String,
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} tier ({})", self.kind.name(), self.reason)
+    }
+}
+
+/// Tracepoints of the tracepoint tier: (program name, tracepoint).
+const TRACEPOINTS: &[(&str, &str)] = &[
+    ("block_bio_queue", "block_bio_queue"),
+    ("block_split", "block_split"),
+    ("block_bio_backmerge", "block_bio_backmerge"),
+    ("block_bio_frontmerge", "block_bio_frontmerge"),
+    ("block_getrq", "block_getrq"),
+    ("block_rq_merge", "block_rq_merge"),
+    ("block_rq_insert", "block_rq_insert"),
+    ("block_rq_issue", "block_rq_issue"),
+    ("block_rq_requeue", "block_rq_requeue"),
+    ("block_rq_complete", "block_rq_complete"),
+    ("block_unplug", "block_unplug"),
+];
+
+/// Tracepoints that tell the tracepoint tier when blk-throttle releases bios.
+const THROTTLE_CONTEXT: &[(&str, &str)] = &[
+    ("workqueue_execute_start", "workqueue_execute_start"),
+    ("workqueue_execute_end", "workqueue_execute_end"),
+];
+
+pub struct Options {
+    /// Ring buffer size in bytes (a power of two, at least one page).
+    pub ring_bytes: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            ring_bytes: 16 << 20,
+        }
+    }
+}
+
+/// Programs loaded and attached; dropping it detaches everything.
+pub struct Session {
+    ebpf: Option<Ebpf>,
+    pub tier: Tier,
+    /// Things the user should know (missing symbols, fallbacks).
+    pub notes: Vec<String>,
+    ring: Option<RingBuf<MapData>>,
+    lost: PerCpuArray<MapData, u64>,
+    lost_seen: [u64; LOST_SLOTS as usize],
+}
+
+/// Refuses early, in one line, when the process cannot use BPF.
+pub fn check_privileges() -> Result<()> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let cap_eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    const CAP_SYS_ADMIN: u64 = 21;
+    const CAP_PERFMON: u64 = 38;
+    const CAP_BPF: u64 = 39;
+    let has = |c: u64| cap_eff & (1 << c) != 0;
+    if !(has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))) {
+        bail!("mergetrace needs root, or CAP_BPF and CAP_PERFMON, to load its eBPF programs: run it with sudo");
+    }
+    Ok(())
+}
+
+impl Session {
+    /// Loads the programs for `devices` and attaches them.
+    pub fn start(devices: &[Device], opts: &Options) -> Result<Session> {
+        check_privileges()?;
+        let btf = btf::Btf::from_sys_fs()?;
+        let offsets = compat::resolve_offsets(&btf)
+            .context("this kernel's block layer does not have the layout mergetrace reads")?;
+        let kallsyms = compat::Kallsyms::load()?;
+        let (symbols, mut notes) = if kallsyms.is_empty() {
+            (
+                Default::default(),
+                vec!["kernel addresses are hidden (kptr_restrict): merge paths and throttle releases show as unknown".to_string()],
+            )
+        } else {
+            compat::resolve_symbols(&kallsyms)
+        };
+        let aya_btf = aya::Btf::from_sys_fs().context("cannot read the kernel's BTF")?;
+        let mut ebpf = EbpfLoader::new()
+            .btf(Some(&aya_btf))
+            .override_global("OFFSETS", &offsets, true)
+            .override_global("SYMBOLS", &symbols, true)
+            .map_max_entries("EVENTS", opts.ring_bytes)
+            .load(PROGRAMS)
+            .context("cannot load mergetrace's eBPF object")?;
+
+        {
+            let mut filter: BpfHashMap<_, u32, u8> =
+                BpfHashMap::try_from(ebpf.map_mut("DEVICES").context("DEVICES map missing")?)?;
+            for d in devices {
+                filter.insert(d.kernel_dev(), 1, 0)?;
+            }
+        }
+
+        let mut attach = |prog: &str, tp: &str| -> Result<()> {
+            let p: &mut BtfTracePoint = ebpf
+                .program_mut(prog)
+                .with_context(|| format!("program {prog} missing from the eBPF object"))?
+                .try_into()?;
+            p.load(tp, &aya_btf)
+                .with_context(|| format!("cannot load program {prog} for tracepoint {tp}"))?;
+            p.attach()
+                .with_context(|| format!("cannot attach program {prog} to tracepoint {tp}"))?;
+            Ok(())
+        };
+        for (prog, tp) in TRACEPOINTS {
+            if !btf.has_tracepoint(tp) {
+                notes.push(format!("tracepoint {tp} does not exist on this kernel"));
+                continue;
+            }
+            attach(prog, tp)?;
+        }
+        if symbols.throtl_dispatch_fn != 0 {
+            for (prog, tp) in THROTTLE_CONTEXT {
+                attach(prog, tp)?;
+            }
+        }
+
+        let ring = RingBuf::try_from(ebpf.take_map("EVENTS").context("EVENTS map missing")?)?;
+        let lost = PerCpuArray::try_from(ebpf.take_map("LOST").context("LOST map missing")?)?;
+        Ok(Session {
+            ebpf: Some(ebpf),
+            tier: Tier {
+                kind: TierKind::Tracepoint,
+                reason: "fentry tier not available in this build".into(),
+            },
+            notes,
+            ring: Some(ring),
+            lost,
+            lost_seen: [0; LOST_SLOTS as usize],
+        })
+    }
+
+    /// The event ring buffer (once).
+    pub fn take_ring(&mut self) -> Option<RingBuf<MapData>> {
+        self.ring.take()
+    }
+
+    /// Events dropped since the last call, per kind (only kinds with new losses).
+    pub fn new_losses(&mut self) -> Vec<(u8, u64)> {
+        let mut out = Vec::new();
+        for k in 0..LOST_SLOTS {
+            let Ok(per_cpu) = self.lost.get(&k, 0) else {
+                continue;
+            };
+            let total: u64 = per_cpu.iter().sum();
+            let new = total.saturating_sub(self.lost_seen[k as usize]);
+            if new > 0 {
+                self.lost_seen[k as usize] = total;
+                out.push((k as u8, new));
+            }
+        }
+        out
+    }
+
+    /// Detaches and unloads every program. Maps stay readable (the ring can be drained).
+    pub fn detach(&mut self) {
+        self.ebpf.take();
+    }
+}
+
+/// CLOCK_MONOTONIC now, in nanoseconds: the clock of `bpf_ktime_get_ns`.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

@@ -1,0 +1,360 @@
+//! What the views and exports show: a [`Window`] of counts turned into named, per-device,
+//! per-cgroup rows (the JSON contract in docs/json.md). Only adds fields over time.
+use std::collections::BTreeMap;
+
+use mergetrace_common::{kind, path};
+use serde::Serialize;
+
+use crate::{
+    aggregate::{Counts, Dir, Window},
+    cgroups::{in_subtree, CgroupName},
+    device::Device,
+};
+
+/// Gives names to cgroup ids: the live cgroup tree, or a capture's recorded map.
+pub trait CgroupNames {
+    fn cgroup_name(&mut self, id: u64) -> CgroupName;
+}
+
+impl CgroupNames for crate::cgroups::Cgroups {
+    fn cgroup_name(&mut self, id: u64) -> CgroupName {
+        self.name(id)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SnapshotKind {
+    Interval,
+    Total,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Snapshot {
+    #[serde(rename = "type")]
+    pub kind: SnapshotKind,
+    /// CLOCK_MONOTONIC nanoseconds (the clock of `bpf_ktime_get_ns`).
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// "tracepoint" or "fentry".
+    pub tier: String,
+    /// Events the kernel side could not deliver; non-zero means counts are too low.
+    pub lost_events: u64,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub lost_by_kind: BTreeMap<&'static str, u64>,
+    pub devices: Vec<DeviceSnapshot>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceSnapshot {
+    pub device: String,
+    pub major: u32,
+    pub minor: u32,
+    pub cgroups: Vec<CgroupSnapshot>,
+    /// Sum of the rows in `cgroups`.
+    pub total: Directions,
+    /// Plug flushes: requests per flush → number of flushes.
+    pub unplug: UnplugSnapshot,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct UnplugSnapshot {
+    pub explicit: BTreeMap<u32, u64>,
+    pub from_schedule: BTreeMap<u32, u64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CgroupSnapshot {
+    /// Path relative to the hierarchy's mount ("/" for the root).
+    pub cgroup: String,
+    pub cgroup_id: u64,
+    /// The cgroup was removed; `cgroup` is the last path it had.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub gone: bool,
+    #[serde(flatten)]
+    pub dirs: Directions,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Directions {
+    pub read: DirStats,
+    pub write: DirStats,
+    pub discard: DirStats,
+    pub flush: DirStats,
+}
+
+impl Directions {
+    pub fn get(&self, dir: Dir) -> &DirStats {
+        match dir {
+            Dir::Read => &self.read,
+            Dir::Write => &self.write,
+            Dir::Discard => &self.discard,
+            Dir::Flush => &self.flush,
+        }
+    }
+    fn get_mut(&mut self, dir: Dir) -> &mut DirStats {
+        match dir {
+            Dir::Read => &mut self.read,
+            Dir::Write => &mut self.write,
+            Dir::Discard => &mut self.discard,
+            Dir::Flush => &mut self.flush,
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        Dir::ALL.iter().all(|d| self.get(*d).is_empty())
+    }
+}
+
+/// Bio merges by the mechanism that made them, plus the two kinds without a bio tracepoint
+/// path: discard merges (derived) and request-request merges. Sums to `merged`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct MergePaths {
+    pub plug: u64,
+    pub elevator_back: u64,
+    pub elevator_front: u64,
+    pub sw_queue: u64,
+    /// Derived from the accounting identity: discard merges have no tracepoint.
+    pub discard: u64,
+    pub request: u64,
+    /// Bio merges whose caller was not recognised (should stay 0).
+    pub unknown: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct DirStats {
+    /// Bios submitted (after the throttle; split remainders not counted again).
+    pub bios: u64,
+    pub bytes: u64,
+    /// Bios and requests merged into an existing request, on every path (diskstats "merges").
+    pub merged: u64,
+    /// Requests issued to the device.
+    pub requests: u64,
+    pub request_bytes: u64,
+    pub splits: u64,
+    pub merged_by_path: MergePaths,
+}
+
+impl DirStats {
+    pub fn from_counts(c: &Counts, dir: Dir) -> DirStats {
+        let back = c.back_merges_by_path;
+        let all = c.bio_merges_by_path;
+        DirStats {
+            bios: c.bios,
+            bytes: c.bytes,
+            merged: c.merged(dir),
+            requests: c.requests(),
+            request_bytes: c.issue_bytes,
+            splits: c.splits,
+            merged_by_path: MergePaths {
+                plug: all[path::PLUG as usize],
+                elevator_back: back[path::ELEVATOR as usize],
+                elevator_front: all[path::ELEVATOR as usize] - back[path::ELEVATOR as usize],
+                sw_queue: all[path::SW_QUEUE as usize],
+                discard: c.discard_merges(dir),
+                request: c.rq_merges,
+                unknown: all[path::UNKNOWN as usize],
+            },
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bios == 0 && self.requests == 0 && self.merged == 0 && self.splits == 0
+    }
+
+    /// Bios per device request, if any requests.
+    pub fn bios_per_request(&self) -> Option<f64> {
+        (self.requests > 0).then(|| (self.bios + self.splits) as f64 / self.requests as f64)
+    }
+
+    /// Average request size in bytes, if any requests.
+    pub fn avg_request_bytes(&self) -> Option<f64> {
+        (self.requests > 0).then(|| self.request_bytes as f64 / self.requests as f64)
+    }
+
+    fn add(&mut self, o: &DirStats) {
+        self.bios += o.bios;
+        self.bytes += o.bytes;
+        self.merged += o.merged;
+        self.requests += o.requests;
+        self.request_bytes += o.request_bytes;
+        self.splits += o.splits;
+        let (a, b) = (&mut self.merged_by_path, &o.merged_by_path);
+        a.plug += b.plug;
+        a.elevator_back += b.elevator_back;
+        a.elevator_front += b.elevator_front;
+        a.sw_queue += b.sw_queue;
+        a.discard += b.discard;
+        a.request += b.request;
+        a.unknown += b.unknown;
+    }
+}
+
+/// Turns a window into a snapshot: one row per cgroup with activity, per traced device.
+pub fn build(
+    window: &Window,
+    kind: SnapshotKind,
+    tier: &str,
+    devices: &[Device],
+    names: &mut dyn CgroupNames,
+    subtree: Option<&str>,
+) -> Snapshot {
+    let mut out = Vec::new();
+    for d in devices {
+        let dev = d.kernel_dev();
+        // cgroup id → directions
+        let mut rows: BTreeMap<u64, Directions> = BTreeMap::new();
+        for (k, c) in window.counts.iter().filter(|(k, _)| k.dev == dev) {
+            *rows.entry(k.cgroup_id).or_default().get_mut(k.dir) = DirStats::from_counts(c, k.dir);
+        }
+        let mut cgroups = Vec::new();
+        let mut total = Directions::default();
+        for (id, dirs) in rows {
+            if dirs.is_empty() {
+                continue;
+            }
+            let name = names.cgroup_name(id);
+            if let Some(sub) = subtree {
+                if !in_subtree(&name.path, sub) {
+                    continue;
+                }
+            }
+            for dir in Dir::ALL {
+                total.get_mut(dir).add(dirs.get(dir));
+            }
+            cgroups.push(CgroupSnapshot {
+                cgroup: name.path,
+                cgroup_id: id,
+                gone: name.gone,
+                dirs,
+            });
+        }
+        cgroups.sort_by(|a, b| a.cgroup.cmp(&b.cgroup).then(a.cgroup_id.cmp(&b.cgroup_id)));
+        let unplug = window
+            .unplugs
+            .get(&dev)
+            .map(|u| UnplugSnapshot {
+                explicit: u.explicit.clone(),
+                from_schedule: u.from_schedule.clone(),
+            })
+            .unwrap_or_default();
+        out.push(DeviceSnapshot {
+            device: d.name.clone(),
+            major: d.major,
+            minor: d.minor,
+            cgroups,
+            total,
+            unplug,
+        });
+    }
+    Snapshot {
+        kind,
+        start_ns: window.start_ns,
+        end_ns: window.end_ns,
+        tier: tier.to_string(),
+        lost_events: window.lost_events(),
+        lost_by_kind: window
+            .lost_by_kind
+            .iter()
+            .map(|(k, n)| (kind::name(*k), *n))
+            .collect(),
+        devices: out,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregate::{tests::batch_of_32, Aggregator};
+
+    struct Fixed;
+    impl CgroupNames for Fixed {
+        fn cgroup_name(&mut self, id: u64) -> CgroupName {
+            CgroupName {
+                path: match id {
+                    21 => "/mt".into(),
+                    22 => "/mt/b".into(),
+                    _ => "/other".into(),
+                },
+                gone: id == 22,
+            }
+        }
+    }
+
+    fn loop3() -> Device {
+        Device {
+            name: "loop3".into(),
+            major: 7,
+            minor: 3,
+            notes: vec![],
+            bio_based: false,
+        }
+    }
+
+    #[test]
+    fn json_has_the_documented_shape() {
+        let mut a = Aggregator::new(100);
+        a.apply_all(&batch_of_32(21));
+        a.apply_all(&batch_of_32(22));
+        a.apply_all(&batch_of_32(23));
+        let s = build(
+            &a.total(200),
+            SnapshotKind::Total,
+            "tracepoint",
+            &[loop3()],
+            &mut Fixed,
+            Some("/mt"),
+        );
+        let v: serde_json::Value = serde_json::to_value(&s).unwrap();
+        assert_eq!(v["type"], "total");
+        assert_eq!(v["tier"], "tracepoint");
+        assert_eq!(v["lost_events"], 0);
+        assert_eq!(
+            (v["start_ns"].as_u64(), v["end_ns"].as_u64()),
+            (Some(100), Some(200))
+        );
+        let dev = &v["devices"][0];
+        assert_eq!(
+            (
+                dev["device"].as_str(),
+                dev["major"].as_u64(),
+                dev["minor"].as_u64()
+            ),
+            (Some("loop3"), Some(7), Some(3))
+        );
+        let cgs = dev["cgroups"].as_array().unwrap();
+        assert_eq!(cgs.len(), 2, "the /other cgroup is outside the filter");
+        assert_eq!(cgs[0]["cgroup"], "/mt");
+        assert_eq!(cgs[0]["cgroup_id"], 21);
+        assert!(cgs[0].get("gone").is_none());
+        assert_eq!(cgs[1]["gone"], true);
+        let w = &cgs[0]["write"];
+        for (field, want) in [
+            ("bios", 32),
+            ("bytes", 131072),
+            ("merged", 31),
+            ("requests", 1),
+            ("request_bytes", 131072),
+        ] {
+            assert_eq!(w[field].as_u64(), Some(want), "{field}");
+        }
+        assert_eq!(w["merged_by_path"]["plug"], 31);
+        assert_eq!(cgs[0]["read"]["bios"], 0);
+        assert_eq!(cgs[0]["discard"]["bios"], 0);
+        assert_eq!(cgs[0]["flush"]["bios"], 0);
+        assert_eq!(dev["total"]["write"]["bios"], 64);
+        assert_eq!(dev["total"]["write"]["requests"], 2);
+    }
+
+    #[test]
+    fn ratios() {
+        let s = DirStats {
+            bios: 64,
+            requests: 2,
+            request_bytes: 262144,
+            ..Default::default()
+        };
+        assert_eq!(s.bios_per_request(), Some(32.0));
+        assert_eq!(s.avg_request_bytes(), Some(131072.0));
+        assert_eq!(DirStats::default().bios_per_request(), None);
+    }
+}
