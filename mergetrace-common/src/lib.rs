@@ -26,7 +26,8 @@ pub struct Event {
     /// Bytes of the bio or request (`bi_size`, `__data_len`).
     pub bytes: u32,
     /// Kind-specific: split: sector where the remainder starts; unplug: depth;
-    /// complete: bytes completed; bio merge: address of the CPU's plug (low 32 bits, 0 = none).
+    /// complete: bytes completed; bio queue released by the throttle: bios still waiting in
+    /// its group's throttle queue (for the tracepoint tier's delay estimate).
     pub aux: u32,
     /// One of [`kind`].
     pub kind: u8,
@@ -93,7 +94,8 @@ pub mod flags {
     pub const RULES_IOPS: u8 = 1 << 1;
     /// The bio's throttle group has a bps rule (own or inherited) for its direction.
     pub const RULES_BPS: u8 = 1 << 2;
-    /// The bio was already charged for its bytes (`BIO_BPS_THROTTLED`).
+    /// Split: the remainder was already charged for its bytes (`BIO_BPS_THROTTLED`), so a
+    /// bps-only rule does not charge it again.
     pub const BPS_CHARGED: u8 = 1 << 3;
     /// Unplug: an explicit `blk_finish_plug`, not a flush from schedule.
     pub const UNPLUG_EXPLICIT: u8 = 1 << 4;
@@ -138,9 +140,21 @@ pub struct KernelOffsets {
     pub tg_has_rules_bps: u32,
     /// `enum bio_flags` value of `BIO_BPS_THROTTLED` (moves between versions).
     pub bio_bps_throttled_bit: u32,
-    /// `blkcg_policy.plid`: read at `KernelSymbols::throtl_policy` + this offset.
-    pub policy_plid: u32,
+    /// `blkcg_gq.q`, `request_queue.td`, `throtl_grp.td`: blk-throttle's group of a blkg is
+    /// the `pd[i]` whose `td` is the queue's `td` (the policy id is not visible to BPF).
+    pub blkg_q: u32,
+    pub q_td: u32,
+    pub tg_td: u32,
+    /// Length of `blkcg_gq.pd[]` (`BLKCG_MAX_POLS`).
+    pub blkg_pd_count: u32,
+    /// Bios waiting in a group's throttle queue, per direction: `service_queue.nr_queued[2]`
+    /// (up to 6.15) or `nr_queued_bps[2]` + `nr_queued_iops[2]` (6.16+). `NONE` if absent.
+    pub tg_nr_queued_a: u32,
+    pub tg_nr_queued_b: u32,
 }
+
+/// An offset that does not exist on this kernel.
+pub const NONE: u32 = u32::MAX;
 
 /// Kernel addresses from `/proc/kallsyms`, written into read-only data before load: where the
 /// tracepoint tier learns its context (which function a merge came from, whether blk-throttle's
@@ -150,8 +164,6 @@ pub struct KernelOffsets {
 pub struct KernelSymbols {
     /// `blk_throtl_dispatch_work_fn`: the work item that releases throttled bios.
     pub throtl_dispatch_fn: u64,
-    /// `blkcg_policy_throtl`: blk-throttle's policy, whose `plid` indexes `blkcg_gq.pd[]`.
-    pub throtl_policy: u64,
     /// `[start, end)` of the functions that call `bio_attempt_{back,front}_merge`, one per
     /// [`path`] value: index `path::PLUG - 1`, `path::ELEVATOR - 1`, `path::SW_QUEUE - 1`.
     pub merge_callers: [[u64; 2]; MERGE_CALLERS],

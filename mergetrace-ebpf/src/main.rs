@@ -166,20 +166,33 @@ fn rq_event(rq: u64, kind: u8) -> Option<Event> {
     })
 }
 
-/// blk-throttle's view of a bio: does its group have rules for the bio's direction, and were
-/// its bytes already charged. Read from `bio->bi_blkg->pd[plid]` (a `struct throtl_grp`).
+/// blk-throttle's group (`struct throtl_grp *`) of a bio, or 0 if the queue has no throttle
+/// data (no limit was ever set on this disk) or the group is not found.
 #[inline(always)]
-fn throttle_flags(bio: u64, op: u8) -> u8 {
-    let policy = sym!(throtl_policy);
-    if policy == 0 {
-        return 0;
-    }
-    let plid: i32 = read(policy, off!(policy_plid));
-    if !(0..8).contains(&plid) {
-        return 0;
-    }
+fn throttle_group(bio: u64) -> u64 {
     let blkg: u64 = read(bio, off!(bio_bi_blkg));
-    let tg: u64 = read(blkg, off!(blkg_pd) + plid as u32 * 8);
+    let q: u64 = read(blkg, off!(blkg_q));
+    let td: u64 = read(q, off!(q_td));
+    if td == 0 {
+        return 0;
+    }
+    let pd_base = off!(blkg_pd);
+    let tg_td = off!(tg_td);
+    for i in 0..8u32 {
+        if i >= off!(blkg_pd_count) {
+            break;
+        }
+        let pd: u64 = read(blkg, pd_base + i * 8);
+        if pd != 0 && read::<u64>(pd, tg_td) == td {
+            return pd; // pd is the first member of throtl_grp
+        }
+    }
+    0
+}
+
+/// Does the bio's group have iops / bps rules (own or inherited) for its direction.
+#[inline(always)]
+fn rule_flags(tg: u64, op: u8) -> u8 {
     if tg == 0 {
         return 0;
     }
@@ -191,11 +204,29 @@ fn throttle_flags(bio: u64, op: u8) -> u8 {
     if read::<u8>(tg, off!(tg_has_rules_bps) + rw) != 0 {
         out |= flags::RULES_BPS;
     }
-    let bi_flags: u16 = read(bio, off!(bio_bi_flags));
-    if bi_flags & (1u16 << (off!(bio_bps_throttled_bit) & 15)) != 0 {
-        out |= flags::BPS_CHARGED;
-    }
     out
+}
+
+#[inline(always)]
+fn bps_charged(bio: u64) -> bool {
+    let bi_flags: u16 = read(bio, off!(bio_bi_flags));
+    bi_flags & (1u16 << (off!(bio_bps_throttled_bit) & 15)) != 0
+}
+
+/// Bios still waiting in the group's throttle queue for direction `op`.
+#[inline(always)]
+fn throttle_queue_len(tg: u64, op: u8) -> u32 {
+    let rw = (op & 1) as u32 * 4;
+    let mut n = 0u32;
+    let a = off!(tg_nr_queued_a);
+    if a != mergetrace_common::NONE {
+        n += read::<u32>(tg, a + rw);
+    }
+    let b = off!(tg_nr_queued_b);
+    if b != mergetrace_common::NONE {
+        n += read::<u32>(tg, b + rw);
+    }
+    n
 }
 
 #[inline(always)]
@@ -207,9 +238,11 @@ fn in_throttle_dispatch() -> bool {
 pub fn block_bio_queue(ctx: BtfTracePointContext) -> u32 {
     let bio: u64 = ctx.arg(0);
     if let Some(mut ev) = bio_event(bio, kind::BIO_QUEUE) {
-        ev.flags = throttle_flags(bio, ev.op);
+        let tg = throttle_group(bio);
+        ev.flags = rule_flags(tg, ev.op);
         if in_throttle_dispatch() {
             ev.flags |= flags::THROTTLE_RELEASED;
+            ev.aux = throttle_queue_len(tg, ev.op);
         }
         emit(&ev);
     }
@@ -225,7 +258,10 @@ pub fn block_split(ctx: BtfTracePointContext) -> u32 {
     if let Some(mut ev) = bio_event(split, kind::SPLIT) {
         ev.aux = new_sector as u32;
         ev.aux64 = read(split, off!(bio_bi_private));
-        ev.flags = throttle_flags(split, ev.op);
+        ev.flags = rule_flags(throttle_group(split), ev.op);
+        if bps_charged(ev.aux64) {
+            ev.flags |= flags::BPS_CHARGED;
+        }
         emit(&ev);
     }
     0

@@ -65,7 +65,15 @@ pub struct Counts {
     pub charged_bytes: u64,
     /// Bios released by blk-throttle's dispatch work: they waited in the throttle queue.
     pub throttled_bios: u64,
+    /// Sum over released bios of the bios still queued behind them (Little's law input).
+    pub throttle_queue_samples: u64,
+    /// Device requests counted by a cloud-volume meter, per configured unit size: each
+    /// request costs `ceil(bytes / unit)`, at least 1.
+    pub meter_units: [u64; METER_SLOTS],
 }
+
+/// How many meter unit sizes the aggregator tracks.
+pub const METER_SLOTS: usize = 4;
 
 impl Counts {
     /// Requests the device saw: issues, not counting re-issues after a requeue.
@@ -109,6 +117,10 @@ impl Counts {
         self.charged_ios += o.charged_ios;
         self.charged_bytes += o.charged_bytes;
         self.throttled_bios += o.throttled_bios;
+        self.throttle_queue_samples += o.throttle_queue_samples;
+        for i in 0..METER_SLOTS {
+            self.meter_units[i] += o.meter_units[i];
+        }
     }
 }
 
@@ -145,7 +157,7 @@ impl Window {
         self.lost_by_kind.values().sum()
     }
 
-    fn apply(&mut self, ev: &Event) {
+    fn apply(&mut self, ev: &Event, meter_units: &[u64]) {
         self.events += 1;
         if ev.kind == kind::UNPLUG {
             let u = self.unplugs.entry(ev.dev).or_default();
@@ -166,25 +178,33 @@ impl Window {
                 dir,
             })
             .or_default();
-        let charged = ev.flags & (flags::RULES_IOPS | flags::RULES_BPS) != 0;
+        let iops_rule = ev.flags & flags::RULES_IOPS != 0;
+        let bps_rule = ev.flags & flags::RULES_BPS != 0;
         match ev.kind {
             kind::BIO_QUEUE => {
                 c.bios += 1;
                 c.bytes += ev.bytes as u64;
-                if charged {
+                // A bio's first pass through blk-throttle: charged if its group has any rule
+                // for the direction; bytes as the throttle counts them (discards: 512).
+                if iops_rule || bps_rule {
                     c.charged_ios += 1;
-                    if ev.flags & flags::BPS_CHARGED == 0 {
-                        c.charged_bytes += ev.bytes as u64;
-                    }
+                    c.charged_bytes += if dir == Dir::Discard {
+                        512
+                    } else {
+                        ev.bytes as u64
+                    };
                 }
                 if ev.flags & flags::THROTTLE_RELEASED != 0 {
                     c.throttled_bios += 1;
+                    c.throttle_queue_samples += ev.aux as u64;
                 }
             }
             kind::SPLIT => {
                 c.splits += 1;
-                if charged {
-                    c.charged_ios += 1; // the remainder is charged again: 1 io, 0 bytes
+                // The remainder passes the throttle again: 1 io, 0 bytes (an iops rule always
+                // counts it; a bps rule only if its bytes were not charged yet).
+                if iops_rule || (bps_rule && ev.flags & flags::BPS_CHARGED == 0) {
+                    c.charged_ios += 1;
                 }
             }
             kind::BACK_MERGE | kind::FRONT_MERGE => {
@@ -203,6 +223,9 @@ impl Window {
             kind::RQ_ISSUE => {
                 c.issues += 1;
                 c.issue_bytes += ev.bytes as u64;
+                for (slot, unit) in meter_units.iter().enumerate().take(METER_SLOTS) {
+                    c.meter_units[slot] += (ev.bytes as u64).div_ceil(*unit).max(1);
+                }
             }
             kind::RQ_REQUEUE => c.requeues += 1,
             kind::RQ_COMPLETE => {
@@ -225,24 +248,46 @@ impl Window {
     }
 }
 
+/// Cloud-volume meter unit sizes by default: 256 KiB (SSD volumes), 1 MiB (throughput HDD).
+pub const DEFAULT_METER_UNITS: [u64; 2] = [256 << 10, 1 << 20];
+
 /// Counts the current interval and the whole run side by side.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Aggregator {
     interval: Window,
     total: Window,
+    /// Unit sizes (bytes) of the cloud-volume meters, at most [`METER_SLOTS`].
+    meter_units: Vec<u64>,
 }
 
 impl Aggregator {
     pub fn new(start_ns: u64) -> Aggregator {
-        let mut a = Aggregator::default();
+        Aggregator::with_meter_units(start_ns, &DEFAULT_METER_UNITS)
+    }
+
+    pub fn with_meter_units(start_ns: u64, units: &[u64]) -> Aggregator {
+        let mut a = Aggregator {
+            interval: Window::default(),
+            total: Window::default(),
+            meter_units: units
+                .iter()
+                .copied()
+                .filter(|u| *u > 0)
+                .take(METER_SLOTS)
+                .collect(),
+        };
         a.interval.start_ns = start_ns;
         a.total.start_ns = start_ns;
         a
     }
 
+    pub fn meter_units(&self) -> &[u64] {
+        &self.meter_units
+    }
+
     pub fn apply(&mut self, ev: &Event) {
-        self.interval.apply(ev);
-        self.total.apply(ev);
+        self.interval.apply(ev, &self.meter_units);
+        self.total.apply(ev, &self.meter_units);
     }
 
     pub fn apply_all<'a>(&mut self, evs: impl IntoIterator<Item = &'a Event>) {

@@ -42,9 +42,37 @@ pub struct LiveArgs {
     /// Only this cgroup and its descendants (path relative to the cgroup mount, e.g. /mt).
     #[arg(short = 'c', long, value_name = "PATH")]
     pub cgroup: Option<String>,
+    /// Cloud-volume meter unit sizes: each device request counts ceil(size / unit), at least 1.
+    /// Comma-separated, up to 4 (e.g. 256k,1m).
+    #[arg(long, default_value = "256k,1m", value_name = "SIZES", value_delimiter = ',', value_parser = parse_size, num_args = 1..=4)]
+    pub meter_unit: Vec<u64>,
     /// Ring buffer size in MiB (a power of two).
     #[arg(long, default_value_t = 16, value_name = "MIB", value_parser = parse_ring_mib)]
     pub ring_mib: u32,
+}
+
+impl LiveArgs {
+    pub fn meter_units(&self) -> Vec<u64> {
+        self.meter_unit.clone()
+    }
+}
+
+/// A byte size: 4096, 256k, 1m (powers of 1024).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim().to_ascii_lowercase();
+    let (num, mult) = match t.trim_end_matches(['b', 'i']).chars().last() {
+        Some('k') => (&t[..t.find('k').unwrap_or(0)], 1u64 << 10),
+        Some('m') => (&t[..t.find('m').unwrap_or(0)], 1 << 20),
+        Some('g') => (&t[..t.find('g').unwrap_or(0)], 1 << 30),
+        _ => (t.as_str(), 1),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size; write e.g. 4096, 256k, 1m"))?;
+    if n == 0 {
+        return Err("a size must be larger than 0".into());
+    }
+    Ok(n * mult)
 }
 
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -109,5 +137,21 @@ mod tests {
         assert!(Cli::try_parse_from(["mergetrace", "-d", "vda", "--json", "--text"]).is_err());
         assert!(Cli::try_parse_from(["mergetrace", "-d", "vda", "--ring-mib", "3"]).is_err());
         assert!(Cli::try_parse_from(["mergetrace"]).is_err());
+        assert!(Cli::try_parse_from(["mergetrace", "-d", "vda", "--meter-unit", "0"]).is_err());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("256k"), Ok(256 << 10));
+        assert_eq!(parse_size("1M"), Ok(1 << 20));
+        assert_eq!(parse_size("1MiB"), Ok(1 << 20));
+        assert!(parse_size("k").is_err());
+        assert!(parse_size("12q").is_err());
+        let c =
+            Cli::try_parse_from(["mergetrace", "-d", "vda", "--meter-unit", "128k,1m"]).unwrap();
+        assert_eq!(c.live.meter_units(), vec![128 << 10, 1 << 20]);
+        let c = Cli::try_parse_from(["mergetrace", "-d", "vda"]).unwrap();
+        assert_eq!(c.live.meter_units(), vec![256 << 10, 1 << 20]);
     }
 }

@@ -72,7 +72,17 @@ pub async fn run(args: LiveArgs) -> Result<()> {
     };
 
     let start = monotonic_ns();
-    let agg = Arc::new(Mutex::new(Aggregator::new(start)));
+    let agg = Arc::new(Mutex::new(Aggregator::with_meter_units(
+        start,
+        &args.meter_units(),
+    )));
+    let meter_units = agg.lock().expect("aggregator lock").meter_units().to_vec();
+    let opts = snapshot::Options {
+        tier: tier.kind.name(),
+        exact_delay: tier.kind == kernel::TierKind::Fentry,
+        meter_units: &meter_units,
+        subtree: subtree.as_deref(),
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
     let ring = session.take_ring().context("ring buffer already taken")?;
     let collector = {
@@ -103,7 +113,7 @@ pub async fn run(args: LiveArgs) -> Result<()> {
                     }
                     a.take_interval(monotonic_ns())
                 };
-                let s = snapshot::build(&window, SnapshotKind::Interval, tier.kind.name(), &devices, &mut cgroups, subtree.as_deref());
+                let s = snapshot::build(&window, SnapshotKind::Interval, &devices, &mut cgroups, &opts);
                 view.interval(&s)?;
             }
             _ = sigint.recv() => break,
@@ -124,14 +134,7 @@ pub async fn run(args: LiveArgs) -> Result<()> {
         }
         a.total(monotonic_ns())
     };
-    let s = snapshot::build(
-        &total,
-        SnapshotKind::Total,
-        tier.kind.name(),
-        &devices,
-        &mut cgroups,
-        subtree.as_deref(),
-    );
+    let s = snapshot::build(&total, SnapshotKind::Total, &devices, &mut cgroups, &opts);
     view.total(&s)?;
     if s.lost_events > 0 {
         eprintln!(

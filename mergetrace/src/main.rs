@@ -7,7 +7,9 @@ mod cgroups;
 mod cli;
 mod device;
 mod kernel;
+mod limits;
 mod live;
+mod meter;
 mod snapshot;
 mod view;
 

@@ -9,17 +9,39 @@ use crate::{
     aggregate::{Counts, Dir, Window},
     cgroups::{in_subtree, CgroupName},
     device::Device,
+    limits::{self, Effective},
+    meter::{self, CloudMeter, LimitUse, Meters},
 };
 
-/// Gives names to cgroup ids: the live cgroup tree, or a capture's recorded map.
-pub trait CgroupNames {
+/// What a snapshot needs to know besides the counts: cgroup names and the throttle limits in
+/// force. The live cgroup tree answers live; a capture's header answers offline.
+pub trait Lookup {
     fn cgroup_name(&mut self, id: u64) -> CgroupName;
+    fn limits(&mut self, cgroup: &str, dev: &Device) -> Effective;
 }
 
-impl CgroupNames for crate::cgroups::Cgroups {
+impl Lookup for crate::cgroups::Cgroups {
     fn cgroup_name(&mut self, id: u64) -> CgroupName {
         self.name(id)
     }
+    fn limits(&mut self, cgroup: &str, dev: &Device) -> Effective {
+        if !cgroup.starts_with('/') {
+            return Effective::default(); // "(none)" or an unknown id
+        }
+        limits::effective_for(self.hierarchy, &self.mount, cgroup, dev.major, dev.minor)
+    }
+}
+
+/// How to build a snapshot.
+pub struct Options<'a> {
+    /// "tracepoint" or "fentry".
+    pub tier: &'a str,
+    /// Throttle delays are measured per bio (fentry) rather than estimated.
+    pub exact_delay: bool,
+    /// Cloud-volume meter unit sizes, as given to the aggregator.
+    pub meter_units: &'a [u64],
+    /// Only cgroups in this subtree.
+    pub subtree: Option<&'a str>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -120,7 +142,17 @@ pub struct MergePaths {
     pub unknown: u64,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+/// Bios that waited in blk-throttle's queue.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Throttled {
+    pub bios: u64,
+    /// Total time they waited; `null` when it cannot be known.
+    pub delay_ns_total: Option<u64>,
+    /// The delay is a Little's-law estimate from queue lengths (tracepoint tier), not measured.
+    pub delay_estimated: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct DirStats {
     /// Bios submitted (after the throttle; split remainders not counted again).
     pub bios: u64,
@@ -132,13 +164,50 @@ pub struct DirStats {
     pub request_bytes: u64,
     pub splits: u64,
     pub merged_by_path: MergePaths,
+    /// What blk-throttle charged: 1 io per bio and per split remainder, bytes once per bio
+    /// (512 per discard), where the cgroup has a rule for the direction.
+    pub charged_ios: u64,
+    pub charged_bytes: u64,
+    pub throttled: Throttled,
+    pub meters: Meters,
+    /// Limits in force for this direction, with this window's use.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub limits: BTreeMap<&'static str, LimitUse>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<String>,
+    /// Bios left in the throttle queue, summed over releases (input of the delay estimate).
+    #[serde(skip)]
+    pub queued_behind: u64,
 }
 
 impl DirStats {
-    pub fn from_counts(c: &Counts, dir: Dir) -> DirStats {
+    pub fn from_counts(c: &Counts, dir: Dir, opts: &Options) -> DirStats {
         let back = c.back_merges_by_path;
         let all = c.bio_merges_by_path;
         DirStats {
+            queued_behind: c.throttle_queue_samples,
+            charged_ios: c.charged_ios,
+            charged_bytes: c.charged_bytes,
+            throttled: Throttled {
+                bios: c.throttled_bios,
+                delay_ns_total: None, // set by `build`, which knows the limits
+                delay_estimated: !opts.exact_delay,
+            },
+            meters: Meters {
+                per_bio: c.bios + c.splits,
+                per_request: c.requests(),
+                cloud: opts
+                    .meter_units
+                    .iter()
+                    .zip(c.meter_units)
+                    .map(|(unit, units)| CloudMeter {
+                        unit_bytes: *unit,
+                        units,
+                    })
+                    .collect(),
+            },
+            limits: BTreeMap::new(),
+            verdict: None,
             bios: c.bios,
             bytes: c.bytes,
             merged: c.merged(dir),
@@ -186,6 +255,25 @@ impl DirStats {
         a.discard += b.discard;
         a.request += b.request;
         a.unknown += b.unknown;
+        self.charged_ios += o.charged_ios;
+        self.charged_bytes += o.charged_bytes;
+        self.throttled.bios += o.throttled.bios;
+        self.queued_behind += o.queued_behind;
+        self.throttled.delay_estimated = o.throttled.delay_estimated;
+        self.throttled.delay_ns_total =
+            match (self.throttled.delay_ns_total, o.throttled.delay_ns_total) {
+                (Some(a), Some(b)) => Some(a + b),
+                (a, b) => a.or(b),
+            };
+        self.meters.per_bio += o.meters.per_bio;
+        self.meters.per_request += o.meters.per_request;
+        if self.meters.cloud.is_empty() {
+            self.meters.cloud = o.meters.cloud.clone();
+        } else {
+            for (a, b) in self.meters.cloud.iter_mut().zip(&o.meters.cloud) {
+                a.units += b.units;
+            }
+        }
     }
 }
 
@@ -193,29 +281,62 @@ impl DirStats {
 pub fn build(
     window: &Window,
     kind: SnapshotKind,
-    tier: &str,
     devices: &[Device],
-    names: &mut dyn CgroupNames,
-    subtree: Option<&str>,
+    lookup: &mut dyn Lookup,
+    opts: &Options,
 ) -> Snapshot {
+    let window_ns = window.end_ns.saturating_sub(window.start_ns);
+    let secs = window_ns as f64 / 1e9;
     let mut out = Vec::new();
     for d in devices {
         let dev = d.kernel_dev();
         // cgroup id → directions
         let mut rows: BTreeMap<u64, Directions> = BTreeMap::new();
         for (k, c) in window.counts.iter().filter(|(k, _)| k.dev == dev) {
-            *rows.entry(k.cgroup_id).or_default().get_mut(k.dir) = DirStats::from_counts(c, k.dir);
+            *rows.entry(k.cgroup_id).or_default().get_mut(k.dir) =
+                DirStats::from_counts(c, k.dir, opts);
         }
         let mut cgroups = Vec::new();
         let mut total = Directions::default();
-        for (id, dirs) in rows {
+        for (id, mut dirs) in rows {
             if dirs.is_empty() {
                 continue;
             }
-            let name = names.cgroup_name(id);
-            if let Some(sub) = subtree {
+            let name = lookup.cgroup_name(id);
+            if let Some(sub) = opts.subtree {
                 if !in_subtree(&name.path, sub) {
                     continue;
+                }
+            }
+            let eff = if name.gone {
+                Effective::default()
+            } else {
+                lookup.limits(&name.path, d)
+            };
+            for dir in Dir::ALL {
+                let st = dirs.get_mut(dir);
+                if st.is_empty() {
+                    continue;
+                }
+                let write = dir != Dir::Read && dir != Dir::Flush;
+                st.limits = meter::limit_use(&eff, write, st.charged_ios, st.charged_bytes, secs);
+                st.verdict = meter::verdict(
+                    &st.limits,
+                    st.bios + st.splits,
+                    st.requests,
+                    st.throttled.bios,
+                );
+                if !opts.exact_delay {
+                    let avg_bio = if st.bios > 0 {
+                        st.bytes as f64 / st.bios as f64
+                    } else {
+                        0.0
+                    };
+                    st.throttled.delay_ns_total = meter::estimated_delay_ns(
+                        st.throttled.bios,
+                        st.queued_behind,
+                        meter::admitted_rate(&st.limits, avg_bio),
+                    );
                 }
             }
             for dir in Dir::ALL {
@@ -250,7 +371,7 @@ pub fn build(
         kind,
         start_ns: window.start_ns,
         end_ns: window.end_ns,
-        tier: tier.to_string(),
+        tier: opts.tier.to_string(),
         lost_events: window.lost_events(),
         lost_by_kind: window
             .lost_by_kind
@@ -267,7 +388,20 @@ mod tests {
     use crate::aggregate::{tests::batch_of_32, Aggregator};
 
     struct Fixed;
-    impl CgroupNames for Fixed {
+    impl Lookup for Fixed {
+        fn limits(&mut self, cgroup: &str, _dev: &Device) -> Effective {
+            if cgroup == "/mt" {
+                Effective {
+                    wiops: Some(crate::limits::Limit {
+                        limit: 16,
+                        cgroup: "/mt".into(),
+                    }),
+                    ..Default::default()
+                }
+            } else {
+                Effective::default()
+            }
+        }
         fn cgroup_name(&mut self, id: u64) -> CgroupName {
             CgroupName {
                 path: match id {
@@ -296,13 +430,18 @@ mod tests {
         a.apply_all(&batch_of_32(21));
         a.apply_all(&batch_of_32(22));
         a.apply_all(&batch_of_32(23));
+        let opts = Options {
+            tier: "tracepoint",
+            exact_delay: false,
+            meter_units: &[256 << 10],
+            subtree: Some("/mt"),
+        };
         let s = build(
-            &a.total(200),
+            &a.total(2_000_000_100),
             SnapshotKind::Total,
-            "tracepoint",
             &[loop3()],
             &mut Fixed,
-            Some("/mt"),
+            &opts,
         );
         let v: serde_json::Value = serde_json::to_value(&s).unwrap();
         assert_eq!(v["type"], "total");
@@ -310,7 +449,7 @@ mod tests {
         assert_eq!(v["lost_events"], 0);
         assert_eq!(
             (v["start_ns"].as_u64(), v["end_ns"].as_u64()),
-            (Some(100), Some(200))
+            (Some(100), Some(2_000_000_100))
         );
         let dev = &v["devices"][0];
         assert_eq!(
@@ -338,6 +477,19 @@ mod tests {
             assert_eq!(w[field].as_u64(), Some(want), "{field}");
         }
         assert_eq!(w["merged_by_path"]["plug"], 31);
+        assert_eq!(w["meters"]["per_bio"], 32);
+        assert_eq!(w["meters"]["per_request"], 1);
+        assert_eq!(w["meters"]["cloud"][0]["unit_bytes"], 262144);
+        assert_eq!(w["meters"]["cloud"][0]["units"], 1);
+        assert_eq!(w["throttled"]["delay_estimated"], true);
+        assert!(
+            w["throttled"]["delay_ns_total"].is_null(),
+            "nothing was throttled"
+        );
+        // 32 bios in 2 s = 16/s against wiops 16 (the fixture charges nothing: no rule flags)
+        assert_eq!(w["limits"]["wiops"]["limit"], 16);
+        assert_eq!(w["limits"]["wiops"]["used_pct"], 0.0);
+        assert!(w["verdict"].as_str().unwrap().contains("not binding"));
         assert_eq!(cgs[0]["read"]["bios"], 0);
         assert_eq!(cgs[0]["discard"]["bios"], 0);
         assert_eq!(cgs[0]["flush"]["bios"], 0);

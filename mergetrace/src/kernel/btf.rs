@@ -287,6 +287,22 @@ impl Btf {
         None
     }
 
+    /// Element count of an array member, e.g. `blkcg_gq.pd[6]` → 6.
+    pub fn array_len(&self, struct_name: &str, member: &str) -> Result<u32> {
+        let id = self
+            .find(KIND_STRUCT, struct_name)
+            .with_context(|| format!("struct {struct_name} is not in this kernel's BTF"))?;
+        let (_, ty) = self
+            .find_member(id, member, 0)
+            .with_context(|| format!("struct {struct_name} has no member {member}"))?;
+        let t = self
+            .get(self.resolve(ty).context("broken type chain")?)
+            .context("bad type id")?;
+        t.array
+            .map(|(_, n)| n)
+            .with_context(|| format!("{struct_name}.{member} is not an array"))
+    }
+
     /// Size in bytes of a struct.
     pub fn struct_size(&self, name: &str) -> Option<u32> {
         Some(self.get(self.find(KIND_STRUCT, name)?)?.size_or_type)

@@ -30,7 +30,8 @@ pub async fn run(
     mut stop: watch::Receiver<bool>,
     mut sink: impl FnMut(&[Event]) + Send,
 ) -> Result<()> {
-    let mut fd = AsyncFd::with_interest(ring, tokio::io::Interest::READABLE)?;
+    // SAFETY: the AsyncFd owns the ring buffer, so its fd stays open while registered.
+    let mut fd = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE)? };
     let mut batch = Vec::with_capacity(4096);
     loop {
         tokio::select! {

@@ -13,10 +13,12 @@
 //! | unplug                 | block_unplug (6.1 fast path emits none)       |
 //! | throttle release       | workqueue_execute_start/end + blk_throtl_dispatch_work_fn |
 //! | `BIO_BPS_THROTTLED`    | enum value from BTF (6 on 6.1/6.12, 5 on 6.18) |
+//! | throttle queue length  | `service_queue.nr_queued[2]` ≤ 6.15; `nr_queued_bps` + `nr_queued_iops` 6.16+ |
+//! | throttle group of a bio| `blkg->pd[i]` whose `td` is `blkg->q->td` (no BPF-visible policy id) |
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
-use mergetrace_common::{path, KernelOffsets, KernelSymbols, MERGE_CALLERS};
+use mergetrace_common::{path, KernelOffsets, KernelSymbols, MERGE_CALLERS, NONE};
 
 use super::btf::Btf;
 
@@ -27,6 +29,18 @@ pub fn resolve_offsets(btf: &Btf) -> Result<KernelOffsets> {
     let bps_bit = btf
         .enum_value("BIO_BPS_THROTTLED")
         .context("enum value BIO_BPS_THROTTLED is not in this kernel's BTF")?;
+    let pd_count = btf
+        .array_len("blkcg_gq", "pd")
+        .context("blkcg_gq.pd is not an array in this kernel's BTF")?;
+    // One queue per direction up to 6.15; separate bps and iops queues from 6.16.
+    let sq = off("throtl_grp", "service_queue")?;
+    let (tg_nr_queued_a, tg_nr_queued_b) = match off("throtl_service_queue", "nr_queued") {
+        Ok(n) => (sq + n, NONE),
+        Err(_) => (
+            sq + off("throtl_service_queue", "nr_queued_bps")?,
+            sq + off("throtl_service_queue", "nr_queued_iops")?,
+        ),
+    };
     Ok(KernelOffsets {
         ready: 1,
         bio_bi_opf: off("bio", "bi_opf")?,
@@ -54,7 +68,12 @@ pub fn resolve_offsets(btf: &Btf) -> Result<KernelOffsets> {
         tg_has_rules_iops: off("throtl_grp", "has_rules_iops")?,
         tg_has_rules_bps: off("throtl_grp", "has_rules_bps")?,
         bio_bps_throttled_bit: u32::try_from(bps_bit).context("BIO_BPS_THROTTLED out of range")?,
-        policy_plid: off("blkcg_policy", "plid")?,
+        blkg_q: off("blkcg_gq", "q")?,
+        q_td: off("request_queue", "td")?,
+        tg_td: off("throtl_grp", "td")?,
+        blkg_pd_count: pd_count,
+        tg_nr_queued_a,
+        tg_nr_queued_b,
     })
 }
 
@@ -129,7 +148,6 @@ pub fn resolve_symbols(kallsyms: &Kallsyms) -> (KernelSymbols, Vec<String>) {
         a.unwrap_or(0)
     };
     syms.throtl_dispatch_fn = need("blk_throtl_dispatch_work_fn");
-    syms.throtl_policy = need("blkcg_policy_throtl");
     for (p, name) in MERGE_CALLER_FUNCTIONS {
         match kallsyms.range(name) {
             Some(r) => syms.merge_callers[p as usize - 1] = r,

@@ -5,8 +5,19 @@ use crate::{
     snapshot::{DirStats, Snapshot},
 };
 
-pub const HEADER: [&str; 10] = [
-    "DEVICE", "CGROUP", "DIR", "BIOS", "MiB", "MERGED", "REQS", "REQ MiB", "BIOS/REQ", "AVG REQ",
+pub const HEADER: [&str; 12] = [
+    "DEVICE",
+    "CGROUP",
+    "DIR",
+    "BIOS",
+    "MiB",
+    "CHARGED",
+    "THROTTLED",
+    "MERGED",
+    "REQS",
+    "REQ MiB",
+    "BIOS/REQ",
+    "AVG REQ",
 ];
 
 /// Right-aligned columns (numbers).
@@ -38,6 +49,8 @@ fn cells(device: &str, cgroup: &str, dir: Dir, s: &DirStats) -> Vec<String> {
         dir.name().to_string(),
         s.bios.to_string(),
         mib(s.bytes),
+        s.charged_ios.to_string(),
+        s.throttled.bios.to_string(),
         s.merged.to_string(),
         s.requests.to_string(),
         mib(s.request_bytes),
@@ -45,6 +58,21 @@ fn cells(device: &str, cgroup: &str, dir: Dir, s: &DirStats) -> Vec<String> {
             .map_or("-".into(), |r| format!("{r:.1}")),
         s.avg_request_bytes().map_or("-".into(), size),
     ]
+}
+
+/// One line per cgroup and direction that has a verdict: "loop3 /mt write: wiops 2000 is …".
+pub fn verdicts(s: &Snapshot) -> Vec<String> {
+    let mut out = Vec::new();
+    for d in &s.devices {
+        for c in &d.cgroups {
+            for dir in Dir::ALL {
+                if let Some(v) = &c.dirs.get(dir).verdict {
+                    out.push(format!("{} {} {}: {v}", d.device, c.cgroup, dir.name()));
+                }
+            }
+        }
+    }
+    out
 }
 
 pub fn rows(s: &Snapshot) -> Vec<Row> {

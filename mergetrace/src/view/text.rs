@@ -23,6 +23,9 @@ impl<W: Write> TextView<W> {
             s.tier, s.lost_events
         )?;
         write!(self.out, "{}", table::render_text(&table::rows(s)))?;
+        for v in table::verdicts(s) {
+            writeln!(self.out, "verdict: {v}")?;
+        }
         self.out.flush()?;
         Ok(())
     }

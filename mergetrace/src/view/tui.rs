@@ -70,6 +70,9 @@ impl TuiView {
                 ""
             }
         )));
+        for v in table::verdicts(s) {
+            head.push(Line::from(format!("verdict: {v}")));
+        }
         let head_height = head.len() as u16 + 2;
         let widths: Vec<Constraint> = table::HEADER
             .iter()
@@ -140,6 +143,9 @@ impl View for TuiView {
             s.tier, s.lost_events
         );
         print!("{}", table::render_text(&table::rows(s)));
+        for v in table::verdicts(s) {
+            println!("verdict: {v}");
+        }
         Ok(())
     }
 }
