@@ -1,1 +1,156 @@
-fn main() {}
+//! Developer tasks: `cargo xtask <task>` (an alias in .cargo/config.toml).
+//!
+//! Each task is a variant of [`Task`]; new ones (bench, lab, ...) go there.
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, ExitCode},
+};
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "xtask",
+    bin_name = "cargo xtask",
+    about = "mergetrace's developer tasks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand, Debug)]
+enum Task {
+    /// Run every test in the workspace, release build (the one `./mt run` uses). Needs root:
+    /// the kernel tests load eBPF programs and set up block devices.
+    Test {
+        /// Passed on to `cargo test` as they are: a test name filter, `--no-run`, and after
+        /// `--` arguments for the test binaries (e.g. `-- --nocapture`).
+        #[arg(
+            allow_hyphen_values = true,
+            trailing_var_arg = true,
+            value_name = "ARGS"
+        )]
+        args: Vec<String>,
+    },
+    /// Build mergetrace (release; the eBPF programs are built and embedded by its build.rs).
+    Build {
+        /// More arguments for `cargo build`.
+        #[arg(allow_hyphen_values = true, trailing_var_arg = true)]
+        cargo_args: Vec<String>,
+    },
+}
+
+/// The workspace root: xtask lives one level below it.
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask has a parent directory")
+        .to_path_buf()
+}
+
+/// The cargo that runs us (so `cargo +toolchain xtask` keeps its toolchain), else `cargo`.
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    c.current_dir(workspace_root());
+    c
+}
+
+/// Runs `cmd`; its exit status becomes ours.
+fn run(mut cmd: Command) -> Result<ExitCode> {
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot start {cmd:?}"))?;
+    Ok(match status.code() {
+        Some(0) => ExitCode::SUCCESS,
+        Some(n) => ExitCode::from(u8::try_from(n).unwrap_or(1)),
+        None => ExitCode::FAILURE, // killed by a signal
+    })
+}
+
+fn test(args: &[String]) -> Result<ExitCode> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("cargo xtask test: must run as root (the kernel tests load eBPF programs and set up block devices); try `sudo ./mt test`");
+        return Ok(ExitCode::FAILURE);
+    }
+    let mut c = cargo();
+    // mergetrace-ebpf only builds for bpfel-unknown-none; mergetrace's build.rs builds it.
+    c.args([
+        "test",
+        "--workspace",
+        "--exclude",
+        "mergetrace-ebpf",
+        "--release",
+    ]);
+    c.args(args);
+    run(c)
+}
+
+fn build(cargo_args: &[String]) -> Result<ExitCode> {
+    let mut c = cargo();
+    c.args(["build", "--release", "-p", "mergetrace"])
+        .args(cargo_args);
+    run(c)
+}
+
+/// clap takes a `--` right after the subcommand as its own separator and drops it; put it back
+/// so that `cargo xtask test -- --nocapture` means what `cargo test -- --nocapture` means.
+fn restore_separator(raw: &[String], mut args: Vec<String>) -> Vec<String> {
+    if raw.get(2).is_some_and(|a| a == "--") {
+        args.insert(0, "--".into());
+    }
+    args
+}
+
+fn main() -> ExitCode {
+    let raw: Vec<String> = std::env::args().collect();
+    let cli = Cli::parse_from(&raw);
+    let result = match cli.task {
+        Task::Test { args } => test(&restore_separator(&raw, args)),
+        Task::Build { cargo_args } => build(&restore_separator(&raw, cargo_args)),
+    };
+    result.unwrap_or_else(|e| {
+        eprintln!("cargo xtask: error: {e:#}");
+        ExitCode::FAILURE
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    fn test_args(argv: &[&str]) -> Vec<String> {
+        let raw: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+        match Cli::try_parse_from(&raw).unwrap().task {
+            Task::Test { args } => restore_separator(&raw, args),
+            t => panic!("parsed as {t:?}"),
+        }
+    }
+
+    #[test]
+    fn test_args_reach_cargo_test_as_given() {
+        for argv in [
+            &["xtask", "test"][..],
+            &[
+                "xtask",
+                "test",
+                "cli",
+                "--no-fail-fast",
+                "--",
+                "--nocapture",
+            ],
+            &["xtask", "test", "--", "--nocapture"],
+            &["xtask", "test", "--no-run"],
+        ] {
+            assert_eq!(test_args(argv), argv[2..], "{argv:?}");
+        }
+    }
+}
