@@ -19,7 +19,45 @@ pub struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
-pub enum Command {}
+pub enum Command {
+    /// Run the built-in O_DIRECT workload (used by `demo` and the tests; no fio needed).
+    #[command(hide = true, name = "__workload")]
+    Workload(WorkloadArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct WorkloadArgs {
+    /// Block device or file.
+    #[arg(long)]
+    pub target: std::path::PathBuf,
+    #[arg(long, default_value = "write", value_parser = ["read", "write"])]
+    pub op: String,
+    #[arg(long, default_value = "4k", value_parser = parse_size)]
+    pub bs: u64,
+    /// Total I/Os.
+    #[arg(long)]
+    pub ios: u64,
+    /// I/Os per io_submit call.
+    #[arg(long, default_value_t = 32)]
+    pub batch: usize,
+    /// Submit each batch in descending offset order (front merges).
+    #[arg(long)]
+    pub reverse: bool,
+    /// Start offset in bytes.
+    #[arg(long, default_value = "0", value_parser = parse_offset)]
+    pub offset: u64,
+    /// Join this cgroup directory (writes our pid to its cgroup.procs) before any I/O.
+    #[arg(long)]
+    pub cgroup: Option<std::path::PathBuf>,
+}
+
+fn parse_offset(s: &str) -> Result<u64, String> {
+    if s == "0" {
+        Ok(0)
+    } else {
+        parse_size(s)
+    }
+}
 
 #[derive(Args, Debug, Clone)]
 pub struct LiveArgs {

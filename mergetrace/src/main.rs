@@ -12,8 +12,40 @@ mod live;
 mod meter;
 mod snapshot;
 mod view;
+mod workload;
 
 use clap::Parser;
+
+/// `__workload`: join the cgroup if asked, run, print what was done as JSON.
+fn run_workload(a: &cli::WorkloadArgs) -> anyhow::Result<()> {
+    use anyhow::Context;
+    if let Some(cg) = &a.cgroup {
+        std::fs::write(cg.join("cgroup.procs"), std::process::id().to_string())
+            .with_context(|| format!("cannot join cgroup {}", cg.display()))?;
+    }
+    let w = workload::Workload {
+        op: if a.op == "read" {
+            workload::Op::Read
+        } else {
+            workload::Op::Write
+        },
+        block_bytes: a.bs as usize,
+        ios: a.ios,
+        batch: a.batch,
+        order: if a.reverse {
+            workload::Order::Reverse
+        } else {
+            workload::Order::Forward
+        },
+        start: a.offset,
+    };
+    let done = workload::run(&a.target, &w)?;
+    println!(
+        "{{\"ios\":{},\"bytes\":{},\"submit_calls\":{}}}",
+        done.ios, done.bytes, done.submit_calls
+    );
+    Ok(())
+}
 
 fn main() {
     let cli = cli::Cli::parse();
@@ -32,7 +64,7 @@ fn main() {
     let result = runtime.block_on(async {
         match cli.command {
             None => live::run(cli.live).await,
-            Some(c) => match c {},
+            Some(cli::Command::Workload(w)) => run_workload(&w),
         }
     });
     if let Err(e) = result {
