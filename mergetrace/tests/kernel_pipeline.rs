@@ -1,0 +1,399 @@
+//! Kernel integration tests of the whole pipeline: probes → ring buffer → aggregator → NDJSON,
+//! checked against the kernel's own counters (/proc/diskstats deltas, blkio.throttle stats)
+//! and fio's I/O counts. Exact equality on counts only; nothing here looks at a time.
+//!
+//! Needs root, BPF, loop devices, cgroup v1 blkio and fio. Missing any of them is a FAILURE
+//! (see `support::require_root`), never a skip. Run:
+//!   cargo test --release -p mergetrace --test kernel_pipeline
+mod support;
+
+use serde_json::Value;
+use support::*;
+
+/// 64 MiB of 4 KiB I/Os = 16,384 bios per run (the article used 256 MiB; the counts scale).
+const SIZE: u64 = 64 << 20;
+const BS: u64 = 4096;
+
+/// The exact relations between mergetrace's direction totals and the diskstats deltas, for
+/// one direction ("read"/"write"), plus mergetrace's internal consistency.
+fn assert_matches_diskstats(dir: &str, m: &Value, requests: u64, merged: u64, sectors: u64) {
+    let ctx = format!("{dir}: mergetrace {m} vs diskstats requests {requests}, merged {merged}, sectors {sectors}");
+    assert_eq!(
+        u(m, "requests"),
+        requests,
+        "requests != diskstats completed delta; {ctx}"
+    );
+    assert_eq!(
+        u(m, "merged"),
+        merged,
+        "merged != diskstats merged delta; {ctx}"
+    );
+    let rq_bytes = u(m, "request_bytes");
+    assert_eq!(rq_bytes % 512, 0, "request_bytes not whole sectors; {ctx}");
+    assert_eq!(
+        rq_bytes / 512,
+        sectors,
+        "request_bytes/512 != diskstats sectors delta; {ctx}"
+    );
+    assert_internally_consistent(m, &ctx);
+}
+
+/// Every bio (and split remainder) either became a request or merged into one; the merge
+/// paths add up to `merged`; no merge from an unrecognised caller.
+fn assert_internally_consistent(m: &Value, ctx: &str) {
+    let (bios, splits, requests, merged) = (
+        u(m, "bios"),
+        u(m, "splits"),
+        u(m, "requests"),
+        u(m, "merged"),
+    );
+    assert_eq!(
+        requests + merged,
+        bios + splits,
+        "requests + merged != bios + splits; {ctx}"
+    );
+    let p = &m["merged_by_path"];
+    let by_path: u64 = [
+        "plug",
+        "elevator_back",
+        "elevator_front",
+        "sw_queue",
+        "discard",
+        "request",
+        "unknown",
+    ]
+    .iter()
+    .map(|f| u(p, f))
+    .sum();
+    assert_eq!(
+        by_path, merged,
+        "merged_by_path does not add up to merged; {ctx}"
+    );
+    assert_eq!(
+        u(p, "unknown"),
+        0,
+        "merges from an unrecognised path; {ctx}"
+    );
+    assert_eq!(
+        u(m, "request_bytes"),
+        u(m, "bytes"),
+        "request bytes != bio bytes; {ctx}"
+    );
+}
+
+/// Interval objects never count more than the total (the run's tail after the last tick is
+/// only in the total, so `<=`), and the total object reports no losses.
+fn assert_run_sane(out: &TraceOutput, lo: &LoopDevice, dir: &str) {
+    assert_eq!(out.lost_events(), 0, "lost events; stderr:\n{}", out.stderr);
+    let total = out.device_total(lo);
+    for field in ["bios", "requests", "merged"] {
+        let sum = out.interval_sum(lo, dir, field);
+        assert!(
+            sum <= u(&total[dir], field),
+            "intervals sum to {sum} {dir} {field}, more than the total {}",
+            total[dir]
+        );
+    }
+}
+
+/// One arm of the article's first table: 4 KiB sequential O_DIRECT writes, libaio, iodepth 64,
+/// submit/complete batches of `batch`, under `nomerges` and scheduler `sched`.
+fn write_arm(sched: &str, nomerges: u32, batch: u32) {
+    require_root();
+    let lo = LoopDevice::new(SIZE);
+    lo.set_scheduler(sched);
+    lo.set_nomerges(nomerges);
+    udev_settle();
+
+    let tracer = Tracer::on(&lo);
+    let before = lo.diskstats();
+    let report = Fio::sequential("arm", &lo, "write", SIZE, batch).run();
+    let after = lo.diskstats();
+    let out = tracer.stop();
+    let d = after.since(&before);
+
+    let ctx = format!("{sched}, nomerges={nomerges}, batch {batch}");
+    let ios = fio_total_ios(&report, "write");
+    assert_eq!(ios, SIZE / BS, "fio wrote {ios} I/Os; {ctx}");
+    assert_eq!(fio_io_bytes(&report, "write"), SIZE, "{ctx}");
+    assert_eq!(d.in_flight, 0, "{ctx}");
+
+    assert_run_sane(&out, &lo, "write");
+    let t = out.device_total(&lo);
+    let w = &t["write"];
+    // fio's I/Os are the bios: none split (4 KiB), none lost.
+    assert_eq!(u(w, "bios"), ios, "bios != fio total_ios; {ctx}; {w}");
+    assert_eq!(u(w, "bytes"), SIZE, "{ctx}; {w}");
+    assert_eq!(u(w, "splits"), 0, "{ctx}; {w}");
+    assert_matches_diskstats("write", w, d.writes, d.writes_merged, d.sectors_written);
+    // No flushes or discards on either side.
+    assert_eq!(
+        u(&t["flush"], "requests"),
+        d.flushes,
+        "flush requests; {ctx}"
+    );
+    assert_eq!(
+        u(&t["discard"], "requests"),
+        d.discards,
+        "discard requests; {ctx}"
+    );
+
+    // The shape (docs/scenarios.md): a batch of 32 under one plug becomes one 128 KiB
+    // request unless nomerges=2; nomerges=1 changes nothing on the plug path; batch 1 never merges.
+    let bios = u(w, "bios");
+    let (requests, merged) = (u(w, "requests"), u(w, "merged"));
+    eprintln!(
+        "{ctx}: fio {ios} I/Os; mergetrace bios {bios} requests {requests} merged {merged} \
+         sectors {}; diskstats writes {} merged {} sectors {}",
+        u(w, "request_bytes") / 512,
+        d.writes,
+        d.writes_merged,
+        d.sectors_written
+    );
+    match (nomerges, batch) {
+        (0 | 1, 32) => {
+            assert_eq!(
+                requests,
+                bios / 32,
+                "one request per batch of 32; {ctx}; {w}"
+            );
+            assert_eq!(merged, bios - bios / 32, "{ctx}; {w}");
+            assert_eq!(
+                u(w, "request_bytes"),
+                requests * 32 * BS,
+                "128 KiB requests; {ctx}; {w}"
+            );
+            assert_eq!(
+                u(&w["merged_by_path"], "plug"),
+                merged,
+                "all merges in the plug; {ctx}; {w}"
+            );
+        }
+        (2, _) | (0, 1) => {
+            assert_eq!(merged, 0, "no merges; {ctx}; {w}");
+            assert_eq!(requests, bios, "one request per bio; {ctx}; {w}");
+        }
+        _ => unreachable!("no expectation for {ctx}"),
+    }
+}
+
+macro_rules! write_arms {
+    ($($name:ident: $sched:literal, nomerges $nm:literal, batch $batch:literal;)*) => {$(
+        #[test]
+        fn $name() {
+            write_arm($sched, $nm, $batch);
+        }
+    )*};
+}
+
+write_arms! {
+    write_nomerges0_batch32_mq_deadline: "mq-deadline", nomerges 0, batch 32;
+    write_nomerges1_batch32_mq_deadline: "mq-deadline", nomerges 1, batch 32;
+    write_nomerges2_batch32_mq_deadline: "mq-deadline", nomerges 2, batch 32;
+    write_nomerges0_batch1_mq_deadline: "mq-deadline", nomerges 0, batch 1;
+    write_nomerges0_batch32_none: "none", nomerges 0, batch 32;
+    write_nomerges1_batch32_none: "none", nomerges 1, batch 32;
+    write_nomerges2_batch32_none: "none", nomerges 2, batch 32;
+    write_nomerges0_batch1_none: "none", nomerges 0, batch 1;
+}
+
+/// Sequential 4 KiB O_DIRECT reads in batches of 32: the read fields against diskstats.
+/// (fio opens the device read-only, so udev's watch does not probe it afterwards.)
+fn read_batched(sched: &str) {
+    require_root();
+    let lo = LoopDevice::new(SIZE);
+    lo.set_scheduler(sched);
+    lo.set_nomerges(0);
+    udev_settle();
+
+    let tracer = Tracer::on(&lo);
+    let before = lo.diskstats();
+    let report = Fio::sequential("read", &lo, "read", SIZE, 32).run();
+    let after = lo.diskstats();
+    let out = tracer.stop();
+    let d = after.since(&before);
+
+    let ctx = format!("read, {sched}, batch 32");
+    let ios = fio_total_ios(&report, "read");
+    assert_eq!(ios, SIZE / BS, "{ctx}");
+    assert_eq!(fio_total_ios(&report, "write"), 0, "{ctx}");
+    assert_run_sane(&out, &lo, "read");
+    let t = out.device_total(&lo);
+    let r = &t["read"];
+    assert_eq!(u(r, "bios"), ios, "bios != fio total_ios; {ctx}; {r}");
+    assert_eq!(u(r, "bytes"), SIZE, "{ctx}; {r}");
+    assert_eq!(u(r, "splits"), 0, "{ctx}; {r}");
+    eprintln!("{ctx}: fio {ios} I/Os; mergetrace {r}; diskstats {d:?}");
+    assert_matches_diskstats("read", r, d.reads, d.reads_merged, d.sectors_read);
+    // Nothing was written.
+    assert_eq!(
+        (d.writes, u(&t["write"], "bios"), u(&t["write"], "requests")),
+        (0, 0, 0),
+        "{ctx}"
+    );
+    assert_eq!(
+        u(r, "requests"),
+        ios / 32,
+        "one request per batch of 32; {ctx}; {r}"
+    );
+}
+
+#[test]
+fn read_batch32_mq_deadline() {
+    read_batched("mq-deadline");
+}
+
+#[test]
+fn read_batch32_none() {
+    read_batched("none");
+}
+
+/// Two fio processes in two blkio cgroups write to the same device at once (different
+/// halves). Each cgroup's row must be exactly its own fio's I/Os, also as blk-throttle counted
+/// them, and the rows must add up to the device's diskstats deltas.
+#[test]
+fn two_cgroups_writing_at_once_are_told_apart() {
+    require_root();
+    let lo = LoopDevice::new(SIZE);
+    lo.set_scheduler("mq-deadline");
+    lo.set_nomerges(0);
+    udev_settle();
+    let half = SIZE / 2;
+    let a = Cgroup::new();
+    let b = Cgroup::new();
+    // A limit far above what fio can do here: it never delays a bio, but it turns on
+    // blk-throttle for this device, so blkio.throttle.io_serviced counts the bios too.
+    a.set_write_iops(&lo, 10_000_000);
+    b.set_write_iops(&lo, 10_000_000);
+
+    let tracer = Tracer::on(&lo);
+    let before = lo.diskstats();
+    // Different batch sizes, so a mix-up between the two rows cannot cancel out.
+    let fa = Fio::sequential("cg-a", &lo, "write", half, 32)
+        .offset(0)
+        .in_cgroup(&a)
+        .spawn();
+    let fb = Fio::sequential("cg-b", &lo, "write", half, 8)
+        .offset(half)
+        .size(half / 2)
+        .in_cgroup(&b)
+        .spawn();
+    let (ra, rb) = (fa.wait(), fb.wait());
+    let after = lo.diskstats();
+    let out = tracer.stop();
+    let d = after.since(&before);
+
+    let (ios_a, ios_b) = (fio_total_ios(&ra, "write"), fio_total_ios(&rb, "write"));
+    assert_eq!((ios_a, ios_b), (half / BS, half / 2 / BS), "fio I/O counts");
+    assert_run_sane(&out, &lo, "write");
+
+    let rows: Vec<&Value> = out.device(&lo)["cgroups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .collect();
+    let row = |cg: &Cgroup| {
+        out.cgroup_row(&lo, &cg.path())
+            .unwrap_or_else(|| panic!("no row for cgroup {} in {}", cg.path(), out.device(&lo)))
+    };
+    let (wa, wb) = (&row(&a)["write"], &row(&b)["write"]);
+    eprintln!(
+        "cgroup A {}: {wa}\ncgroup B {}: {wb}\ndiskstats delta {d:?}",
+        a.path(),
+        b.path()
+    );
+    assert_eq!(
+        u(wa, "bios"),
+        ios_a,
+        "cgroup A bios != its fio's total_ios; {wa}"
+    );
+    assert_eq!(
+        u(wb, "bios"),
+        ios_b,
+        "cgroup B bios != its fio's total_ios; {wb}"
+    );
+    assert_eq!(u(wa, "bytes"), half, "{wa}");
+    assert_eq!(u(wb, "bytes"), half / 2, "{wb}");
+    assert_internally_consistent(wa, "cgroup A");
+    assert_internally_consistent(wb, "cgroup B");
+    // blk-throttle's own per-cgroup count of the same bios.
+    assert_eq!(
+        a.io_serviced(&lo).write,
+        ios_a,
+        "cgroup A blkio.throttle.io_serviced"
+    );
+    assert_eq!(
+        b.io_serviced(&lo).write,
+        ios_b,
+        "cgroup B blkio.throttle.io_serviced"
+    );
+    assert_eq!(
+        a.io_service_bytes(&lo).write,
+        half,
+        "cgroup A blkio.throttle.io_service_bytes"
+    );
+    assert_eq!(
+        b.io_service_bytes(&lo).write,
+        half / 2,
+        "cgroup B blkio.throttle.io_service_bytes"
+    );
+    // ... and mergetrace's view of those charges, per cgroup.
+    for (w, cg, ios, bytes) in [(wa, &a, ios_a, half), (wb, &b, ios_b, half / 2)] {
+        assert_eq!(
+            u(w, "charged_ios"),
+            ios,
+            "{} charged_ios vs io_serviced; {w}",
+            cg.path()
+        );
+        assert_eq!(
+            u(w, "charged_bytes"),
+            bytes,
+            "{} charged_bytes vs io_service_bytes; {w}",
+            cg.path()
+        );
+        assert_eq!(
+            u(&w["throttled"], "bios"),
+            0,
+            "{}: the limit never binds; {w}",
+            cg.path()
+        );
+    }
+    // Each row has its own fio's shape: one request per submit batch (32 for A, 8 for B).
+    assert_eq!(
+        u(wa, "requests"),
+        ios_a / 32,
+        "cgroup A: one request per batch of 32; {wa}"
+    );
+    assert_eq!(
+        u(wb, "requests"),
+        ios_b / 8,
+        "cgroup B: one request per batch of 8; {wb}"
+    );
+    // Nobody else wrote to the device.
+    for r in &rows {
+        if r["cgroup"] != a.path() && r["cgroup"] != b.path() {
+            assert_eq!(u(&r["write"], "bios"), 0, "unexpected writer {r}");
+            assert_eq!(u(&r["write"], "requests"), 0, "unexpected writer {r}");
+        }
+    }
+    // The two rows add up to the device, and the device to diskstats.
+    let sum = |f: &str| u(wa, f) + u(wb, f);
+    assert_eq!(
+        sum("requests"),
+        d.writes,
+        "A + B requests != diskstats writes; {wa} {wb} {d:?}"
+    );
+    assert_eq!(
+        sum("merged"),
+        d.writes_merged,
+        "A + B merged != diskstats merged; {wa} {wb} {d:?}"
+    );
+    assert_eq!(
+        sum("request_bytes") / 512,
+        d.sectors_written,
+        "A + B sectors; {wa} {wb} {d:?}"
+    );
+    let w = &out.device_total(&lo)["write"];
+    assert_matches_diskstats("write", w, d.writes, d.writes_merged, d.sectors_written);
+    assert_eq!(u(w, "bios"), ios_a + ios_b, "{w}");
+}

@@ -1,0 +1,990 @@
+//! Shared harness for the kernel integration tests: loop devices, cgroup v1 blkio groups,
+//! /proc/diskstats, the mergetrace binary as a child process, and fio.
+//!
+//! Every resource is unique per test (pid + counter in its name) and removed by `Drop`, also
+//! when the test panics. These tests need root, BPF and fio: when something is missing they
+//! FAIL with a message saying what; they never skip.
+#![allow(dead_code)]
+
+use std::{
+    fs,
+    io::{BufRead, BufReader, Read},
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        mpsc, Arc, Mutex, Once,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+/// How long the tracer may take to load and attach its probes (BPF verification on a busy
+/// 2-core machine can be slow). A bound against hangs, not an assertion on speed.
+pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long the tracer may take to drain and print its totals after SIGINT.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(120);
+
+pub const BLKIO_ROOT: &str = "/sys/fs/cgroup/blkio";
+
+static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
+/// `losetup -f` picks a free device and then binds it; two at once can pick the same one.
+static LOSETUP_LOCK: Mutex<()> = Mutex::new(());
+static STALE_CLEANUP: Once = Once::new();
+
+/// A name unique in this test binary and across concurrent test binaries: `mt-test-<pid>-<n>`.
+pub fn unique_name() -> String {
+    format!(
+        "mt-test-{}-{}",
+        std::process::id(),
+        NEXT_ID.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Panics unless running as root with the tools these tests need. Never skips: a CI job
+/// that cannot run them must go red, not green.
+pub fn require_root() {
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "the kernel pipeline tests need root (BPF, loop devices, cgroups): run them as root \
+         (e.g. `sudo -E cargo test --release -p mergetrace --test kernel_pipeline`); \
+         they deliberately fail instead of skipping"
+    );
+    for tool in ["losetup", "fio"] {
+        let found = Command::new(tool)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok();
+        assert!(
+            found,
+            "`{tool}` is required by the kernel pipeline tests and was not found in PATH"
+        );
+    }
+    STALE_CLEANUP.call_once(cleanup_stale);
+}
+
+/// Removes loop devices and cgroups left by earlier test processes that were killed before
+/// their `Drop`s ran (only our own naming pattern, only when that process is gone).
+fn cleanup_stale() {
+    fn stale(name: &str) -> bool {
+        let Some(rest) = name.strip_prefix("mt-test-") else {
+            return false;
+        };
+        let Some((pid, n)) = rest.split_once('-') else {
+            return false;
+        };
+        let n = n.strip_suffix(".img").unwrap_or(n);
+        let (Ok(pid), Ok(_)) = (pid.parse::<u32>(), n.parse::<u64>()) else {
+            return false;
+        };
+        pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists()
+    }
+    if let Ok(out) = Command::new("losetup").arg("-a").output() {
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            // /dev/loop3: [0027]:2 (/dev/shm/mt-test-123-4.img)
+            let Some((dev, rest)) = line.split_once(':') else {
+                continue;
+            };
+            let Some(file) = rest.rsplit_once('(').and_then(|(_, f)| f.strip_suffix(')')) else {
+                continue;
+            };
+            let Some(base) = file.strip_prefix("/dev/shm/") else {
+                continue;
+            };
+            if stale(base) {
+                let _ = Command::new("losetup").args(["-d", dev]).status();
+            }
+        }
+    }
+    if let Ok(entries) = fs::read_dir("/dev/shm") {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".img") && stale(&name) {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+    }
+    if let Ok(entries) = fs::read_dir(BLKIO_ROOT) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if stale(&name) && e.path().is_dir() {
+                let _ = remove_cgroup_dir(&e.path());
+            }
+        }
+    }
+}
+
+/// `udevadm settle` when udev is there; a no-op on machines without it.
+pub fn udev_settle() {
+    let _ = Command::new("udevadm")
+        .args(["settle", "--timeout=60"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn write_sysfs(path: &Path, value: &str) {
+    fs::write(path, value)
+        .unwrap_or_else(|e| panic!("cannot write {value:?} to {}: {e}", path.display()));
+}
+
+// ---------------------------------------------------------------------------------------
+// Loop devices
+
+/// A loop device over a fresh sparse file in /dev/shm. Detached and deleted on drop.
+#[derive(Debug)]
+pub struct LoopDevice {
+    /// e.g. "loop3"
+    pub name: String,
+    /// e.g. "/dev/loop3"
+    pub path: PathBuf,
+    pub backing: PathBuf,
+    pub major: u32,
+    pub minor: u32,
+    pub size: u64,
+}
+
+impl LoopDevice {
+    /// A loop device of `size` bytes, udev settled, default queue settings.
+    pub fn new(size: u64) -> LoopDevice {
+        let backing = PathBuf::from(format!("/dev/shm/{}.img", unique_name()));
+        {
+            let f = fs::File::create(&backing)
+                .unwrap_or_else(|e| panic!("cannot create {}: {e}", backing.display()));
+            f.set_len(size).expect("cannot size the backing file");
+        }
+        let mut last_err = String::new();
+        let mut dev = None;
+        for _ in 0..10 {
+            let out = {
+                let _guard = LOSETUP_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+                Command::new("losetup")
+                    .args(["-f", "--show"])
+                    .arg(&backing)
+                    .output()
+                    .expect("cannot run losetup")
+            };
+            if out.status.success() {
+                dev = Some(String::from_utf8_lossy(&out.stdout).trim().to_string());
+                break;
+            }
+            // Another process may have taken the same free device: try again.
+            last_err = String::from_utf8_lossy(&out.stderr).into_owned();
+            thread::sleep(Duration::from_millis(200));
+        }
+        let Some(dev) = dev else {
+            let _ = fs::remove_file(&backing);
+            panic!("losetup -f --show {} failed: {last_err}", backing.display());
+        };
+        let path = PathBuf::from(&dev);
+        let name = path
+            .file_name()
+            .expect("losetup printed a device path")
+            .to_string_lossy()
+            .into_owned();
+        // From here on Drop cleans up, even if a step below panics.
+        let mut lo = LoopDevice {
+            name,
+            path,
+            backing,
+            major: 0,
+            minor: 0,
+            size,
+        };
+        udev_settle();
+        let devno = fs::read_to_string(lo.sysfs().join("dev"))
+            .unwrap_or_else(|e| panic!("cannot read /sys/block/{}/dev: {e}", lo.name));
+        let (maj, min) = devno.trim().split_once(':').expect("MAJ:MIN in sysfs dev");
+        lo.major = maj.parse().unwrap();
+        lo.minor = min.parse().unwrap();
+        lo
+    }
+
+    pub fn sysfs(&self) -> PathBuf {
+        PathBuf::from(format!("/sys/block/{}", self.name))
+    }
+
+    fn queue(&self, attr: &str) -> PathBuf {
+        self.sysfs().join("queue").join(attr)
+    }
+
+    /// "7:3"
+    pub fn maj_min(&self) -> String {
+        format!("{}:{}", self.major, self.minor)
+    }
+
+    /// Sets the I/O scheduler ("none", "mq-deadline", ...) and checks it took.
+    pub fn set_scheduler(&self, sched: &str) {
+        write_sysfs(&self.queue("scheduler"), sched);
+        let now = self.scheduler();
+        assert_eq!(
+            now, sched,
+            "{}: scheduler is {now} after writing {sched}",
+            self.name
+        );
+    }
+
+    /// The active scheduler (the bracketed entry).
+    pub fn scheduler(&self) -> String {
+        let s = fs::read_to_string(self.queue("scheduler")).expect("read scheduler");
+        s.split_whitespace()
+            .find_map(|w| w.strip_prefix('[').and_then(|w| w.strip_suffix(']')))
+            .unwrap_or("none")
+            .to_string()
+    }
+
+    /// 0 = all merges, 1 = no extended merges, 2 = no merges. Checked after writing.
+    pub fn set_nomerges(&self, level: u32) {
+        write_sysfs(&self.queue("nomerges"), &level.to_string());
+        let now: u32 = fs::read_to_string(self.queue("nomerges"))
+            .expect("read nomerges")
+            .trim()
+            .parse()
+            .expect("nomerges is a number");
+        assert_eq!(now, level, "{}: nomerges", self.name);
+    }
+
+    pub fn set_queue_attr(&self, attr: &str, value: &str) {
+        write_sysfs(&self.queue(attr), value);
+    }
+
+    pub fn diskstats(&self) -> DiskStats {
+        diskstats(&self.name)
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        // Detaching can briefly fail while something (udev's probe) still holds it open.
+        for _ in 0..50 {
+            let ok = Command::new("losetup")
+                .arg("-d")
+                .arg(&self.path)
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if ok || !self.still_ours() {
+                break;
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        if self.still_ours() {
+            eprintln!(
+                "warning: could not detach {} ({})",
+                self.path.display(),
+                self.backing.display()
+            );
+        }
+        let _ = fs::remove_file(&self.backing);
+    }
+}
+
+impl LoopDevice {
+    /// The device is still bound to our backing file.
+    fn still_ours(&self) -> bool {
+        fs::read_to_string(self.sysfs().join("loop/backing_file"))
+            .is_ok_and(|f| Path::new(f.trim()) == self.backing)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// /proc/diskstats
+
+/// One /proc/diskstats line, every field (Documentation/admin-guide/iostats.rst).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DiskStats {
+    pub major: u32,
+    pub minor: u32,
+    pub reads: u64,
+    pub reads_merged: u64,
+    pub sectors_read: u64,
+    pub ms_reading: u64,
+    pub writes: u64,
+    pub writes_merged: u64,
+    pub sectors_written: u64,
+    pub ms_writing: u64,
+    /// A level, not a counter.
+    pub in_flight: u64,
+    pub io_ticks_ms: u64,
+    pub time_in_queue_ms: u64,
+    pub discards: u64,
+    pub discards_merged: u64,
+    pub sectors_discarded: u64,
+    pub ms_discarding: u64,
+    pub flushes: u64,
+    pub ms_flushing: u64,
+}
+
+impl DiskStats {
+    /// Counter deltas `self - before` (in_flight is taken from `self`).
+    pub fn since(&self, before: &DiskStats) -> DiskStats {
+        let d = |a: u64, b: u64| {
+            assert!(a >= b, "diskstats counter went backwards: {b} -> {a}");
+            a - b
+        };
+        DiskStats {
+            major: self.major,
+            minor: self.minor,
+            reads: d(self.reads, before.reads),
+            reads_merged: d(self.reads_merged, before.reads_merged),
+            sectors_read: d(self.sectors_read, before.sectors_read),
+            ms_reading: d(self.ms_reading, before.ms_reading),
+            writes: d(self.writes, before.writes),
+            writes_merged: d(self.writes_merged, before.writes_merged),
+            sectors_written: d(self.sectors_written, before.sectors_written),
+            ms_writing: d(self.ms_writing, before.ms_writing),
+            in_flight: self.in_flight,
+            io_ticks_ms: d(self.io_ticks_ms, before.io_ticks_ms),
+            time_in_queue_ms: d(self.time_in_queue_ms, before.time_in_queue_ms),
+            discards: d(self.discards, before.discards),
+            discards_merged: d(self.discards_merged, before.discards_merged),
+            sectors_discarded: d(self.sectors_discarded, before.sectors_discarded),
+            ms_discarding: d(self.ms_discarding, before.ms_discarding),
+            flushes: d(self.flushes, before.flushes),
+            ms_flushing: d(self.ms_flushing, before.ms_flushing),
+        }
+    }
+}
+
+/// Parses one line of /proc/diskstats (the name is the third field).
+pub fn parse_diskstats_line(line: &str) -> Option<(String, DiskStats)> {
+    let f: Vec<&str> = line.split_whitespace().collect();
+    if f.len() < 14 {
+        return None;
+    }
+    let n = |i: usize| -> u64 { f.get(i).and_then(|v| v.parse().ok()).unwrap_or(0) };
+    Some((
+        f[2].to_string(),
+        DiskStats {
+            major: f[0].parse().ok()?,
+            minor: f[1].parse().ok()?,
+            reads: n(3),
+            reads_merged: n(4),
+            sectors_read: n(5),
+            ms_reading: n(6),
+            writes: n(7),
+            writes_merged: n(8),
+            sectors_written: n(9),
+            ms_writing: n(10),
+            in_flight: n(11),
+            io_ticks_ms: n(12),
+            time_in_queue_ms: n(13),
+            discards: n(14),
+            discards_merged: n(15),
+            sectors_discarded: n(16),
+            ms_discarding: n(17),
+            flushes: n(18),
+            ms_flushing: n(19),
+        },
+    ))
+}
+
+/// The current /proc/diskstats line of device `name` (e.g. "loop3"). Panics if absent.
+pub fn diskstats(name: &str) -> DiskStats {
+    let text = fs::read_to_string("/proc/diskstats").expect("read /proc/diskstats");
+    text.lines()
+        .filter_map(parse_diskstats_line)
+        .find(|(n, _)| n == name)
+        .map(|(_, s)| s)
+        .unwrap_or_else(|| panic!("{name} is not in /proc/diskstats"))
+}
+
+// ---------------------------------------------------------------------------------------
+// cgroup v1 blkio
+
+/// A cgroup under /sys/fs/cgroup/blkio (cgroup v1). Removed on drop, after moving any
+/// remaining tasks to the root.
+#[derive(Debug)]
+pub struct Cgroup {
+    /// e.g. "mt-test-123-4"
+    pub name: String,
+    pub dir: PathBuf,
+}
+
+/// blkio.throttle.io_serviced / io_service_bytes for one device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BlkioStat {
+    pub read: u64,
+    pub write: u64,
+    pub sync: u64,
+    pub async_: u64,
+    pub discard: u64,
+    pub total: u64,
+}
+
+impl Cgroup {
+    pub fn new() -> Cgroup {
+        assert!(
+            Path::new(BLKIO_ROOT).join("cgroup.procs").exists(),
+            "{BLKIO_ROOT} is not a cgroup v1 blkio hierarchy (these tests need it)"
+        );
+        let name = unique_name();
+        let dir = Path::new(BLKIO_ROOT).join(&name);
+        fs::create_dir(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        Cgroup { name, dir }
+    }
+
+    /// The path mergetrace reports: relative to the blkio mount, e.g. "/mt-test-123-4".
+    pub fn path(&self) -> String {
+        format!("/{}", self.name)
+    }
+
+    pub fn procs_file(&self) -> PathBuf {
+        self.dir.join("cgroup.procs")
+    }
+
+    pub fn add_pid(&self, pid: u32) {
+        write_sysfs(&self.procs_file(), &pid.to_string());
+    }
+
+    pub fn pids(&self) -> Vec<u32> {
+        fs::read_to_string(self.procs_file())
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    /// Writes `"MAJ:MIN value"` to a blkio file, e.g. `blkio.throttle.write_iops_device`.
+    pub fn set_device_limit(&self, file: &str, dev: &LoopDevice, value: u64) {
+        write_sysfs(&self.dir.join(file), &format!("{} {value}", dev.maj_min()));
+    }
+
+    pub fn set_write_iops(&self, dev: &LoopDevice, iops: u64) {
+        self.set_device_limit("blkio.throttle.write_iops_device", dev, iops)
+    }
+    pub fn set_read_iops(&self, dev: &LoopDevice, iops: u64) {
+        self.set_device_limit("blkio.throttle.read_iops_device", dev, iops)
+    }
+    pub fn set_write_bps(&self, dev: &LoopDevice, bps: u64) {
+        self.set_device_limit("blkio.throttle.write_bps_device", dev, bps)
+    }
+    pub fn set_read_bps(&self, dev: &LoopDevice, bps: u64) {
+        self.set_device_limit("blkio.throttle.read_bps_device", dev, bps)
+    }
+
+    /// Parses a `MAJ:MIN Op N` stat file for one device (all zero when the device is absent).
+    pub fn read_stat(&self, file: &str, dev: &LoopDevice) -> BlkioStat {
+        let text = fs::read_to_string(self.dir.join(file))
+            .unwrap_or_else(|e| panic!("cannot read {file} of {}: {e}", self.name));
+        let mm = dev.maj_min();
+        let mut s = BlkioStat::default();
+        for line in text.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() != 3 || f[0] != mm {
+                continue;
+            }
+            let v: u64 = f[2].parse().unwrap_or(0);
+            match f[1] {
+                "Read" => s.read = v,
+                "Write" => s.write = v,
+                "Sync" => s.sync = v,
+                "Async" => s.async_ = v,
+                "Discard" => s.discard = v,
+                "Total" => s.total = v,
+                _ => {}
+            }
+        }
+        s
+    }
+
+    /// blkio.throttle.io_serviced: bios charged by blk-throttle, per direction.
+    pub fn io_serviced(&self, dev: &LoopDevice) -> BlkioStat {
+        self.read_stat("blkio.throttle.io_serviced", dev)
+    }
+
+    /// blkio.throttle.io_service_bytes.
+    pub fn io_service_bytes(&self, dev: &LoopDevice) -> BlkioStat {
+        self.read_stat("blkio.throttle.io_service_bytes", dev)
+    }
+}
+
+fn remove_cgroup_dir(dir: &Path) -> std::io::Result<()> {
+    let root_procs = Path::new(BLKIO_ROOT).join("cgroup.procs");
+    let mut last = Ok(());
+    for _ in 0..50 {
+        // Move anything still inside out first (a cgroup with tasks cannot be removed).
+        if let Ok(procs) = fs::read_to_string(dir.join("cgroup.procs")) {
+            for pid in procs.lines().map(str::trim).filter(|p| !p.is_empty()) {
+                let _ = fs::write(&root_procs, pid);
+            }
+        }
+        match fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => last = Err(e),
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    last
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        if let Err(e) = remove_cgroup_dir(&self.dir) {
+            eprintln!(
+                "warning: could not remove cgroup {}: {e}",
+                self.dir.display()
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The tracer
+
+/// `mergetrace --json` running as a child; started only once its probes are attached.
+pub struct Tracer {
+    child: Option<Child>,
+    stdout: Option<thread::JoinHandle<String>>,
+    stderr: Arc<Mutex<String>>,
+    stderr_thread: Option<thread::JoinHandle<()>>,
+}
+
+/// What a tracer printed over its run.
+#[derive(Debug, Clone)]
+pub struct TraceOutput {
+    /// The final `"type": "total"` object.
+    pub total: Value,
+    /// Every `"type": "interval"` object, in order.
+    pub intervals: Vec<Value>,
+    pub stderr: String,
+}
+
+impl Tracer {
+    /// Starts `mergetrace --json <args>` and returns once it printed "mergetrace: tracing"
+    /// on stderr. Panics with its stderr if it exits first or does not attach in time.
+    pub fn start<S: AsRef<str>>(args: &[S]) -> Tracer {
+        let bin = env!("CARGO_BIN_EXE_mergetrace");
+        let mut cmd = Command::new(bin);
+        cmd.arg("--json")
+            .args(args.iter().map(|a| a.as_ref()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
+        let mut out = child.stdout.take().unwrap();
+        let stdout = thread::spawn(move || {
+            let mut s = String::new();
+            let _ = out.read_to_string(&mut s);
+            s
+        });
+        let err = child.stderr.take().unwrap();
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = mpsc::channel::<String>();
+        let stderr_thread = {
+            let stderr = stderr.clone();
+            thread::spawn(move || {
+                for line in BufReader::new(err).lines() {
+                    let Ok(line) = line else { break };
+                    stderr.lock().unwrap().push_str(&line);
+                    stderr.lock().unwrap().push('\n');
+                    let _ = tx.send(line);
+                }
+            })
+        };
+        let mut tracer = Tracer {
+            child: Some(child),
+            stdout: Some(stdout),
+            stderr,
+            stderr_thread: Some(stderr_thread),
+        };
+        let deadline = Instant::now() + ATTACH_TIMEOUT;
+        let first = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left.min(Duration::from_millis(200))) {
+                Ok(line) => break line,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if let Some(status) = tracer.try_wait() {
+                        tracer.join_stderr();
+                        panic!(
+                            "mergetrace exited ({status}) before attaching; args {:?}; stderr:\n{}",
+                            cmd.get_args().collect::<Vec<_>>(),
+                            tracer.stderr()
+                        );
+                    }
+                    if left.is_zero() {
+                        panic!(
+                            "mergetrace did not report its probes attached within {ATTACH_TIMEOUT:?}; stderr:\n{}",
+                            tracer.stderr()
+                        );
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let status = tracer.child.as_mut().unwrap().wait().ok();
+                    panic!(
+                        "mergetrace closed stderr ({status:?}) before attaching; args {:?}; stderr:\n{}",
+                        cmd.get_args().collect::<Vec<_>>(),
+                        tracer.stderr()
+                    );
+                }
+            }
+        };
+        if !first.starts_with("mergetrace: tracing") {
+            // Most likely an error: give it a moment to exit so the report is complete.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut status = None;
+            while status.is_none() && Instant::now() < deadline {
+                status = tracer.try_wait();
+                thread::sleep(Duration::from_millis(50));
+            }
+            if status.is_some() {
+                tracer.join_stderr();
+            }
+            panic!(
+                "mergetrace's first stderr line is not the attach banner: {first:?} \
+                 (exit status: {status:?}); args {:?}; stderr:\n{}",
+                cmd.get_args().collect::<Vec<_>>(),
+                tracer.stderr()
+            );
+        }
+        tracer
+    }
+
+    /// `mergetrace --json -d <device>`.
+    pub fn on(dev: &LoopDevice) -> Tracer {
+        Tracer::start(&["-d", dev.name.as_str()])
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// Everything on stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    fn join_stderr(&mut self) {
+        if let Some(t) = self.stderr_thread.take() {
+            let _ = t.join();
+        }
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        if let Some(c) = &self.child {
+            unsafe {
+                libc::kill(c.id() as libc::pid_t, sig);
+            }
+        }
+    }
+
+    /// SIGINT, wait, require exit code 0, and parse the NDJSON it printed.
+    pub fn stop(mut self) -> TraceOutput {
+        self.signal(libc::SIGINT);
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        let status = loop {
+            if let Some(s) = self.try_wait() {
+                break s;
+            }
+            if Instant::now() >= deadline {
+                self.signal(libc::SIGKILL);
+                panic!(
+                    "mergetrace did not exit within {STOP_TIMEOUT:?} of SIGINT; stderr:\n{}",
+                    self.stderr()
+                );
+            }
+            thread::sleep(Duration::from_millis(50));
+        };
+        self.child = None;
+        self.join_stderr();
+        let stdout = self.stdout.take().unwrap().join().unwrap_or_default();
+        let stderr = self.stderr();
+        assert!(
+            status.success(),
+            "mergetrace exited with {status} after SIGINT; stderr:\n{stderr}\nstdout:\n{stdout}"
+        );
+        parse_ndjson(&stdout, stderr)
+    }
+}
+
+impl Drop for Tracer {
+    fn drop(&mut self) {
+        // Only reached without `stop()` when a test panicked: do not leave it running.
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Splits mergetrace's NDJSON into interval objects and the final total.
+pub fn parse_ndjson(stdout: &str, stderr: String) -> TraceOutput {
+    let mut intervals = Vec::new();
+    let mut total = None;
+    for (i, line) in stdout
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let v: Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("stdout line {} is not JSON ({e}): {line}", i + 1));
+        assert!(total.is_none(), "a line follows the total object: {line}");
+        match v["type"].as_str() {
+            Some("interval") => intervals.push(v),
+            Some("total") => total = Some(v),
+            other => panic!("unexpected object type {other:?}: {line}"),
+        }
+    }
+    let total = total.unwrap_or_else(|| {
+        panic!("mergetrace printed no total object; stdout:\n{stdout}\nstderr:\n{stderr}")
+    });
+    TraceOutput {
+        total,
+        intervals,
+        stderr,
+    }
+}
+
+impl TraceOutput {
+    /// The `devices[]` entry of `dev` in the total object.
+    pub fn device(&self, dev: &LoopDevice) -> &Value {
+        device_in(&self.total, dev)
+    }
+
+    /// The device's `total` (sum of its cgroup rows), e.g. `t.device_total(&lo)["write"]`.
+    pub fn device_total(&self, dev: &LoopDevice) -> &Value {
+        &self.device(dev)["total"]
+    }
+
+    /// The row of cgroup `path` (e.g. "/mt-test-1-2") on `dev`, if it had any activity.
+    pub fn cgroup_row(&self, dev: &LoopDevice, path: &str) -> Option<&Value> {
+        self.device(dev)["cgroups"]
+            .as_array()
+            .expect("cgroups is an array")
+            .iter()
+            .find(|r| r["cgroup"] == path)
+    }
+
+    pub fn lost_events(&self) -> u64 {
+        u(&self.total, "lost_events")
+    }
+
+    /// Sum of one numeric field of one direction over all interval objects for `dev`.
+    pub fn interval_sum(&self, dev: &LoopDevice, dir: &str, field: &str) -> u64 {
+        self.intervals
+            .iter()
+            .map(|i| u(&device_in(i, dev)["total"][dir], field))
+            .sum()
+    }
+}
+
+fn device_in<'a>(snapshot: &'a Value, dev: &LoopDevice) -> &'a Value {
+    snapshot["devices"]
+        .as_array()
+        .expect("devices is an array")
+        .iter()
+        .find(|d| d["major"] == dev.major && d["minor"] == dev.minor)
+        .unwrap_or_else(|| panic!("{} ({}) is not in {snapshot}", dev.name, dev.maj_min()))
+}
+
+/// A non-negative integer field; panics with the object when missing.
+pub fn u(v: &Value, field: &str) -> u64 {
+    v[field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("field {field:?} missing or not an integer in {v}"))
+}
+
+// ---------------------------------------------------------------------------------------
+// fio
+
+/// A fio run, one job, JSON output. Build with the setters, then `run()` or `spawn()`.
+#[derive(Debug, Clone)]
+pub struct Fio {
+    name: String,
+    opts: Vec<(String, String)>,
+    cgroup: Option<PathBuf>,
+}
+
+/// A fio started with [`Fio::spawn`].
+pub struct FioRun {
+    child: Option<Child>,
+    describe: String,
+}
+
+impl Fio {
+    /// A job named `name` against `filename` (a device or file).
+    pub fn new(name: &str, filename: &Path) -> Fio {
+        Fio {
+            name: name.to_string(),
+            opts: vec![("filename".into(), filename.display().to_string())],
+            cgroup: None,
+        }
+    }
+
+    /// The article's workload: 4 KiB sequential O_DIRECT libaio, iodepth 64, submit and
+    /// complete batches of `batch` (both options: see docs/scenarios.md), `rw` = write/read.
+    pub fn sequential(name: &str, dev: &LoopDevice, rw: &str, size: u64, batch: u32) -> Fio {
+        Fio::new(name, &dev.path)
+            .opt("rw", rw)
+            .opt("bs", "4k")
+            .opt("direct", "1")
+            .opt("ioengine", "libaio")
+            .opt("iodepth", "64")
+            .opt("size", &size.to_string())
+            .batch(batch)
+    }
+
+    /// Sets `--key=value` (replacing an earlier value of the same key).
+    pub fn opt(mut self, key: &str, value: &str) -> Fio {
+        self.opts.retain(|(k, _)| k != key);
+        self.opts.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    /// `--iodepth_batch_submit=N --iodepth_batch_complete_min=N`.
+    pub fn batch(self, n: u32) -> Fio {
+        self.opt("iodepth_batch_submit", &n.to_string())
+            .opt("iodepth_batch_complete_min", &n.to_string())
+    }
+
+    pub fn offset(self, bytes: u64) -> Fio {
+        self.opt("offset", &bytes.to_string())
+    }
+
+    pub fn size(self, bytes: u64) -> Fio {
+        self.opt("size", &bytes.to_string())
+    }
+
+    /// Runs fio inside `cg` (its pid is written to cgroup.procs before exec).
+    pub fn in_cgroup(mut self, cg: &Cgroup) -> Fio {
+        self.cgroup = Some(cg.dir.clone());
+        self
+    }
+
+    fn args(&self) -> Vec<String> {
+        let mut a = vec![
+            format!("--name={}", self.name),
+            "--output-format=json".to_string(),
+        ];
+        a.extend(self.opts.iter().map(|(k, v)| format!("--{k}={v}")));
+        a
+    }
+
+    pub fn spawn(&self) -> FioRun {
+        let mut cmd = match &self.cgroup {
+            None => {
+                let mut c = Command::new("fio");
+                c.args(self.args());
+                c
+            }
+            Some(dir) => {
+                let mut c = Command::new("sh");
+                c.arg("-c")
+                    .arg(r#"echo $$ > "$0/cgroup.procs" && exec fio "$@""#)
+                    .arg(dir)
+                    .args(self.args());
+                c
+            }
+        };
+        // Its own process group, so a panicking test can kill fio and its job processes.
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        let describe = format!("{cmd:?}");
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start fio ({describe}): {e}"));
+        FioRun {
+            child: Some(child),
+            describe,
+        }
+    }
+
+    /// Runs to completion and returns fio's JSON report.
+    pub fn run(&self) -> Value {
+        self.spawn().wait()
+    }
+}
+
+impl FioRun {
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// Waits, requires success, returns the JSON report.
+    pub fn wait(mut self) -> Value {
+        let out = self
+            .child
+            .take()
+            .expect("fio already waited for")
+            .wait_with_output()
+            .unwrap_or_else(|e| panic!("waiting for fio: {e}"));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "fio failed ({}): {}\nstderr:\n{stderr}\nstdout:\n{stdout}",
+            out.status,
+            self.describe
+        );
+        // fio may print notes before the JSON document.
+        let start = if stdout.starts_with('{') {
+            Some(0)
+        } else {
+            stdout.find("\n{").map(|i| i + 1)
+        }
+        .unwrap_or_else(|| panic!("no JSON in fio's output: {stdout}\nstderr:\n{stderr}"));
+        let v: Value = serde_json::from_str(&stdout[start..])
+            .unwrap_or_else(|e| panic!("fio's JSON does not parse ({e}): {stdout}"));
+        let errs = v["jobs"][0]["error"].as_u64().unwrap_or(0);
+        assert_eq!(errs, 0, "fio job reported an error: {}", v["jobs"][0]);
+        v
+    }
+}
+
+impl Drop for FioRun {
+    fn drop(&mut self) {
+        // Only reached without `wait()` when a test panicked: stop fio and its jobs.
+        if let Some(mut c) = self.child.take() {
+            unsafe {
+                libc::kill(-(c.id() as libc::pid_t), libc::SIGKILL);
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// `jobs[0].<dir>.total_ios` of a fio JSON report (dir = "read" / "write").
+pub fn fio_total_ios(report: &Value, dir: &str) -> u64 {
+    report["jobs"][0][dir]["total_ios"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no jobs[0].{dir}.total_ios in fio's report"))
+}
+
+/// `jobs[0].<dir>.io_bytes` of a fio JSON report.
+pub fn fio_io_bytes(report: &Value, dir: &str) -> u64 {
+    report["jobs"][0][dir]["io_bytes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no jobs[0].{dir}.io_bytes in fio's report"))
+}
