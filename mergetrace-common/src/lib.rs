@@ -52,6 +52,17 @@ pub mod kind {
     pub const RQ_COMPLETE: u8 = 9;
     pub const UNPLUG: u8 = 10;
     pub const RQ_REQUEUE: u8 = 11;
+    /// fentry tier: a bio passed `__blk_throtl_bio` (it was charged). `path` = 1 if it was
+    /// queued (throttled), 0 if it went on at once.
+    pub const THROTTLE_CHARGE: u8 = 12;
+    /// fentry tier: a throttled bio left the throttle (`submit_bio_noacct_nocheck`);
+    /// `aux64` = nanoseconds it waited, measured.
+    pub const THROTTLE_RELEASE: u8 = 13;
+    /// fentry tier: `blk_attempt_plug_merge` returned; `path` = 1 merged, 0 not merged.
+    pub const PLUG_ATTEMPT: u8 = 14;
+    /// fentry tier: `elv_merge` decided; `path` = `enum elv_merge` (0 no, 1 front, 2 back,
+    /// 3 discard).
+    pub const ELV_MERGE: u8 = 15;
     /// One past the largest kind: sizes the per-kind lost-event counters.
     pub const COUNT: u32 = 16;
 
@@ -68,6 +79,10 @@ pub mod kind {
             RQ_COMPLETE => "rq_complete",
             UNPLUG => "unplug",
             RQ_REQUEUE => "rq_requeue",
+            THROTTLE_CHARGE => "throttle_charge",
+            THROTTLE_RELEASE => "throttle_release",
+            PLUG_ATTEMPT => "plug_attempt",
+            ELV_MERGE => "elv_merge",
             _ => "unknown",
         }
     }

@@ -8,9 +8,9 @@
 
 use aya_ebpf::{
     helpers::{bpf_get_stack, bpf_ktime_get_ns, bpf_probe_read_kernel},
-    macros::{btf_tracepoint, map},
-    maps::{HashMap, PerCpuArray, RingBuf},
-    programs::BtfTracePointContext,
+    macros::{btf_tracepoint, fentry, fexit, map},
+    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
+    programs::{BtfTracePointContext, FEntryContext, FExitContext},
     EbpfContext,
 };
 use mergetrace_common::{flags, kind, path, Event, KernelOffsets, KernelSymbols, LOST_SLOTS};
@@ -36,6 +36,11 @@ static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOST_SLOTS, 0);
 /// Per CPU: non-zero while blk-throttle's dispatch work item runs on this CPU.
 #[map]
 static IN_THROTL_DISPATCH: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// fentry tier: bio address → when it entered `__blk_throtl_bio` (ns). LRU, so a bio that
+/// never comes back (cancelled with its disk) cannot fill the map.
+#[map]
+static THROTTLE_ENTRY: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
 
 /// Reads one offset from the read-only globals. Volatile, so the compiler cannot fold the
 /// zero it sees at build time; the verifier sees the real, frozen value.
@@ -427,6 +432,73 @@ pub fn workqueue_execute_end(ctx: BtfTracePointContext) -> u32 {
                 *mark = 0;
             }
         }
+    }
+    0
+}
+
+// ---- fentry tier: exact throttle delays and merge decisions (where the kernel allows it) ----
+
+#[fentry(function = "__blk_throtl_bio")]
+pub fn throtl_bio_entry(ctx: FEntryContext) -> u32 {
+    let bio: u64 = ctx.arg(0);
+    if bio_event(bio, kind::THROTTLE_CHARGE).is_some() {
+        let now = unsafe { bpf_ktime_get_ns() };
+        let _ = THROTTLE_ENTRY.insert(&bio, &now, 0);
+    }
+    0
+}
+
+/// `__blk_throtl_bio` returns true when it queued the bio (throttled).
+#[fexit(function = "__blk_throtl_bio")]
+pub fn throtl_bio_exit(ctx: FExitContext) -> u32 {
+    let bio: u64 = ctx.arg(0);
+    let throttled: u64 = ctx.arg(1);
+    if let Some(mut ev) = bio_event(bio, kind::THROTTLE_CHARGE) {
+        ev.path = (throttled & 0xff != 0) as u8;
+        if ev.path == 0 {
+            let _ = THROTTLE_ENTRY.remove(&bio);
+        }
+        ev.flags = rule_flags(throttle_group(bio), ev.op);
+        emit(&ev);
+    }
+    0
+}
+
+/// Throttled bios are issued from the dispatch work through `submit_bio_noacct_nocheck`.
+#[fentry(function = "submit_bio_noacct_nocheck")]
+pub fn throtl_release(ctx: FEntryContext) -> u32 {
+    let bio: u64 = ctx.arg(0);
+    let Some(start) = (unsafe { THROTTLE_ENTRY.get(&bio) }).copied() else {
+        return 0;
+    };
+    let _ = THROTTLE_ENTRY.remove(&bio);
+    if let Some(mut ev) = bio_event(bio, kind::THROTTLE_RELEASE) {
+        ev.aux64 = ev.ts_ns.saturating_sub(start);
+        emit(&ev);
+    }
+    0
+}
+
+/// `blk_attempt_plug_merge(q, bio, nr_segs)` → bool.
+#[fexit(function = "blk_attempt_plug_merge")]
+pub fn plug_attempt(ctx: FExitContext) -> u32 {
+    let bio: u64 = ctx.arg(1);
+    let merged: u64 = ctx.arg(3);
+    if let Some(mut ev) = bio_event(bio, kind::PLUG_ATTEMPT) {
+        ev.path = (merged & 0xff != 0) as u8;
+        emit(&ev);
+    }
+    0
+}
+
+/// `elv_merge(q, &req, bio)` → `enum elv_merge`.
+#[fexit(function = "elv_merge")]
+pub fn elv_merge_exit(ctx: FExitContext) -> u32 {
+    let bio: u64 = ctx.arg(2);
+    let decision: u64 = ctx.arg(3);
+    if let Some(mut ev) = bio_event(bio, kind::ELV_MERGE) {
+        ev.path = (decision & 0xff) as u8;
+        emit(&ev);
     }
     0
 }

@@ -67,6 +67,17 @@ pub struct Counts {
     pub throttled_bios: u64,
     /// Sum over released bios of the bios still queued behind them (Little's law input).
     pub throttle_queue_samples: u64,
+    /// fentry tier: calls of `__blk_throtl_bio` (charges) and how many of them queued the bio.
+    pub throttle_calls: u64,
+    pub throttle_queued: u64,
+    /// fentry tier: bios released from the throttle queue and the time they waited, measured.
+    pub throttle_releases: u64,
+    pub throttle_delay_ns: u64,
+    /// fentry tier: `blk_attempt_plug_merge` calls and those that merged.
+    pub plug_attempts: u64,
+    pub plug_merged: u64,
+    /// fentry tier: `elv_merge` decisions by `enum elv_merge` value (no, front, back, discard).
+    pub elv_decisions: [u64; 4],
     /// Device requests counted by a cloud-volume meter, per configured unit size: each
     /// request costs `ceil(bytes / unit)`, at least 1.
     pub meter_units: [u64; METER_SLOTS],
@@ -118,6 +129,15 @@ impl Counts {
         self.charged_bytes += o.charged_bytes;
         self.throttled_bios += o.throttled_bios;
         self.throttle_queue_samples += o.throttle_queue_samples;
+        self.throttle_calls += o.throttle_calls;
+        self.throttle_queued += o.throttle_queued;
+        self.throttle_releases += o.throttle_releases;
+        self.throttle_delay_ns += o.throttle_delay_ns;
+        self.plug_attempts += o.plug_attempts;
+        self.plug_merged += o.plug_merged;
+        for i in 0..4 {
+            self.elv_decisions[i] += o.elv_decisions[i];
+        }
         for i in 0..METER_SLOTS {
             self.meter_units[i] += o.meter_units[i];
         }
@@ -228,6 +248,19 @@ impl Window {
                 }
             }
             kind::RQ_REQUEUE => c.requeues += 1,
+            kind::THROTTLE_CHARGE => {
+                c.throttle_calls += 1;
+                c.throttle_queued += (ev.path != 0) as u64;
+            }
+            kind::THROTTLE_RELEASE => {
+                c.throttle_releases += 1;
+                c.throttle_delay_ns += ev.aux64;
+            }
+            kind::PLUG_ATTEMPT => {
+                c.plug_attempts += 1;
+                c.plug_merged += (ev.path != 0) as u64;
+            }
+            kind::ELV_MERGE => c.elv_decisions[(ev.path as usize).min(3)] += 1,
             kind::RQ_COMPLETE => {
                 c.completions += 1;
                 c.completed_bytes += ev.aux as u64;
@@ -475,6 +508,70 @@ pub(crate) mod tests {
         );
         assert_eq!(c.requests(), 2);
         assert_eq!(c.merged(Dir::Write), 0);
+    }
+
+    #[test]
+    fn fentry_tier_events() {
+        let mut a = Aggregator::new(0);
+        let mut ch = ev(kind::THROTTLE_CHARGE, 1, 5, 4096);
+        a.apply(&ch);
+        ch.path = 1;
+        a.apply(&ch);
+        let mut rel = ev(kind::THROTTLE_RELEASE, 1, 5, 4096);
+        rel.aux64 = 1_000_000;
+        a.apply(&rel);
+        let mut pa = ev(kind::PLUG_ATTEMPT, 1, 5, 4096);
+        a.apply(&pa);
+        pa.path = 1;
+        a.apply(&pa);
+        let mut em = ev(kind::ELV_MERGE, 1, 5, 4096);
+        em.path = 2;
+        a.apply(&em);
+        em.path = 0;
+        a.apply(&em);
+        let c = a.total(1).device_total(7 << 20 | 3, Dir::Write);
+        assert_eq!(
+            (
+                c.throttle_calls,
+                c.throttle_queued,
+                c.throttle_releases,
+                c.throttle_delay_ns
+            ),
+            (2, 1, 1, 1_000_000)
+        );
+        assert_eq!((c.plug_attempts, c.plug_merged), (2, 1));
+        assert_eq!(c.elv_decisions, [1, 0, 1, 0]);
+        // fentry events are not bios: the bio counts stay untouched
+        assert_eq!((c.bios, c.requests(), c.merged(Dir::Write)), (0, 0, 0));
+    }
+
+    #[test]
+    fn bps_only_rule_does_not_recharge_a_charged_remainder() {
+        let mut a = Aggregator::new(0);
+        let mut q = ev(kind::BIO_QUEUE, 1, 5, 1 << 20);
+        q.flags = flags::RULES_BPS;
+        a.apply(&q);
+        let mut s = ev(kind::SPLIT, 1, 5, 256 << 10);
+        s.flags = flags::RULES_BPS | flags::BPS_CHARGED;
+        a.apply(&s);
+        s.flags = flags::RULES_BPS | flags::RULES_IOPS | flags::BPS_CHARGED;
+        a.apply(&s);
+        let mut d = ev(kind::BIO_QUEUE, 3, 5, 1 << 20);
+        d.flags = flags::RULES_BPS;
+        a.apply(&d);
+        let w = a.total(1);
+        let c = w.device_total(7 << 20 | 3, Dir::Write);
+        assert_eq!(
+            (c.charged_ios, c.charged_bytes),
+            (2, 1 << 20),
+            "bio + the iops-ruled remainder"
+        );
+        let dc = w.device_total(7 << 20 | 3, Dir::Discard);
+        assert_eq!(
+            (dc.charged_ios, dc.charged_bytes),
+            (1, 512),
+            "a discard is charged 512 bytes"
+        );
     }
 
     #[test]

@@ -84,6 +84,9 @@ pub struct LiveArgs {
     /// Comma-separated, up to 4 (e.g. 256k,1m).
     #[arg(long, default_value = "256k,1m", value_name = "SIZES", value_delimiter = ',', value_parser = parse_size, num_args = 1..=4)]
     pub meter_unit: Vec<u64>,
+    /// Which probes to use: fentry where the kernel allows it (auto), or force one tier.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub tier: crate::kernel::TierChoice,
     /// Ring buffer size in MiB (a power of two).
     #[arg(long, default_value_t = 16, value_name = "MIB", value_parser = parse_ring_mib)]
     pub ring_mib: u32,

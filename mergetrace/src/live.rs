@@ -43,6 +43,7 @@ pub async fn run(args: LiveArgs) -> Result<()> {
         &devices,
         &kernel::Options {
             ring_bytes: args.ring_mib << 20,
+            tier: args.tier,
         },
     )?;
     let tier = session.tier.clone();
@@ -79,7 +80,7 @@ pub async fn run(args: LiveArgs) -> Result<()> {
     let meter_units = agg.lock().expect("aggregator lock").meter_units().to_vec();
     let opts = snapshot::Options {
         tier: tier.kind.name(),
-        exact_delay: tier.kind == kernel::TierKind::Fentry,
+        fentry: tier.kind == kernel::TierKind::Fentry,
         meter_units: &meter_units,
         subtree: subtree.as_deref(),
     };

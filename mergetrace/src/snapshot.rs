@@ -36,8 +36,9 @@ impl Lookup for crate::cgroups::Cgroups {
 pub struct Options<'a> {
     /// "tracepoint" or "fentry".
     pub tier: &'a str,
-    /// Throttle delays are measured per bio (fentry) rather than estimated.
-    pub exact_delay: bool,
+    /// The fentry tier ran: throttle delays are measured per bio rather than estimated, and
+    /// merge attempts (including failed ones) are known.
+    pub fentry: bool,
     /// Cloud-volume meter unit sizes, as given to the aggregator.
     pub meter_units: &'a [u64],
     /// Only cgroups in this subtree.
@@ -142,6 +143,19 @@ pub struct MergePaths {
     pub unknown: u64,
 }
 
+/// fentry tier only: what the merge machinery tried, including attempts that failed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct MergeAttempts {
+    /// `blk_attempt_plug_merge` calls, and how many merged.
+    pub plug_attempts: u64,
+    pub plug_merged: u64,
+    /// `elv_merge` decisions: no merge, front, back, discard.
+    pub elevator_no_merge: u64,
+    pub elevator_front: u64,
+    pub elevator_back: u64,
+    pub elevator_discard: u64,
+}
+
 /// Bios that waited in blk-throttle's queue.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Throttled {
@@ -170,6 +184,9 @@ pub struct DirStats {
     pub charged_bytes: u64,
     pub throttled: Throttled,
     pub meters: Meters,
+    /// fentry tier: merge attempts and their outcome (absent on the tracepoint tier).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub merge_attempts: Option<MergeAttempts>,
     /// Limits in force for this direction, with this window's use.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub limits: BTreeMap<&'static str, LimitUse>,
@@ -190,9 +207,18 @@ impl DirStats {
             charged_bytes: c.charged_bytes,
             throttled: Throttled {
                 bios: c.throttled_bios,
-                delay_ns_total: None, // set by `build`, which knows the limits
-                delay_estimated: !opts.exact_delay,
+                // fentry: measured; tracepoint: estimated by `build`, which knows the limits
+                delay_ns_total: opts.fentry.then_some(c.throttle_delay_ns),
+                delay_estimated: !opts.fentry,
             },
+            merge_attempts: opts.fentry.then_some(MergeAttempts {
+                plug_attempts: c.plug_attempts,
+                plug_merged: c.plug_merged,
+                elevator_no_merge: c.elv_decisions[0],
+                elevator_front: c.elv_decisions[1],
+                elevator_back: c.elv_decisions[2],
+                elevator_discard: c.elv_decisions[3],
+            }),
             meters: Meters {
                 per_bio: c.bios + c.splits,
                 per_request: c.requests(),
@@ -258,6 +284,16 @@ impl DirStats {
         self.charged_ios += o.charged_ios;
         self.charged_bytes += o.charged_bytes;
         self.throttled.bios += o.throttled.bios;
+        if let (Some(a), Some(b)) = (&mut self.merge_attempts, &o.merge_attempts) {
+            a.plug_attempts += b.plug_attempts;
+            a.plug_merged += b.plug_merged;
+            a.elevator_no_merge += b.elevator_no_merge;
+            a.elevator_front += b.elevator_front;
+            a.elevator_back += b.elevator_back;
+            a.elevator_discard += b.elevator_discard;
+        } else if self.merge_attempts.is_none() {
+            self.merge_attempts = o.merge_attempts.clone();
+        }
         self.queued_behind += o.queued_behind;
         self.throttled.delay_estimated = o.throttled.delay_estimated;
         self.throttled.delay_ns_total =
@@ -326,7 +362,7 @@ pub fn build(
                     st.requests,
                     st.throttled.bios,
                 );
-                if !opts.exact_delay {
+                if !opts.fentry {
                     let avg_bio = if st.bios > 0 {
                         st.bytes as f64 / st.bios as f64
                     } else {
@@ -432,7 +468,7 @@ mod tests {
         a.apply_all(&batch_of_32(23));
         let opts = Options {
             tier: "tracepoint",
-            exact_delay: false,
+            fentry: false,
             meter_units: &[256 << 10],
             subtree: Some("/mt"),
         };

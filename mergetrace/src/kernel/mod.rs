@@ -9,7 +9,7 @@ use std::fmt;
 use anyhow::{bail, Context, Result};
 use aya::{
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
-    programs::BtfTracePoint,
+    programs::{BtfTracePoint, FEntry, FExit},
     Ebpf, EbpfLoader,
 };
 use mergetrace_common::LOST_SLOTS;
@@ -71,16 +71,88 @@ const THROTTLE_CONTEXT: &[(&str, &str)] = &[
     ("workqueue_execute_end", "workqueue_execute_end"),
 ];
 
+/// fentry/fexit programs of the fentry tier: (program name, kernel function, is fexit).
+const FENTRY_PROGRAMS: &[(&str, &str, bool)] = &[
+    ("throtl_bio_entry", "__blk_throtl_bio", false),
+    ("throtl_bio_exit", "__blk_throtl_bio", true),
+    ("throtl_release", "submit_bio_noacct_nocheck", false),
+    ("plug_attempt", "blk_attempt_plug_merge", true),
+    ("elv_merge_exit", "elv_merge", true),
+];
+
+/// Which tier the user asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TierChoice {
+    /// fentry where the kernel allows it, the tracepoint tier otherwise.
+    Auto,
+    Tracepoint,
+    Fentry,
+}
+
 pub struct Options {
     /// Ring buffer size in bytes (a power of two, at least one page).
     pub ring_bytes: u32,
+    pub tier: TierChoice,
 }
 
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            ring_bytes: 16 << 20,
+/// Loads and attaches every fentry-tier program; the first failure is returned (and the
+/// caller falls back or reports it). Functions missing from BTF are skipped with a note.
+fn attach_fentry(
+    ebpf: &mut Ebpf,
+    btf: &btf::Btf,
+    aya_btf: &aya::Btf,
+    notes: &mut Vec<String>,
+) -> Result<()> {
+    for (prog, func, exit) in FENTRY_PROGRAMS {
+        if !btf.has_function(func) {
+            notes.push(format!(
+                "kernel function {func} is not traceable here (inlined or renamed): {prog} not attached"
+            ));
+            continue;
         }
+        let p = ebpf
+            .program_mut(prog)
+            .with_context(|| format!("program {prog} missing from the eBPF object"))?;
+        let what = if *exit { "fexit" } else { "fentry" };
+        let result: Result<()> = if *exit {
+            let p: &mut FExit = p.try_into()?;
+            p.load(func, aya_btf)
+                .map_err(anyhow::Error::from)
+                .and_then(|()| Ok(p.attach().map(|_| ())?))
+        } else {
+            let p: &mut FEntry = p.try_into()?;
+            p.load(func, aya_btf)
+                .map_err(anyhow::Error::from)
+                .and_then(|()| Ok(p.attach().map(|_| ())?))
+        };
+        result.with_context(|| format!("cannot load/attach {what} program {prog} on {func}"))?;
+    }
+    Ok(())
+}
+
+/// Unloads whatever fentry-tier programs did load (after a failed attempt).
+fn unload_fentry(ebpf: &mut Ebpf) {
+    for (prog, _, _) in FENTRY_PROGRAMS {
+        match ebpf.program_mut(prog) {
+            Some(aya::programs::Program::FEntry(p)) => {
+                let _ = p.unload();
+            }
+            Some(aya::programs::Program::FExit(p)) => {
+                let _ = p.unload();
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Why the fentry tier could not run, in one line (no multi-line verifier log).
+fn short_reason(e: &anyhow::Error) -> String {
+    let root = e.root_cause().to_string();
+    let first = root.lines().next().unwrap_or_default().to_string();
+    if first.contains("Permission denied") || first.contains("Operation not permitted") {
+        "fentry refused".to_string()
+    } else {
+        format!("fentry unavailable: {first}")
     }
 }
 
@@ -170,14 +242,39 @@ impl Session {
             }
         }
 
+        let tier = match opts.tier {
+            TierChoice::Tracepoint => Tier {
+                kind: TierKind::Tracepoint,
+                reason: "chosen with --tier tracepoint".into(),
+            },
+            TierChoice::Fentry => {
+                attach_fentry(&mut ebpf, &btf, &aya_btf, &mut notes)
+                    .context("the fentry tier was forced with --tier fentry")?;
+                Tier {
+                    kind: TierKind::Fentry,
+                    reason: "chosen with --tier fentry".into(),
+                }
+            }
+            TierChoice::Auto => match attach_fentry(&mut ebpf, &btf, &aya_btf, &mut notes) {
+                Ok(()) => Tier {
+                    kind: TierKind::Fentry,
+                    reason: "fentry allowed".into(),
+                },
+                Err(e) => {
+                    unload_fentry(&mut ebpf);
+                    Tier {
+                        kind: TierKind::Tracepoint,
+                        reason: short_reason(&e),
+                    }
+                }
+            },
+        };
+
         let ring = RingBuf::try_from(ebpf.take_map("EVENTS").context("EVENTS map missing")?)?;
         let lost = PerCpuArray::try_from(ebpf.take_map("LOST").context("LOST map missing")?)?;
         Ok(Session {
             ebpf: Some(ebpf),
-            tier: Tier {
-                kind: TierKind::Tracepoint,
-                reason: "fentry tier not available in this build".into(),
-            },
+            tier,
             notes,
             ring: Some(ring),
             lost,
