@@ -20,6 +20,9 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// The article's lab, built in: a loop device in /dev/shm, a built-in workload, the
+    /// tables, and a self-check against /proc/diskstats. Needs root; cleans up after itself.
+    Demo(crate::demo::DemoArgs),
     /// Run the built-in O_DIRECT workload (used by `demo` and the tests; no fio needed).
     #[command(hide = true, name = "__workload")]
     Workload(WorkloadArgs),

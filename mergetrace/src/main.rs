@@ -4,12 +4,16 @@
 //! `snapshot` (named rows) → `view` (TUI, text, JSON).
 mod aggregate;
 mod cgroups;
+mod check;
 mod cli;
+mod demo;
 mod device;
+mod diskstats;
 mod kernel;
 mod limits;
 mod live;
 mod meter;
+mod queue;
 mod snapshot;
 mod view;
 mod workload;
@@ -65,6 +69,7 @@ fn main() {
         match cli.command {
             None => live::run(cli.live).await,
             Some(cli::Command::Workload(w)) => run_workload(&w),
+            Some(cli::Command::Demo(d)) => demo::run(&d),
         }
     });
     if let Err(e) = result {
