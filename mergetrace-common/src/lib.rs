@@ -5,6 +5,9 @@
 //! values of [`kind`], [`path`] and [`flags`] are part of the capture format: append only.
 #![no_std]
 
+pub mod count;
+pub use count::{CountKey, Counters, MeterUnits, UnplugKey};
+
 /// One block-layer event, as emitted by a probe. 56 bytes; fields not used by a kind are 0.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -83,6 +86,7 @@ pub mod kind {
             THROTTLE_RELEASE => "throttle_release",
             PLUG_ATTEMPT => "plug_attempt",
             ELV_MERGE => "elv_merge",
+            16 => "counters_map_full",
             _ => "unknown",
         }
     }
@@ -99,6 +103,16 @@ pub mod path {
     pub const ELEVATOR: u8 = 2;
     /// `blk_bio_list_merge`: the software queue of scheduler "none" or kyber.
     pub const SW_QUEUE: u8 = 3;
+}
+
+/// Modes of the programs, set before load (`KernelSymbols` is address data; this is policy).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Modes {
+    /// Count events into the per-CPU `COUNTS` / `UNPLUGS` maps (live view, exporter).
+    pub aggregate: u32,
+    /// Send every event to the ring buffer (capture).
+    pub emit: u32,
 }
 
 /// Event flag bits. Append only.
@@ -187,8 +201,10 @@ pub struct KernelSymbols {
 /// Number of caller ranges in [`KernelSymbols::merge_callers`].
 pub const MERGE_CALLERS: usize = 3;
 
-/// Per-CPU counter slots besides the per-kind lost counters.
-pub const LOST_SLOTS: u32 = kind::COUNT;
+/// Per-CPU lost-event counter slots: one per event kind, then [`LOST_COUNTS_FULL`].
+pub const LOST_SLOTS: u32 = kind::COUNT + 1;
+/// Lost slot: an event could not be counted because the counters map was full.
+pub const LOST_COUNTS_FULL: u32 = kind::COUNT;
 
 #[cfg(feature = "user")]
 mod pod {
@@ -196,6 +212,11 @@ mod pod {
     unsafe impl aya::Pod for super::Event {}
     unsafe impl aya::Pod for super::KernelOffsets {}
     unsafe impl aya::Pod for super::KernelSymbols {}
+    unsafe impl aya::Pod for super::CountKey {}
+    unsafe impl aya::Pod for super::Counters {}
+    unsafe impl aya::Pod for super::UnplugKey {}
+    unsafe impl aya::Pod for super::MeterUnits {}
+    unsafe impl aya::Pod for super::Modes {}
 }
 
 #[cfg(test)]
@@ -208,5 +229,9 @@ mod tests {
         assert_eq!(core::mem::size_of::<Event>(), 56);
         assert_eq!(core::mem::align_of::<Event>(), 8);
         assert_eq!(core::mem::size_of::<KernelOffsets>() % 8, 0);
+        // Counters::combine treats the struct as a u64 array.
+        assert_eq!(core::mem::size_of::<Counters>() % 8, 0);
+        assert_eq!(core::mem::align_of::<Counters>(), 8);
+        assert_eq!(core::mem::size_of::<CountKey>(), 16);
     }
 }

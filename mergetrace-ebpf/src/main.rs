@@ -9,17 +9,38 @@
 use aya_ebpf::{
     helpers::{bpf_get_stack, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{btf_tracepoint, fentry, fexit, map},
-    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
+    maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{BtfTracePointContext, FEntryContext, FExitContext},
     EbpfContext,
 };
-use mergetrace_common::{flags, kind, path, Event, KernelOffsets, KernelSymbols, LOST_SLOTS};
+use mergetrace_common::{
+    count::dir_of_op, flags, kind, path, CountKey, Counters, Event, KernelOffsets, KernelSymbols,
+    MeterUnits, Modes, UnplugKey, LOST_COUNTS_FULL, LOST_SLOTS,
+};
 
 #[no_mangle]
 static OFFSETS: KernelOffsets = unsafe { core::mem::zeroed() };
 
 #[no_mangle]
 static SYMBOLS: KernelSymbols = unsafe { core::mem::zeroed() };
+
+#[no_mangle]
+static MODES: Modes = unsafe { core::mem::zeroed() };
+
+#[no_mangle]
+static METER_UNITS: MeterUnits = unsafe { core::mem::zeroed() };
+
+/// Per CPU: counters per (device, cgroup, direction), when `MODES.aggregate` is set.
+#[map]
+static COUNTS: PerCpuHashMap<CountKey, Counters> = PerCpuHashMap::with_max_entries(16384, 0);
+
+/// Per CPU: plug flushes per (device, depth, explicit), when `MODES.aggregate` is set.
+#[map]
+static UNPLUGS: PerCpuHashMap<UnplugKey, u64> = PerCpuHashMap::with_max_entries(4096, 0);
+
+/// A zeroed `Counters` to insert from (too big for the BPF stack).
+#[map]
+static ZERO: PerCpuArray<Counters> = PerCpuArray::with_max_entries(1, 0);
 
 /// Events for user space. User space sizes it (`set_max_entries`) before load.
 #[map]
@@ -91,21 +112,72 @@ fn blkg_cgroup_id(blkg: u64) -> u64 {
     read(kn, off!(kn_id))
 }
 
+/// Hands an event to whatever the run needs: the in-kernel counters, the ring buffer, or both.
 #[inline(always)]
 fn emit(ev: &Event) {
-    match EVENTS.reserve::<Event>(0) {
-        Some(mut entry) => {
-            entry.write(*ev);
-            entry.submit(0);
+    let modes = unsafe { core::ptr::read_volatile(&raw const MODES) };
+    if modes.aggregate != 0 {
+        aggregate(ev);
+    }
+    if modes.emit != 0 {
+        match EVENTS.reserve::<Event>(0) {
+            Some(mut entry) => {
+                entry.write(*ev);
+                entry.submit(0);
+            }
+            None => count_lost(ev.kind as u32),
         }
-        None => count_lost(ev.kind),
     }
 }
 
+/// Counts `ev` in this CPU's counters, with the same rule user space applies to captures.
 #[inline(always)]
-fn count_lost(kind: u8) {
-    if let Some(slot) = LOST.get_ptr_mut(kind as u32) {
-        unsafe { *slot += 1 };
+fn aggregate(ev: &Event) {
+    if ev.kind == kind::UNPLUG {
+        let key = UnplugKey {
+            dev: ev.dev,
+            depth: ev.aux,
+            explicit: (ev.flags & flags::UNPLUG_EXPLICIT != 0) as u32,
+            _pad: 0,
+        };
+        match UNPLUGS.get_ptr_mut(&key) {
+            Some(n) => unsafe { *n += 1 },
+            None => {
+                if UNPLUGS.insert(&key, &1, 0).is_err() {
+                    count_lost(LOST_COUNTS_FULL);
+                }
+            }
+        }
+        return;
+    }
+    let key = CountKey {
+        cgroup_id: ev.cgroup_id,
+        dev: ev.dev,
+        dir: dir_of_op(ev.op),
+    };
+    let counters = match COUNTS.get_ptr_mut(&key) {
+        Some(c) => c,
+        None => {
+            let Some(zero) = ZERO.get(0) else { return };
+            if COUNTS.insert(&key, zero, 0).is_err() {
+                count_lost(LOST_COUNTS_FULL);
+                return;
+            }
+            match COUNTS.get_ptr_mut(&key) {
+                Some(c) => c,
+                None => return,
+            }
+        }
+    };
+    // Volatile: the compiler must not fold the build-time zeros of a read-only global.
+    let units = unsafe { core::ptr::read_volatile(&raw const METER_UNITS) };
+    unsafe { (*counters).count(ev, &units) };
+}
+
+#[inline(always)]
+fn count_lost(slot: u32) {
+    if let Some(n) = LOST.get_ptr_mut(slot) {
+        unsafe { *n += 1 };
     }
 }
 

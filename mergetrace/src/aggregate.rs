@@ -1,8 +1,11 @@
 //! The aggregator: events in, counters out. Pure and deterministic (no clock, no I/O, no
-//! kernel), so live tracing, offline reports and tests all count the same way.
+//! kernel). The counting rule itself is `mergetrace_common::Counters::count`, which the eBPF
+//! programs also run in the kernel for the live view: live, offline and tests count alike.
 use std::collections::{BTreeMap, HashMap};
 
-use mergetrace_common::{flags, kind, path, Event};
+use mergetrace_common::{count::dir, flags, kind, CountKey, Event, MeterUnits, UnplugKey};
+
+pub use mergetrace_common::Counters as Counts;
 
 /// The four directions of `/proc/diskstats` (the kernel's `op_stat_group`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -16,14 +19,22 @@ pub enum Dir {
 impl Dir {
     pub const ALL: [Dir; 4] = [Dir::Read, Dir::Write, Dir::Discard, Dir::Flush];
 
-    /// `op_stat_group()`: discard and flush apart, then odd ops write, even ops read.
     pub fn of_op(op: u8) -> Dir {
-        match op {
-            3 => Dir::Discard,
-            2 => Dir::Flush,
-            op if op & 1 == 1 => Dir::Write,
-            _ => Dir::Read,
+        Dir::from_code(mergetrace_common::count::dir_of_op(op))
+    }
+
+    pub fn from_code(code: u32) -> Dir {
+        match code {
+            dir::READ => Dir::Read,
+            dir::WRITE => Dir::Write,
+            dir::DISCARD => Dir::Discard,
+            _ => Dir::Flush,
         }
+    }
+
+    /// The `mergetrace_common::count::dir` value.
+    pub fn code(self) -> u32 {
+        self as u32
     }
 
     pub fn name(self) -> &'static str {
@@ -32,114 +43,6 @@ impl Dir {
             Dir::Write => "write",
             Dir::Discard => "discard",
             Dir::Flush => "flush",
-        }
-    }
-}
-
-/// Raw per-(device, cgroup, direction) counts, straight from events. Derived numbers (device
-/// requests net of requeues, discard merges, merged total) are methods, computed on demand.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counts {
-    /// `block_bio_queue`: bios that passed the throttle (once per bio, after it waited).
-    pub bios: u64,
-    pub bytes: u64,
-    /// `block_split`: each split leaves a remainder that is submitted (and charged) again.
-    pub splits: u64,
-    pub getrq: u64,
-    pub back_merges: u64,
-    pub front_merges: u64,
-    /// Bio merges by path, indexed by `mergetrace_common::path` value.
-    pub bio_merges_by_path: [u64; 4],
-    /// Back merges among those, by path (the rest of each path's merges are front merges).
-    pub back_merges_by_path: [u64; 4],
-    /// `block_rq_merge`: a request absorbed into another.
-    pub rq_merges: u64,
-    pub inserts: u64,
-    pub issues: u64,
-    pub issue_bytes: u64,
-    pub requeues: u64,
-    pub completions: u64,
-    pub completed_bytes: u64,
-    /// blk-throttle charges (each bio and split remainder in a group with rules).
-    pub charged_ios: u64,
-    pub charged_bytes: u64,
-    /// Bios released by blk-throttle's dispatch work: they waited in the throttle queue.
-    pub throttled_bios: u64,
-    /// Sum over released bios of the bios still queued behind them (Little's law input).
-    pub throttle_queue_samples: u64,
-    /// fentry tier: calls of `__blk_throtl_bio` (charges) and how many of them queued the bio.
-    pub throttle_calls: u64,
-    pub throttle_queued: u64,
-    /// fentry tier: bios released from the throttle queue and the time they waited, measured.
-    pub throttle_releases: u64,
-    pub throttle_delay_ns: u64,
-    /// fentry tier: `blk_attempt_plug_merge` calls and those that merged.
-    pub plug_attempts: u64,
-    pub plug_merged: u64,
-    /// fentry tier: `elv_merge` decisions by `enum elv_merge` value (no, front, back, discard).
-    pub elv_decisions: [u64; 4],
-    /// Device requests counted by a cloud-volume meter, per configured unit size: each
-    /// request costs `ceil(bytes / unit)`, at least 1.
-    pub meter_units: [u64; METER_SLOTS],
-}
-
-/// How many meter unit sizes the aggregator tracks.
-pub const METER_SLOTS: usize = 4;
-
-impl Counts {
-    /// Requests the device saw: issues, not counting re-issues after a requeue.
-    pub fn requests(&self) -> u64 {
-        self.issues.saturating_sub(self.requeues)
-    }
-
-    /// Discard merges have no tracepoint: every bio (and split remainder) either gets a new
-    /// request or merges, so what is left over merged without telling (`bio_attempt_discard_merge`).
-    pub fn discard_merges(&self, dir: Dir) -> u64 {
-        if dir != Dir::Discard {
-            return 0;
-        }
-        (self.bios + self.splits).saturating_sub(self.getrq + self.back_merges + self.front_merges)
-    }
-
-    /// Every merge the kernel's `merges` counter (/proc/diskstats) counts: bio merges on all
-    /// paths, discard merges, and request-request merges.
-    pub fn merged(&self, dir: Dir) -> u64 {
-        self.back_merges + self.front_merges + self.discard_merges(dir) + self.rq_merges
-    }
-
-    pub fn add(&mut self, o: &Counts) {
-        self.bios += o.bios;
-        self.bytes += o.bytes;
-        self.splits += o.splits;
-        self.getrq += o.getrq;
-        self.back_merges += o.back_merges;
-        self.front_merges += o.front_merges;
-        for i in 0..4 {
-            self.bio_merges_by_path[i] += o.bio_merges_by_path[i];
-            self.back_merges_by_path[i] += o.back_merges_by_path[i];
-        }
-        self.rq_merges += o.rq_merges;
-        self.inserts += o.inserts;
-        self.issues += o.issues;
-        self.issue_bytes += o.issue_bytes;
-        self.requeues += o.requeues;
-        self.completions += o.completions;
-        self.completed_bytes += o.completed_bytes;
-        self.charged_ios += o.charged_ios;
-        self.charged_bytes += o.charged_bytes;
-        self.throttled_bios += o.throttled_bios;
-        self.throttle_queue_samples += o.throttle_queue_samples;
-        self.throttle_calls += o.throttle_calls;
-        self.throttle_queued += o.throttle_queued;
-        self.throttle_releases += o.throttle_releases;
-        self.throttle_delay_ns += o.throttle_delay_ns;
-        self.plug_attempts += o.plug_attempts;
-        self.plug_merged += o.plug_merged;
-        for i in 0..4 {
-            self.elv_decisions[i] += o.elv_decisions[i];
-        }
-        for i in 0..METER_SLOTS {
-            self.meter_units[i] += o.meter_units[i];
         }
     }
 }
@@ -166,10 +69,8 @@ pub struct Window {
     pub end_ns: u64,
     pub counts: HashMap<Key, Counts>,
     pub unplugs: HashMap<u32, Unplugs>,
-    /// Events the kernel side could not deliver, by kind.
+    /// Events the kernel side could not deliver (or count), by kind.
     pub lost_by_kind: BTreeMap<u8, u64>,
-    /// Events seen, by kind (a cheap cross-check and a rate for `--stats`).
-    pub events: u64,
 }
 
 impl Window {
@@ -177,96 +78,92 @@ impl Window {
         self.lost_by_kind.values().sum()
     }
 
-    fn apply(&mut self, ev: &Event, meter_units: &[u64]) {
-        self.events += 1;
+    fn apply(&mut self, ev: &Event, units: &MeterUnits) {
         if ev.kind == kind::UNPLUG {
-            let u = self.unplugs.entry(ev.dev).or_default();
-            let hist = if ev.flags & flags::UNPLUG_EXPLICIT != 0 {
-                &mut u.explicit
-            } else {
-                &mut u.from_schedule
-            };
-            *hist.entry(ev.aux).or_default() += 1;
+            self.add_unplugs(ev.dev, ev.aux, ev.flags & flags::UNPLUG_EXPLICIT != 0, 1);
             return;
         }
-        let dir = Dir::of_op(ev.op);
-        let c = self
-            .counts
-            .entry(Key {
-                dev: ev.dev,
-                cgroup_id: ev.cgroup_id,
-                dir,
-            })
-            .or_default();
-        let iops_rule = ev.flags & flags::RULES_IOPS != 0;
-        let bps_rule = ev.flags & flags::RULES_BPS != 0;
-        match ev.kind {
-            kind::BIO_QUEUE => {
-                c.bios += 1;
-                c.bytes += ev.bytes as u64;
-                // A bio's first pass through blk-throttle: charged if its group has any rule
-                // for the direction; bytes as the throttle counts them (discards: 512).
-                if iops_rule || bps_rule {
-                    c.charged_ios += 1;
-                    c.charged_bytes += if dir == Dir::Discard {
-                        512
-                    } else {
-                        ev.bytes as u64
-                    };
-                }
-                if ev.flags & flags::THROTTLE_RELEASED != 0 {
-                    c.throttled_bios += 1;
-                    c.throttle_queue_samples += ev.aux as u64;
-                }
-            }
-            kind::SPLIT => {
-                c.splits += 1;
-                // The remainder passes the throttle again: 1 io, 0 bytes (an iops rule always
-                // counts it; a bps rule only if its bytes were not charged yet).
-                if iops_rule || (bps_rule && ev.flags & flags::BPS_CHARGED == 0) {
-                    c.charged_ios += 1;
-                }
-            }
-            kind::BACK_MERGE | kind::FRONT_MERGE => {
-                let p = (ev.path as usize).min(path::SW_QUEUE as usize);
-                c.bio_merges_by_path[p] += 1;
-                if ev.kind == kind::BACK_MERGE {
-                    c.back_merges += 1;
-                    c.back_merges_by_path[p] += 1;
-                } else {
-                    c.front_merges += 1;
-                }
-            }
-            kind::GETRQ => c.getrq += 1,
-            kind::RQ_MERGE => c.rq_merges += 1,
-            kind::RQ_INSERT => c.inserts += 1,
-            kind::RQ_ISSUE => {
-                c.issues += 1;
-                c.issue_bytes += ev.bytes as u64;
-                for (slot, unit) in meter_units.iter().enumerate().take(METER_SLOTS) {
-                    c.meter_units[slot] += (ev.bytes as u64).div_ceil(*unit).max(1);
-                }
-            }
-            kind::RQ_REQUEUE => c.requeues += 1,
-            kind::THROTTLE_CHARGE => {
-                c.throttle_calls += 1;
-                c.throttle_queued += (ev.path != 0) as u64;
-            }
-            kind::THROTTLE_RELEASE => {
-                c.throttle_releases += 1;
-                c.throttle_delay_ns += ev.aux64;
-            }
-            kind::PLUG_ATTEMPT => {
-                c.plug_attempts += 1;
-                c.plug_merged += (ev.path != 0) as u64;
-            }
-            kind::ELV_MERGE => c.elv_decisions[(ev.path as usize).min(3)] += 1,
-            kind::RQ_COMPLETE => {
-                c.completions += 1;
-                c.completed_bytes += ev.aux as u64;
-            }
-            _ => {}
+        let key = Key {
+            dev: ev.dev,
+            cgroup_id: ev.cgroup_id,
+            dir: Dir::of_op(ev.op),
+        };
+        self.counts.entry(key).or_default().count(ev, units);
+    }
+
+    fn add_unplugs(&mut self, dev: u32, depth: u32, explicit: bool, n: u64) {
+        let u = self.unplugs.entry(dev).or_default();
+        let hist = if explicit {
+            &mut u.explicit
+        } else {
+            &mut u.from_schedule
+        };
+        *hist.entry(depth).or_default() += n;
+    }
+
+    /// A window from the kernel's per-CPU counters (already summed over CPUs).
+    pub fn from_kernel(
+        counts: impl IntoIterator<Item = (CountKey, Counts)>,
+        unplugs: impl IntoIterator<Item = (UnplugKey, u64)>,
+    ) -> Window {
+        let mut w = Window::default();
+        for (k, c) in counts {
+            let key = Key {
+                dev: k.dev,
+                cgroup_id: k.cgroup_id,
+                dir: Dir::from_code(k.dir),
+            };
+            w.counts.entry(key).or_default().add(&c);
         }
+        for (k, n) in unplugs {
+            w.add_unplugs(k.dev, k.depth, k.explicit != 0, n);
+        }
+        w
+    }
+
+    /// What happened between `earlier` and `self`, both running totals of the same run.
+    pub fn since(&self, earlier: &Window) -> Window {
+        let mut w = Window {
+            start_ns: earlier.end_ns,
+            end_ns: self.end_ns,
+            ..Window::default()
+        };
+        for (k, c) in &self.counts {
+            let mut d = *c;
+            if let Some(e) = earlier.counts.get(k) {
+                d.combine(e, false);
+            }
+            if d != Counts::default() {
+                w.counts.insert(*k, d);
+            }
+        }
+        for (dev, u) in &self.unplugs {
+            let before = earlier.unplugs.get(dev);
+            for (explicit, hist) in [(true, &u.explicit), (false, &u.from_schedule)] {
+                for (depth, n) in hist {
+                    let was = before
+                        .and_then(|b| {
+                            if explicit {
+                                b.explicit.get(depth)
+                            } else {
+                                b.from_schedule.get(depth)
+                            }
+                        })
+                        .copied()
+                        .unwrap_or(0);
+                    if *n > was {
+                        w.add_unplugs(*dev, *depth, explicit, n - was);
+                    }
+                }
+            }
+        }
+        for (k, n) in &self.lost_by_kind {
+            let d = n - earlier.lost_by_kind.get(k).copied().unwrap_or(0);
+            if d > 0 {
+                w.lost_by_kind.insert(*k, d);
+            }
+        }
+        w
     }
 
     /// Sum of all cgroups of one device and direction.
@@ -284,13 +181,22 @@ impl Window {
 /// Cloud-volume meter unit sizes by default: 256 KiB (SSD volumes), 1 MiB (throughput HDD).
 pub const DEFAULT_METER_UNITS: [u64; 2] = [256 << 10, 1 << 20];
 
-/// Counts the current interval and the whole run side by side.
+/// The meter unit slots for up to [`METER_SLOTS`] sizes (zeros are unused).
+pub fn meter_units(sizes: &[u64]) -> MeterUnits {
+    let mut m = MeterUnits::default();
+    for (slot, size) in m.bytes.iter_mut().zip(sizes.iter().filter(|s| **s > 0)) {
+        *slot = *size;
+    }
+    m
+}
+
+/// Counts events (from a capture, or the ring buffer) into the current interval and the whole
+/// run side by side.
 #[derive(Debug)]
 pub struct Aggregator {
     interval: Window,
     total: Window,
-    /// Unit sizes (bytes) of the cloud-volume meters, at most [`METER_SLOTS`].
-    meter_units: Vec<u64>,
+    units: MeterUnits,
 }
 
 impl Aggregator {
@@ -302,25 +208,16 @@ impl Aggregator {
         let mut a = Aggregator {
             interval: Window::default(),
             total: Window::default(),
-            meter_units: units
-                .iter()
-                .copied()
-                .filter(|u| *u > 0)
-                .take(METER_SLOTS)
-                .collect(),
+            units: meter_units(units),
         };
         a.interval.start_ns = start_ns;
         a.total.start_ns = start_ns;
         a
     }
 
-    pub fn meter_units(&self) -> &[u64] {
-        &self.meter_units
-    }
-
     pub fn apply(&mut self, ev: &Event) {
-        self.interval.apply(ev, &self.meter_units);
-        self.total.apply(ev, &self.meter_units);
+        self.interval.apply(ev, &self.units);
+        self.total.apply(ev, &self.units);
     }
 
     pub fn apply_all<'a>(&mut self, evs: impl IntoIterator<Item = &'a Event>) {
@@ -359,6 +256,7 @@ impl Aggregator {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use mergetrace_common::path;
 
     pub fn ev(kind: u8, op: u8, cgroup_id: u64, bytes: u32) -> Event {
         Event {
@@ -416,7 +314,7 @@ pub(crate) mod tests {
             (c.bios, c.bytes, c.requests(), c.issue_bytes),
             (32, 131072, 1, 131072)
         );
-        assert_eq!(c.merged(Dir::Write), 31);
+        assert_eq!(c.merged(Dir::Write.code()), 31);
         assert_eq!(c.bio_merges_by_path[path::PLUG as usize], 31);
         // identity: bios + splits = getrq + bio merges
         assert_eq!(c.bios + c.splits, c.getrq + c.back_merges + c.front_merges);
@@ -476,14 +374,14 @@ pub(crate) mod tests {
         let c = a.total(1).device_total(7 << 20 | 3, Dir::Discard);
         assert_eq!(
             (
-                c.discard_merges(Dir::Discard),
-                c.merged(Dir::Discard),
+                c.discard_merges(Dir::Discard.code()),
+                c.merged(Dir::Discard.code()),
                 c.requests()
             ),
             (3, 3, 1)
         );
         // the identity does not apply to other directions
-        assert_eq!(c.discard_merges(Dir::Write), 0);
+        assert_eq!(c.discard_merges(Dir::Write.code()), 0);
     }
 
     #[test]
@@ -507,7 +405,7 @@ pub(crate) mod tests {
             (2, 1 << 20, 1)
         );
         assert_eq!(c.requests(), 2);
-        assert_eq!(c.merged(Dir::Write), 0);
+        assert_eq!(c.merged(Dir::Write.code()), 0);
     }
 
     #[test]
@@ -542,7 +440,10 @@ pub(crate) mod tests {
         assert_eq!((c.plug_attempts, c.plug_merged), (2, 1));
         assert_eq!(c.elv_decisions, [1, 0, 1, 0]);
         // fentry events are not bios: the bio counts stay untouched
-        assert_eq!((c.bios, c.requests(), c.merged(Dir::Write)), (0, 0, 0));
+        assert_eq!(
+            (c.bios, c.requests(), c.merged(Dir::Write.code())),
+            (0, 0, 0)
+        );
     }
 
     #[test]
@@ -572,6 +473,62 @@ pub(crate) mod tests {
             (1, 512),
             "a discard is charged 512 bytes"
         );
+    }
+
+    #[test]
+    fn kernel_counters_and_interval_deltas() {
+        // The same events counted "in the kernel" (Counters::count) and by the aggregator agree,
+        // and a later total minus an earlier one is the interval between them.
+        let units = meter_units(&DEFAULT_METER_UNITS);
+        let key = CountKey {
+            cgroup_id: 21,
+            dev: 7 << 20 | 3,
+            dir: dir::WRITE,
+        };
+        let mut kernel = Counts::default();
+        for e in batch_of_32(21) {
+            kernel.count(&e, &units);
+        }
+        let first = Window {
+            end_ns: 5,
+            ..Window::from_kernel(
+                [(key, kernel)],
+                [(
+                    UnplugKey {
+                        dev: 7 << 20 | 3,
+                        depth: 1,
+                        explicit: 1,
+                        _pad: 0,
+                    },
+                    1,
+                )],
+            )
+        };
+        for e in batch_of_32(21) {
+            kernel.count(&e, &units);
+        }
+        let second = Window {
+            end_ns: 9,
+            ..Window::from_kernel(
+                [(key, kernel)],
+                [(
+                    UnplugKey {
+                        dev: 7 << 20 | 3,
+                        depth: 1,
+                        explicit: 1,
+                        _pad: 0,
+                    },
+                    3,
+                )],
+            )
+        };
+        let mut a = Aggregator::new(0);
+        a.apply_all(&batch_of_32(21));
+        assert_eq!(first.counts, a.total(0).counts);
+        let d = second.since(&first);
+        assert_eq!((d.start_ns, d.end_ns), (5, 9));
+        assert_eq!(d.counts, a.total(0).counts, "the second batch alone");
+        assert_eq!(d.unplugs[&(7 << 20 | 3)].explicit.get(&1), Some(&2));
     }
 
     #[test]

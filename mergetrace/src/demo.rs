@@ -11,8 +11,10 @@ use std::{
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
+use mergetrace_common::Modes;
+
 use crate::{
-    aggregate::{Aggregator, Counts, Dir, Key},
+    aggregate::{self, Counts, Dir, Key},
     cgroups::{Cgroups, Hierarchy},
     device::{self, Device},
     diskstats::DiskStats,
@@ -204,7 +206,11 @@ impl Arm {
             }
         };
         cmp("device requests", c.requests(), self.disk.writes);
-        cmp("merged", c.merged(Dir::Write), self.disk.writes_merged);
+        cmp(
+            "merged",
+            c.merged(Dir::Write.code()),
+            self.disk.writes_merged,
+        );
         cmp("sectors", c.issue_bytes / 512, self.disk.sectors_written);
         cmp("bios", c.bios, self.ios);
         if let Some(k) = self.kernel_charged {
@@ -221,7 +227,8 @@ struct Lab {
 }
 
 impl Lab {
-    /// Runs the workload in a child process (in `cgroup` if given) while draining events.
+    /// Runs the workload in a child process (in `cgroup` if given); the in-kernel counters
+    /// before and after it tell what it did.
     fn run(
         &mut self,
         label: &str,
@@ -231,13 +238,11 @@ impl Lab {
     ) -> Result<Arm> {
         check_interrupted()?;
         eprintln!("mergetrace demo: {label} …");
-        // Whatever is still in the ring belongs to the previous arm.
-        self.session.drain(|_| {});
+        let counted_before = self.session.read_totals()?;
         let before = DiskStats::read(&self.disk.dev.name)?;
         let charged_before = cgroup
             .map(|c| c.kernel_write_ios(&self.disk.dev))
             .transpose()?;
-        let mut agg = Aggregator::new(0);
         let mut cmd = Command::new(&self.exe);
         cmd.arg("__workload")
             .arg("--target")
@@ -250,7 +255,6 @@ impl Lab {
         let started = Instant::now();
         let mut child: Child = cmd.spawn().context("cannot start the workload")?;
         let status = loop {
-            self.session.drain(|ev| agg.apply(ev));
             if let Some(status) = child.try_wait()? {
                 break status;
             }
@@ -259,18 +263,14 @@ impl Lab {
                 let _ = child.wait();
                 bail!("interrupted");
             }
-            std::thread::sleep(Duration::from_millis(5));
+            std::thread::sleep(Duration::from_millis(20));
         };
         let secs = started.elapsed().as_secs_f64();
         if !status.success() {
             bail!("the workload failed in arm {label} ({status})");
         }
-        // The I/O has completed, so its events are in the ring: read them all.
-        while self.session.drain(|ev| agg.apply(ev)) > 0 {}
-        for (k, n) in self.session.new_losses() {
-            agg.lost(k, n);
-        }
-        let w = agg.total(1);
+        // The I/O has completed, so the programs have counted all of it.
+        let w = self.session.read_totals()?.since(&counted_before);
         if w.lost_events() > 0 {
             bail!(
                 "{} events were lost in arm {label}: the self-check cannot hold",
@@ -350,8 +350,13 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     let session = Session::start(
         std::slice::from_ref(&disk.dev),
         &kernel::Options {
-            ring_bytes: 64 << 20,
+            ring_bytes: 4096,
             tier: args.tier,
+            modes: Modes {
+                aggregate: 1,
+                emit: 0,
+            },
+            meter_units: aggregate::meter_units(&aggregate::DEFAULT_METER_UNITS),
         },
     )?;
     eprintln!("mergetrace demo: tracing on the {}", session.tier);
@@ -417,7 +422,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
             "| {} | {} | {} | {:.1} KiB | {} |",
             a.label,
             thousands(a.counts.requests()),
-            thousands(a.counts.merged(Dir::Write)),
+            thousands(a.counts.merged(Dir::Write.code())),
             a.avg_request_kib(),
             check_mark(a)
         );
@@ -446,7 +451,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
             "| {} | {} | {} | {} | {} | {} | {:.0} | {} |",
             a.label,
             thousands(a.counts.requests()),
-            thousands(a.counts.merged(Dir::Write)),
+            thousands(a.counts.merged(Dir::Write.code())),
             thousands(a.counts.bios),
             thousands(a.counts.charged_ios),
             thousands(a.counts.throttled_bios),

@@ -1,21 +1,21 @@
-//! The live run: attach, count every interval, show, stop cleanly, show the whole run.
-use std::{
-    io::IsTerminal,
-    sync::{Arc, Mutex},
-};
+//! The live run: attach with in-kernel counting, read the counters every interval, show, stop
+//! cleanly, show the whole run. No event crosses to user space here: the programs count in
+//! per-CPU maps with the same rule the offline aggregator uses.
+use std::{io::IsTerminal, sync::Arc};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
+use mergetrace_common::Modes;
 use tokio::{
     signal::unix::{signal, SignalKind},
-    sync::{watch, Notify},
+    sync::Notify,
 };
 
 use crate::{
-    aggregate::Aggregator,
+    aggregate::{self, Window},
     cgroups::Cgroups,
     cli::LiveArgs,
     device::{self, Device},
-    kernel::{self, collector, monotonic_ns},
+    kernel::{self, monotonic_ns},
     snapshot::{self, SnapshotKind},
     view::{json::JsonView, text::TextView, tui::TuiView, View},
 };
@@ -31,6 +31,50 @@ pub fn resolve_devices(specs: &[String]) -> Result<Vec<Device>> {
     Ok(out)
 }
 
+/// The banner: what is traced, on which tier, and notes the user should read.
+pub fn banner(devices: &[Device], session: &kernel::Session) -> Vec<String> {
+    let names: Vec<String> = devices
+        .iter()
+        .map(|d| format!("{} ({}:{})", d.name, d.major, d.minor))
+        .collect();
+    let mut lines = vec![format!(
+        "tracing {} on the {}",
+        names.join(", "),
+        session.tier
+    )];
+    for d in devices {
+        lines.extend(d.notes.iter().cloned());
+        if let Ok(q) = crate::queue::QueueSettings::read(d) {
+            lines.push(configuration_line(&d.name, &q));
+        }
+    }
+    lines.extend(session.notes.iter().cloned());
+    lines
+}
+
+/// The per-device configuration line, as the article explains it: scheduler, what nomerges
+/// does on this path, the merge ceiling, and when the plug flushes.
+pub fn configuration_line(name: &str, q: &crate::queue::QueueSettings) -> String {
+    if q.bio_based() {
+        return format!("{name}: {}", q.explain_nomerges());
+    }
+    let flush = match q.plug_flush_bytes() {
+        Some(b) => format!(
+            "{} requests or a {} KiB request",
+            q.plug_max_requests(),
+            b >> 10
+        ),
+        None => format!("{} requests", q.plug_max_requests()),
+    };
+    format!(
+        "{name}: scheduler {}; {}; requests merge up to {} KiB (set by {}); the plug flushes at {flush}",
+        q.scheduler_name(),
+        q.explain_nomerges(),
+        q.merge_ceiling_bytes() >> 10,
+        q.merge_ceiling_set_by(),
+    )
+}
+
 pub async fn run(args: LiveArgs) -> Result<()> {
     let devices = resolve_devices(&args.devices)?;
     let mut cgroups = Cgroups::discover()?;
@@ -39,24 +83,22 @@ pub async fn run(args: LiveArgs) -> Result<()> {
         .as_deref()
         .map(|c| cgroups.normalize(c))
         .transpose()?;
-    let mut session = kernel::Session::start(
+    let meter_units = args.meter_units();
+    let session = kernel::Session::start(
         &devices,
         &kernel::Options {
             ring_bytes: args.ring_mib << 20,
             tier: args.tier,
+            modes: Modes {
+                aggregate: 1,
+                emit: 0,
+            },
+            meter_units: aggregate::meter_units(&meter_units),
         },
     )?;
+    let start = monotonic_ns();
     let tier = session.tier.clone();
-
-    let names: Vec<String> = devices
-        .iter()
-        .map(|d| format!("{} ({}:{})", d.name, d.major, d.minor))
-        .collect();
-    let mut banner = vec![format!("tracing {} on the {tier}", names.join(", "))];
-    for d in &devices {
-        banner.extend(d.notes.iter().cloned());
-    }
-    banner.extend(session.notes.iter().cloned());
+    let banner = banner(&devices, &session);
     // The first line on stderr says the probes are attached (scripts and tests wait for it).
     for line in &banner {
         eprintln!("mergetrace: {line}");
@@ -71,26 +113,11 @@ pub async fn run(args: LiveArgs) -> Result<()> {
     } else {
         Box::new(TextView::new(std::io::stdout()))
     };
-
-    let start = monotonic_ns();
-    let agg = Arc::new(Mutex::new(Aggregator::with_meter_units(
-        start,
-        &args.meter_units(),
-    )));
-    let meter_units = agg.lock().expect("aggregator lock").meter_units().to_vec();
     let opts = snapshot::Options {
         tier: tier.kind.name(),
         fentry: tier.kind == kernel::TierKind::Fentry,
         meter_units: &meter_units,
         subtree: subtree.as_deref(),
-    };
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let ring = session.take_ring().context("ring buffer already taken")?;
-    let collector = {
-        let agg = agg.clone();
-        tokio::spawn(collector::run(ring, stop_rx, move |batch| {
-            agg.lock().expect("aggregator lock").apply_all(batch)
-        }))
     };
 
     let mut sigint = signal(SignalKind::interrupt())?;
@@ -98,6 +125,11 @@ pub async fn run(args: LiveArgs) -> Result<()> {
     let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
     let mut ticker = tokio::time::interval(args.interval);
     ticker.tick().await; // the first tick is immediate
+    let mut previous = Window {
+        start_ns: start,
+        end_ns: start,
+        ..Window::default()
+    };
     loop {
         let until_deadline = async {
             match deadline {
@@ -107,14 +139,12 @@ pub async fn run(args: LiveArgs) -> Result<()> {
         };
         tokio::select! {
             _ = ticker.tick() => {
-                let window = {
-                    let mut a = agg.lock().expect("aggregator lock");
-                    for (k, n) in session.new_losses() {
-                        a.lost(k, n);
-                    }
-                    a.take_interval(monotonic_ns())
-                };
-                let s = snapshot::build(&window, SnapshotKind::Interval, &devices, &mut cgroups, &opts);
+                let mut now = session.read_totals()?;
+                now.start_ns = start;
+                now.end_ns = monotonic_ns();
+                let interval = now.since(&previous);
+                previous = now;
+                let s = snapshot::build(&interval, SnapshotKind::Interval, &devices, &mut cgroups, &opts);
                 view.interval(&s)?;
             }
             _ = sigint.recv() => break,
@@ -124,24 +154,23 @@ pub async fn run(args: LiveArgs) -> Result<()> {
         }
     }
 
-    // Detach first so nothing more arrives, then drain the ring and count the last losses.
+    // Detach first so the counters stop moving, then read them one last time.
+    let mut session = session;
     session.detach();
-    let _ = stop_tx.send(true);
-    collector.await.context("collector task failed")??;
-    let total = {
-        let mut a = agg.lock().expect("aggregator lock");
-        for (k, n) in session.new_losses() {
-            a.lost(k, n);
-        }
-        a.total(monotonic_ns())
-    };
+    let mut total = session.read_totals()?;
+    total.start_ns = start;
+    total.end_ns = monotonic_ns();
     let s = snapshot::build(&total, SnapshotKind::Total, &devices, &mut cgroups, &opts);
     view.total(&s)?;
     if s.lost_events > 0 {
         eprintln!(
-            "mergetrace: warning: {} events were lost (ring buffer full): counts are low; try --ring-mib {}",
+            "mergetrace: warning: {} events could not be counted ({}): the counts are low",
             s.lost_events,
-            args.ring_mib * 4
+            s.lost_by_kind
+                .keys()
+                .copied()
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     Ok(())

@@ -3,6 +3,7 @@
 //! Data path: `kernel` (probes → events) → `kernel::collector` → `aggregate` (pure) →
 //! `snapshot` (named rows) → `view` (TUI, text, JSON).
 mod aggregate;
+mod capture;
 mod cgroups;
 mod check;
 mod cli;
@@ -51,6 +52,28 @@ fn run_workload(a: &cli::WorkloadArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The error and its causes on one line. Verifier logs and other multi-line causes keep only
+/// their first line (set RUST_LOG=debug for the whole chain).
+fn one_line(e: &anyhow::Error) -> String {
+    log::debug!("{e:?}");
+    let mut parts: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        let first = text.lines().next().unwrap_or_default().trim();
+        let first = first
+            .split(". Verifier output:")
+            .next()
+            .unwrap_or(first)
+            .trim()
+            .to_string();
+        // aya repeats its cause in its own message: skip a part already said.
+        if !first.is_empty() && !parts.iter().any(|p| p.contains(&first)) {
+            parts.push(first);
+        }
+    }
+    parts.join(": ")
+}
+
 fn main() {
     let cli = cli::Cli::parse();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
@@ -73,9 +96,7 @@ fn main() {
         }
     });
     if let Err(e) = result {
-        // One line: the error and its causes.
-        let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
-        eprintln!("mergetrace: error: {}", chain.join(": "));
+        eprintln!("mergetrace: error: {}", one_line(&e));
         std::process::exit(1);
     }
 }

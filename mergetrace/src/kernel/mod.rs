@@ -8,11 +8,13 @@ use std::fmt;
 
 use anyhow::{bail, Context, Result};
 use aya::{
-    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{BtfTracePoint, FEntry, FExit},
     Ebpf, EbpfLoader,
 };
-use mergetrace_common::LOST_SLOTS;
+use mergetrace_common::{CountKey, Counters, MeterUnits, Modes, UnplugKey, LOST_SLOTS};
+
+use crate::aggregate::Window;
 
 use crate::device::Device;
 
@@ -90,9 +92,13 @@ pub enum TierChoice {
 }
 
 pub struct Options {
-    /// Ring buffer size in bytes (a power of two, at least one page).
+    /// Ring buffer size in bytes (a power of two, at least one page). Only used when
+    /// `modes.emit` is set.
     pub ring_bytes: u32,
     pub tier: TierChoice,
+    /// Count in the kernel (live view), send events (capture, demo), or both.
+    pub modes: Modes,
+    pub meter_units: MeterUnits,
 }
 
 /// Loads and attaches every fentry-tier program; the first failure is returned (and the
@@ -165,6 +171,8 @@ pub struct Session {
     ring: Option<RingBuf<MapData>>,
     lost: PerCpuArray<MapData, u64>,
     lost_seen: [u64; LOST_SLOTS as usize],
+    counts: PerCpuHashMap<MapData, CountKey, Counters>,
+    unplugs: PerCpuHashMap<MapData, UnplugKey, u64>,
 }
 
 /// Refuses early, in one line, when the process cannot use BPF.
@@ -206,7 +214,17 @@ impl Session {
             .btf(Some(&aya_btf))
             .override_global("OFFSETS", &offsets, true)
             .override_global("SYMBOLS", &symbols, true)
-            .map_max_entries("EVENTS", opts.ring_bytes)
+            .override_global("MODES", &opts.modes, true)
+            .override_global("METER_UNITS", &opts.meter_units, true)
+            // Without events to send, the ring buffer only needs its minimum size.
+            .map_max_entries(
+                "EVENTS",
+                if opts.modes.emit != 0 {
+                    opts.ring_bytes
+                } else {
+                    4096
+                },
+            )
             .load(PROGRAMS)
             .context("cannot load mergetrace's eBPF object")?;
 
@@ -272,6 +290,10 @@ impl Session {
 
         let ring = RingBuf::try_from(ebpf.take_map("EVENTS").context("EVENTS map missing")?)?;
         let lost = PerCpuArray::try_from(ebpf.take_map("LOST").context("LOST map missing")?)?;
+        let counts =
+            PerCpuHashMap::try_from(ebpf.take_map("COUNTS").context("COUNTS map missing")?)?;
+        let unplugs =
+            PerCpuHashMap::try_from(ebpf.take_map("UNPLUGS").context("UNPLUGS map missing")?)?;
         Ok(Session {
             ebpf: Some(ebpf),
             tier,
@@ -279,6 +301,8 @@ impl Session {
             ring: Some(ring),
             lost,
             lost_seen: [0; LOST_SLOTS as usize],
+            counts,
+            unplugs,
         })
     }
 
@@ -301,6 +325,35 @@ impl Session {
             }
         }
         n
+    }
+
+    /// The in-kernel counters so far (summed over CPUs) and every loss so far: a running
+    /// total of the whole run; `Window::since` gives intervals. Readable after `detach`.
+    pub fn read_totals(&self) -> Result<Window> {
+        let mut counts = Vec::new();
+        for item in self.counts.iter() {
+            let (k, per_cpu) = item.context("cannot read the COUNTS map")?;
+            let mut sum = Counters::default();
+            for c in per_cpu.iter() {
+                sum.add(c);
+            }
+            counts.push((k, sum));
+        }
+        let mut unplugs = Vec::new();
+        for item in self.unplugs.iter() {
+            let (k, per_cpu) = item.context("cannot read the UNPLUGS map")?;
+            unplugs.push((k, per_cpu.iter().sum::<u64>()));
+        }
+        let mut w = Window::from_kernel(counts, unplugs);
+        for k in 0..LOST_SLOTS {
+            if let Ok(per_cpu) = self.lost.get(&k, 0) {
+                let n: u64 = per_cpu.iter().sum();
+                if n > 0 {
+                    w.lost_by_kind.insert(k as u8, n);
+                }
+            }
+        }
+        Ok(w)
     }
 
     /// Events dropped since the last call, per kind (only kinds with new losses).

@@ -1,0 +1,227 @@
+//! The counting rule: how one [`Event`] changes the counters of its (device, cgroup,
+//! direction). It is compiled twice — into the eBPF programs, which count in per-CPU maps for
+//! the live view at near-zero cost, and into user space, which counts a capture's events
+//! offline — so live and offline numbers cannot drift apart.
+use crate::{flags, kind, path, Event};
+
+/// The directions of `/proc/diskstats` (the kernel's `op_stat_group`).
+pub mod dir {
+    pub const READ: u32 = 0;
+    pub const WRITE: u32 = 1;
+    pub const DISCARD: u32 = 2;
+    pub const FLUSH: u32 = 3;
+}
+
+/// `op_stat_group()`: discard and flush apart, then odd ops write, even ops read.
+#[inline(always)]
+pub fn dir_of_op(op: u8) -> u32 {
+    match op {
+        3 => dir::DISCARD,
+        2 => dir::FLUSH,
+        op if op & 1 == 1 => dir::WRITE,
+        _ => dir::READ,
+    }
+}
+
+/// How many cloud-meter unit sizes are counted.
+pub const METER_SLOTS: usize = 4;
+
+/// Key of the per-(device, cgroup, direction) counters.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CountKey {
+    pub cgroup_id: u64,
+    /// Kernel `dev_t` of the whole disk.
+    pub dev: u32,
+    /// One of [`dir`].
+    pub dir: u32,
+}
+
+/// Key of the plug flush histogram: (device, requests in the flush, explicit or not).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct UnplugKey {
+    pub dev: u32,
+    pub depth: u32,
+    /// 1 for `blk_finish_plug`, 0 for a flush from schedule.
+    pub explicit: u32,
+    pub _pad: u32,
+}
+
+/// Cloud-meter unit sizes in bytes (0 = unused slot), given to the programs at load.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MeterUnits {
+    pub bytes: [u64; METER_SLOTS],
+}
+
+/// Raw counts of one (device, cgroup, direction), straight from events. Only u64s, so sums and
+/// differences of snapshots are field-wise.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// `block_bio_queue`: bios that passed the throttle (once per bio, after it waited).
+    pub bios: u64,
+    pub bytes: u64,
+    /// `block_split`: each split leaves a remainder that is submitted (and charged) again.
+    pub splits: u64,
+    pub getrq: u64,
+    pub back_merges: u64,
+    pub front_merges: u64,
+    /// Bio merges by path, indexed by [`path`] value.
+    pub bio_merges_by_path: [u64; 4],
+    /// Back merges among those, by path.
+    pub back_merges_by_path: [u64; 4],
+    /// `block_rq_merge`: a request absorbed into another.
+    pub rq_merges: u64,
+    pub inserts: u64,
+    pub issues: u64,
+    pub issue_bytes: u64,
+    pub requeues: u64,
+    pub completions: u64,
+    pub completed_bytes: u64,
+    /// blk-throttle charges (each bio and split remainder in a group with rules).
+    pub charged_ios: u64,
+    pub charged_bytes: u64,
+    /// Bios released by blk-throttle's dispatch work: they waited in the throttle queue.
+    pub throttled_bios: u64,
+    /// Bios left in the throttle queue, summed over releases (for the delay estimate).
+    pub throttle_queue_samples: u64,
+    /// fentry tier: `__blk_throtl_bio` calls and how many queued the bio.
+    pub throttle_calls: u64,
+    pub throttle_queued: u64,
+    /// fentry tier: releases from the throttle queue and the time they waited, measured.
+    pub throttle_releases: u64,
+    pub throttle_delay_ns: u64,
+    /// fentry tier: `blk_attempt_plug_merge` calls and those that merged.
+    pub plug_attempts: u64,
+    pub plug_merged: u64,
+    /// fentry tier: `elv_merge` decisions by `enum elv_merge` value (no, front, back, discard).
+    pub elv_decisions: [u64; 4],
+    /// Device requests under cloud meters: each request costs `ceil(bytes / unit)`, at least 1.
+    pub meter_units: [u64; METER_SLOTS],
+}
+
+impl Counters {
+    /// Applies one event (not `UNPLUG`, which has its own histogram).
+    #[inline(always)]
+    pub fn count(&mut self, ev: &Event, units: &MeterUnits) {
+        let iops_rule = ev.flags & flags::RULES_IOPS != 0;
+        let bps_rule = ev.flags & flags::RULES_BPS != 0;
+        let p = if ev.path > path::SW_QUEUE {
+            path::UNKNOWN
+        } else {
+            ev.path
+        } as usize
+            & 3;
+        match ev.kind {
+            kind::BIO_QUEUE => {
+                self.bios += 1;
+                self.bytes += ev.bytes as u64;
+                // A bio's first pass through blk-throttle: charged if its group has any rule
+                // for the direction; bytes as the throttle counts them (discards: 512).
+                if iops_rule || bps_rule {
+                    self.charged_ios += 1;
+                    self.charged_bytes += if ev.op == 3 { 512 } else { ev.bytes as u64 };
+                }
+                if ev.flags & flags::THROTTLE_RELEASED != 0 {
+                    self.throttled_bios += 1;
+                    self.throttle_queue_samples += ev.aux as u64;
+                }
+            }
+            kind::SPLIT => {
+                self.splits += 1;
+                // The remainder passes the throttle again: 1 io, 0 bytes (an iops rule always
+                // counts it; a bps rule only if its bytes were not charged yet).
+                if iops_rule || (bps_rule && ev.flags & flags::BPS_CHARGED == 0) {
+                    self.charged_ios += 1;
+                }
+            }
+            kind::BACK_MERGE => {
+                self.back_merges += 1;
+                self.bio_merges_by_path[p] += 1;
+                self.back_merges_by_path[p] += 1;
+            }
+            kind::FRONT_MERGE => {
+                self.front_merges += 1;
+                self.bio_merges_by_path[p] += 1;
+            }
+            kind::GETRQ => self.getrq += 1,
+            kind::RQ_MERGE => self.rq_merges += 1,
+            kind::RQ_INSERT => self.inserts += 1,
+            kind::RQ_ISSUE => {
+                self.issues += 1;
+                self.issue_bytes += ev.bytes as u64;
+                let mut i = 0;
+                while i < METER_SLOTS {
+                    let unit = units.bytes[i];
+                    if unit > 0 {
+                        let n = (ev.bytes as u64).div_ceil(unit);
+                        self.meter_units[i] += if n == 0 { 1 } else { n };
+                    }
+                    i += 1;
+                }
+            }
+            kind::RQ_REQUEUE => self.requeues += 1,
+            kind::RQ_COMPLETE => {
+                self.completions += 1;
+                self.completed_bytes += ev.aux as u64;
+            }
+            kind::THROTTLE_CHARGE => {
+                self.throttle_calls += 1;
+                self.throttle_queued += (ev.path != 0) as u64;
+            }
+            kind::THROTTLE_RELEASE => {
+                self.throttle_releases += 1;
+                self.throttle_delay_ns += ev.aux64;
+            }
+            kind::PLUG_ATTEMPT => {
+                self.plug_attempts += 1;
+                self.plug_merged += (ev.path != 0) as u64;
+            }
+            kind::ELV_MERGE => self.elv_decisions[ev.path as usize & 3] += 1,
+            _ => {}
+        }
+    }
+
+    /// Requests the device saw: issues, not counting re-issues after a requeue.
+    pub fn requests(&self) -> u64 {
+        self.issues.saturating_sub(self.requeues)
+    }
+
+    /// Discard merges have no tracepoint: every bio (and split remainder) either gets a new
+    /// request or merges, so what is left over merged without telling
+    /// (`bio_attempt_discard_merge`). Only for the discard direction.
+    pub fn discard_merges(&self, dir: u32) -> u64 {
+        if dir != dir::DISCARD {
+            return 0;
+        }
+        (self.bios + self.splits).saturating_sub(self.getrq + self.back_merges + self.front_merges)
+    }
+
+    /// Every merge the kernel's `merges` counter (/proc/diskstats) counts: bio merges on all
+    /// paths, discard merges, and request-request merges.
+    pub fn merged(&self, dir: u32) -> u64 {
+        self.back_merges + self.front_merges + self.discard_merges(dir) + self.rq_merges
+    }
+
+    /// Field-wise `self + o` (`plus = true`) or `self - o` (wrapping).
+    pub fn combine(&mut self, o: &Counters, plus: bool) {
+        // Counters is #[repr(C)] of u64 only: treat both as u64 slices.
+        const N: usize = core::mem::size_of::<Counters>() / 8;
+        // SAFETY: Counters consists of exactly N u64 fields and arrays of u64, no padding.
+        let a = unsafe { &mut *(self as *mut Counters as *mut [u64; N]) };
+        let b = unsafe { &*(o as *const Counters as *const [u64; N]) };
+        for i in 0..N {
+            a[i] = if plus {
+                a[i].wrapping_add(b[i])
+            } else {
+                a[i].wrapping_sub(b[i])
+            };
+        }
+    }
+
+    pub fn add(&mut self, o: &Counters) {
+        self.combine(o, true);
+    }
+}
