@@ -100,6 +100,43 @@ pub struct Counters {
     pub elv_decisions: [u64; 4],
     /// Device requests under cloud meters: each request costs `ceil(bytes / unit)`, at least 1.
     pub meter_units: [u64; METER_SLOTS],
+    /// Issued requests by size: bucket `i` holds sizes up to `512 << i` bytes (the last bucket
+    /// takes everything larger). See [`size_bucket`].
+    pub request_size_hist: [u64; SIZE_BUCKETS],
+    /// Issued requests by the number of bios they carry: bucket `i` holds `2^i ..= 2^(i+1)-1`
+    /// bios (the last bucket takes everything larger). See [`count_bucket`].
+    pub bios_per_request_hist: [u64; COUNT_BUCKETS],
+}
+
+/// Request size histogram buckets: 512 B, 1 KiB, … 8 MiB, larger.
+pub const SIZE_BUCKETS: usize = 16;
+/// Bios-per-request histogram buckets: 1, 2–3, 4–7, … 1024–2047, larger.
+pub const COUNT_BUCKETS: usize = 12;
+
+/// The histogram bucket of a request of `bytes`: the smallest `i` with `bytes <= 512 << i`.
+#[inline(always)]
+pub fn size_bucket(bytes: u64) -> usize {
+    let mut i = 0;
+    while i < SIZE_BUCKETS - 1 {
+        if bytes <= 512u64 << i {
+            return i;
+        }
+        i += 1;
+    }
+    SIZE_BUCKETS - 1
+}
+
+/// The histogram bucket of a count `n` ≥ 1: `floor(log2(n))`, capped.
+#[inline(always)]
+pub fn count_bucket(n: u64) -> usize {
+    let mut i = 0;
+    while i < COUNT_BUCKETS - 1 {
+        if n < 2u64 << i {
+            return i;
+        }
+        i += 1;
+    }
+    COUNT_BUCKETS - 1
 }
 
 impl Counters {
@@ -152,6 +189,16 @@ impl Counters {
             kind::RQ_ISSUE => {
                 self.issues += 1;
                 self.issue_bytes += ev.bytes as u64;
+                self.request_size_hist[size_bucket(ev.bytes as u64) & (SIZE_BUCKETS - 1)] += 1;
+                // aux: bios chained in the request (0 for a flush without data).
+                if ev.aux > 0 {
+                    let b = count_bucket(ev.aux as u64);
+                    self.bios_per_request_hist[if b < COUNT_BUCKETS {
+                        b
+                    } else {
+                        COUNT_BUCKETS - 1
+                    }] += 1;
+                }
                 let mut i = 0;
                 while i < METER_SLOTS {
                     let unit = units.bytes[i];

@@ -28,7 +28,8 @@ pub struct Event {
     pub dev: u32,
     /// Bytes of the bio or request (`bi_size`, `__data_len`).
     pub bytes: u32,
-    /// Kind-specific: split: sector where the remainder starts; unplug: depth;
+    /// Kind-specific: split: sector where the remainder starts; unplug: depth; issue: bios
+    /// chained in the request (counted up to [`MAX_CHAIN`]);
     /// complete: bytes completed; bio queue released by the throttle: bios still waiting in
     /// its group's throttle queue (for the tracepoint tier's delay estimate).
     pub aux: u32,
@@ -145,6 +146,7 @@ pub struct KernelOffsets {
     pub bio_bi_sector: u32,
     pub bio_bi_size: u32,
     pub bio_bi_private: u32,
+    pub bio_bi_next: u32,
     pub bdev_bd_disk: u32,
     pub disk_major: u32,
     pub disk_first_minor: u32,
@@ -180,7 +182,12 @@ pub struct KernelOffsets {
     /// (up to 6.15) or `nr_queued_bps[2]` + `nr_queued_iops[2]` (6.16+). `NONE` if absent.
     pub tg_nr_queued_a: u32,
     pub tg_nr_queued_b: u32,
+    pub _pad: u32,
 }
+
+/// The longest bio chain the issue probe walks (a request's bios; loop devices allow 128
+/// segments, virtio 254). Longer chains count as this many.
+pub const MAX_CHAIN: u32 = 512;
 
 /// An offset that does not exist on this kernel.
 pub const NONE: u32 = u32::MAX;
@@ -233,5 +240,22 @@ mod tests {
         assert_eq!(core::mem::size_of::<Counters>() % 8, 0);
         assert_eq!(core::mem::align_of::<Counters>(), 8);
         assert_eq!(core::mem::size_of::<CountKey>(), 16);
+    }
+
+    #[test]
+    fn histogram_buckets() {
+        use count::{count_bucket, size_bucket, COUNT_BUCKETS, SIZE_BUCKETS};
+        assert_eq!(size_bucket(512), 0);
+        assert_eq!(size_bucket(4096), 3);
+        assert_eq!(size_bucket(4097), 4);
+        assert_eq!(size_bucket(128 << 10), 8);
+        assert_eq!(size_bucket(u64::MAX), SIZE_BUCKETS - 1);
+        assert_eq!(count_bucket(1), 0);
+        assert_eq!(
+            (count_bucket(2), count_bucket(3), count_bucket(4)),
+            (1, 1, 2)
+        );
+        assert_eq!(count_bucket(32), 5);
+        assert_eq!(count_bucket(1 << 40), COUNT_BUCKETS - 1);
     }
 }

@@ -15,7 +15,7 @@ use aya_ebpf::{
 };
 use mergetrace_common::{
     count::dir_of_op, flags, kind, path, CountKey, Counters, Event, KernelOffsets, KernelSymbols,
-    MeterUnits, Modes, UnplugKey, LOST_COUNTS_FULL, LOST_SLOTS,
+    MeterUnits, Modes, UnplugKey, LOST_COUNTS_FULL, LOST_SLOTS, MAX_CHAIN,
 };
 
 #[no_mangle]
@@ -423,9 +423,21 @@ pub fn block_rq_insert(ctx: BtfTracePointContext) -> u32 {
     0
 }
 
+/// Issue: also counts the bios chained in the request (`rq->bio` → `bi_next`), for the
+/// bios-per-request histogram and lineage.
 #[btf_tracepoint(function = "block_rq_issue")]
 pub fn block_rq_issue(ctx: BtfTracePointContext) -> u32 {
-    rq_simple(&ctx, kind::RQ_ISSUE);
+    if let Some(mut ev) = rq_event(ctx.arg(0), kind::RQ_ISSUE) {
+        let next_off = off!(bio_bi_next);
+        let mut bio = ev.aux64;
+        let mut n = 0u32;
+        while bio != 0 && n < MAX_CHAIN {
+            n += 1;
+            bio = read(bio, next_off);
+        }
+        ev.aux = n;
+        emit(&ev);
+    }
     0
 }
 

@@ -143,6 +143,59 @@ pub struct MergePaths {
     pub unknown: u64,
 }
 
+/// Distributions of the requests issued, as `upper bound → count` for non-empty buckets (the
+/// last bucket's bound is `u64::MAX`: everything larger).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Histograms {
+    /// Request size in bytes: bucket bounds 512, 1024, … 8 MiB.
+    pub request_bytes: BTreeMap<u64, u64>,
+    /// Bios carried per request: bucket bounds 1, 3, 7, … 2047.
+    pub bios_per_request: BTreeMap<u64, u64>,
+}
+
+impl Histograms {
+    pub fn from_counts(c: &Counts) -> Histograms {
+        use mergetrace_common::count::{COUNT_BUCKETS, SIZE_BUCKETS};
+        let mut h = Histograms::default();
+        for (i, n) in c
+            .request_size_hist
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+        {
+            let bound = if i == SIZE_BUCKETS - 1 {
+                u64::MAX
+            } else {
+                512u64 << i
+            };
+            h.request_bytes.insert(bound, *n);
+        }
+        for (i, n) in c
+            .bios_per_request_hist
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+        {
+            let bound = if i == COUNT_BUCKETS - 1 {
+                u64::MAX
+            } else {
+                (2u64 << i) - 1
+            };
+            h.bios_per_request.insert(bound, *n);
+        }
+        h
+    }
+
+    fn add(&mut self, o: &Histograms) {
+        for (k, v) in &o.request_bytes {
+            *self.request_bytes.entry(*k).or_default() += v;
+        }
+        for (k, v) in &o.bios_per_request {
+            *self.bios_per_request.entry(*k).or_default() += v;
+        }
+    }
+}
+
 /// fentry tier only: what the merge machinery tried, including attempts that failed.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct MergeAttempts {
@@ -184,6 +237,7 @@ pub struct DirStats {
     pub charged_bytes: u64,
     pub throttled: Throttled,
     pub meters: Meters,
+    pub histograms: Histograms,
     /// fentry tier: merge attempts and their outcome (absent on the tracepoint tier).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub merge_attempts: Option<MergeAttempts>,
@@ -232,6 +286,7 @@ impl DirStats {
                     })
                     .collect(),
             },
+            histograms: Histograms::from_counts(c),
             limits: BTreeMap::new(),
             verdict: None,
             bios: c.bios,
@@ -301,6 +356,7 @@ impl DirStats {
                 (Some(a), Some(b)) => Some(a + b),
                 (a, b) => a.or(b),
             };
+        self.histograms.add(&o.histograms);
         self.meters.per_bio += o.meters.per_bio;
         self.meters.per_request += o.meters.per_request;
         if self.meters.cloud.is_empty() {

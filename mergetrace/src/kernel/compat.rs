@@ -50,6 +50,7 @@ pub fn resolve_offsets(btf: &Btf) -> Result<KernelOffsets> {
         bio_bi_sector: off("bio", "bi_iter.bi_sector")?,
         bio_bi_size: off("bio", "bi_iter.bi_size")?,
         bio_bi_private: off("bio", "bi_private")?,
+        bio_bi_next: off("bio", "bi_next")?,
         bdev_bd_disk: off("block_device", "bd_disk")?,
         disk_major: off("gendisk", "major")?,
         disk_first_minor: off("gendisk", "first_minor")?,
@@ -74,6 +75,7 @@ pub fn resolve_offsets(btf: &Btf) -> Result<KernelOffsets> {
         blkg_pd_count: pd_count,
         tg_nr_queued_a,
         tg_nr_queued_b,
+        _pad: 0,
     })
 }
 
