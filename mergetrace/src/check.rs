@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde::Serialize;
 
+use crate::diskstats::{find_diskstats, DiskStats};
 use crate::{
     cgroups::{self, Hierarchy},
     device::{self, Device},
@@ -53,73 +54,6 @@ impl Finding {
             None => format!("{}: {}", self.topic, self.finding),
         }
     }
-}
-
-/// One `/proc/diskstats` line. Fields a kernel does not print (before 4.18 / 5.5) are 0.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct DiskStats {
-    pub major: u32,
-    pub minor: u32,
-    pub name: String,
-    pub reads: u64,
-    pub reads_merged: u64,
-    pub read_sectors: u64,
-    pub read_ms: u64,
-    pub writes: u64,
-    pub writes_merged: u64,
-    pub write_sectors: u64,
-    pub write_ms: u64,
-    pub in_flight: u64,
-    pub io_ms: u64,
-    pub weighted_io_ms: u64,
-    pub discards: u64,
-    pub discards_merged: u64,
-    pub discard_sectors: u64,
-    pub discard_ms: u64,
-    pub flushes: u64,
-    pub flush_ms: u64,
-}
-
-/// Parses one diskstats line (`MAJ MIN NAME` and 11, 15 or 17 numbers).
-pub fn parse_diskstats_line(line: &str) -> Option<DiskStats> {
-    let mut it = line.split_whitespace();
-    let major = it.next()?.parse().ok()?;
-    let minor = it.next()?.parse().ok()?;
-    let name = it.next()?.to_string();
-    let nums: Vec<u64> = it.map(|w| w.parse().ok()).collect::<Option<_>>()?;
-    if nums.len() < 11 {
-        return None;
-    }
-    let f = |i: usize| nums.get(i).copied().unwrap_or(0);
-    Some(DiskStats {
-        major,
-        minor,
-        name,
-        reads: f(0),
-        reads_merged: f(1),
-        read_sectors: f(2),
-        read_ms: f(3),
-        writes: f(4),
-        writes_merged: f(5),
-        write_sectors: f(6),
-        write_ms: f(7),
-        in_flight: f(8),
-        io_ms: f(9),
-        weighted_io_ms: f(10),
-        discards: f(11),
-        discards_merged: f(12),
-        discard_sectors: f(13),
-        discard_ms: f(14),
-        flushes: f(15),
-        flush_ms: f(16),
-    })
-}
-
-/// The line of device `maj:min` in `/proc/diskstats` text.
-pub fn find_diskstats(text: &str, major: u32, minor: u32) -> Option<DiskStats> {
-    text.lines()
-        .filter_map(parse_diskstats_line)
-        .find(|d| d.major == major && d.minor == minor)
 }
 
 /// Seconds since boot from `/proc/uptime`.
@@ -1027,6 +961,7 @@ pub fn fentry_allowed(btf: &Btf) -> Result<bool, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::diskstats::parse_diskstats_line;
     use crate::queue::parse_scheduler;
     use clap::Parser;
 

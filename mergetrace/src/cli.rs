@@ -20,6 +20,10 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// The article's checklist for one device, without tracing: scheduler and what nomerges
+    /// does here, merge rate and request size since boot, merge ceilings, throttled cgroups,
+    /// and which tier mergetrace can run.
+    Check(crate::check::CheckArgs),
     /// The article's lab, built in: a loop device in /dev/shm, a built-in workload, the
     /// tables, and a self-check against /proc/diskstats. Needs root; cleans up after itself.
     Demo(crate::demo::DemoArgs),

@@ -211,7 +211,7 @@ impl Arm {
             c.merged(Dir::Write.code()),
             self.disk.writes_merged,
         );
-        cmp("sectors", c.issue_bytes / 512, self.disk.sectors_written);
+        cmp("sectors", c.issue_bytes / 512, self.disk.write_sectors);
         cmp("bios", c.bios, self.ios);
         if let Some(k) = self.kernel_charged {
             cmp("charged ios", c.charged_ios, k);
@@ -239,7 +239,7 @@ impl Lab {
         check_interrupted()?;
         eprintln!("mergetrace demo: {label} …");
         let counted_before = self.session.read_totals()?;
-        let before = DiskStats::read(&self.disk.dev.name)?;
+        let before = DiskStats::read(self.disk.dev.major, self.disk.dev.minor)?;
         let charged_before = cgroup
             .map(|c| c.kernel_write_ios(&self.disk.dev))
             .transpose()?;
@@ -290,7 +290,7 @@ impl Lab {
                 counts.add(c);
             }
         }
-        let disk = DiskStats::read(&self.disk.dev.name)?.since(&before);
+        let disk = DiskStats::read(self.disk.dev.major, self.disk.dev.minor)?.since(&before);
         let kernel_charged = match (cgroup, charged_before) {
             (Some(c), Some(b)) => Some(c.kernel_write_ios(&self.disk.dev)? - b),
             _ => None,

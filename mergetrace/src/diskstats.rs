@@ -1,94 +1,108 @@
 //! `/proc/diskstats`: the kernel's own per-disk counters, the reference mergetrace's numbers
 //! are checked against (Documentation/admin-guide/iostats.rst).
 use anyhow::{Context, Result};
+use serde::Serialize;
 
-/// The counters of one disk (fields 1–17 after the name; missing trailing fields are 0).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// One `/proc/diskstats` line. Fields a kernel does not print (before 4.18 / 5.5) are 0.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct DiskStats {
+    pub major: u32,
+    pub minor: u32,
+    pub name: String,
     pub reads: u64,
     pub reads_merged: u64,
-    pub sectors_read: u64,
-    pub ms_reading: u64,
+    pub read_sectors: u64,
+    pub read_ms: u64,
     pub writes: u64,
     pub writes_merged: u64,
-    pub sectors_written: u64,
-    pub ms_writing: u64,
+    pub write_sectors: u64,
+    pub write_ms: u64,
     pub in_flight: u64,
-    pub io_ticks_ms: u64,
-    pub time_in_queue_ms: u64,
+    pub io_ms: u64,
+    pub weighted_io_ms: u64,
     pub discards: u64,
     pub discards_merged: u64,
-    pub sectors_discarded: u64,
-    pub ms_discarding: u64,
+    pub discard_sectors: u64,
+    pub discard_ms: u64,
     pub flushes: u64,
-    pub ms_flushing: u64,
+    pub flush_ms: u64,
+}
+
+/// Parses one diskstats line (`MAJ MIN NAME` and 11, 15 or 17 numbers).
+pub fn parse_diskstats_line(line: &str) -> Option<DiskStats> {
+    let mut it = line.split_whitespace();
+    let major = it.next()?.parse().ok()?;
+    let minor = it.next()?.parse().ok()?;
+    let name = it.next()?.to_string();
+    let nums: Vec<u64> = it.map(|w| w.parse().ok()).collect::<Option<_>>()?;
+    if nums.len() < 11 {
+        return None;
+    }
+    let f = |i: usize| nums.get(i).copied().unwrap_or(0);
+    Some(DiskStats {
+        major,
+        minor,
+        name,
+        reads: f(0),
+        reads_merged: f(1),
+        read_sectors: f(2),
+        read_ms: f(3),
+        writes: f(4),
+        writes_merged: f(5),
+        write_sectors: f(6),
+        write_ms: f(7),
+        in_flight: f(8),
+        io_ms: f(9),
+        weighted_io_ms: f(10),
+        discards: f(11),
+        discards_merged: f(12),
+        discard_sectors: f(13),
+        discard_ms: f(14),
+        flushes: f(15),
+        flush_ms: f(16),
+    })
+}
+
+/// The line of device `maj:min` in `/proc/diskstats` text.
+pub fn find_diskstats(text: &str, major: u32, minor: u32) -> Option<DiskStats> {
+    text.lines()
+        .filter_map(parse_diskstats_line)
+        .find(|d| d.major == major && d.minor == minor)
 }
 
 impl DiskStats {
-    /// Parses the part of a line after `major minor name`.
-    pub fn parse_fields(fields: &str) -> DiskStats {
-        let v: Vec<u64> = fields
-            .split_whitespace()
-            .map(|f| f.parse().unwrap_or(0))
-            .collect();
-        let g = |i: usize| v.get(i).copied().unwrap_or(0);
-        DiskStats {
-            reads: g(0),
-            reads_merged: g(1),
-            sectors_read: g(2),
-            ms_reading: g(3),
-            writes: g(4),
-            writes_merged: g(5),
-            sectors_written: g(6),
-            ms_writing: g(7),
-            in_flight: g(8),
-            io_ticks_ms: g(9),
-            time_in_queue_ms: g(10),
-            discards: g(11),
-            discards_merged: g(12),
-            sectors_discarded: g(13),
-            ms_discarding: g(14),
-            flushes: g(15),
-            ms_flushing: g(16),
-        }
-    }
-
-    /// Finds device `name` in the text of /proc/diskstats.
-    pub fn find(text: &str, name: &str) -> Option<DiskStats> {
-        text.lines().find_map(|line| {
-            let mut it = line.split_whitespace();
-            let (_maj, _min, n) = (it.next()?, it.next()?, it.next()?);
-            (n == name).then(|| DiskStats::parse_fields(&it.collect::<Vec<_>>().join(" ")))
-        })
-    }
-
-    /// The current counters of device `name`.
-    pub fn read(name: &str) -> Result<DiskStats> {
+    /// The current line of device `maj:min`.
+    pub fn read(major: u32, minor: u32) -> Result<DiskStats> {
         let text =
             std::fs::read_to_string("/proc/diskstats").context("cannot read /proc/diskstats")?;
-        DiskStats::find(&text, name).with_context(|| format!("{name} is not in /proc/diskstats"))
+        find_diskstats(&text, major, minor)
+            .with_context(|| format!("{major}:{minor} is not in /proc/diskstats"))
     }
 
-    /// Counter deltas `self - before` (wrapping, as the kernel's counters may).
+    /// Counter deltas `self - before` (wrapping, as the kernel's counters may; `in_flight` is
+    /// a level and is taken from `self`).
     pub fn since(&self, b: &DiskStats) -> DiskStats {
         DiskStats {
+            major: self.major,
+            minor: self.minor,
+            name: self.name.clone(),
             reads: self.reads.wrapping_sub(b.reads),
             reads_merged: self.reads_merged.wrapping_sub(b.reads_merged),
-            sectors_read: self.sectors_read.wrapping_sub(b.sectors_read),
-            ms_reading: self.ms_reading.wrapping_sub(b.ms_reading),
+            read_sectors: self.read_sectors.wrapping_sub(b.read_sectors),
+            read_ms: self.read_ms.wrapping_sub(b.read_ms),
             writes: self.writes.wrapping_sub(b.writes),
             writes_merged: self.writes_merged.wrapping_sub(b.writes_merged),
-            sectors_written: self.sectors_written.wrapping_sub(b.sectors_written),
-            ms_writing: self.ms_writing.wrapping_sub(b.ms_writing),
+            write_sectors: self.write_sectors.wrapping_sub(b.write_sectors),
+            write_ms: self.write_ms.wrapping_sub(b.write_ms),
             in_flight: self.in_flight,
-            io_ticks_ms: self.io_ticks_ms.wrapping_sub(b.io_ticks_ms),
-            time_in_queue_ms: self.time_in_queue_ms.wrapping_sub(b.time_in_queue_ms),
+            io_ms: self.io_ms.wrapping_sub(b.io_ms),
+            weighted_io_ms: self.weighted_io_ms.wrapping_sub(b.weighted_io_ms),
             discards: self.discards.wrapping_sub(b.discards),
             discards_merged: self.discards_merged.wrapping_sub(b.discards_merged),
-            sectors_discarded: self.sectors_discarded.wrapping_sub(b.sectors_discarded),
-            ms_discarding: self.ms_discarding.wrapping_sub(b.ms_discarding),
+            discard_sectors: self.discard_sectors.wrapping_sub(b.discard_sectors),
+            discard_ms: self.discard_ms.wrapping_sub(b.discard_ms),
             flushes: self.flushes.wrapping_sub(b.flushes),
-            ms_flushing: self.ms_flushing.wrapping_sub(b.ms_flushing),
+            flush_ms: self.flush_ms.wrapping_sub(b.flush_ms),
         }
     }
 }
@@ -98,16 +112,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_the_articles_line() {
-        let text = "   7       3 loop3 1 0 8 0 2 3 4 5 0 6 7 0 0 0 0 0 0\n   8       0 sda 639705 234489 36923566 0 10636637 3282202 135302774 0 0 0 0\n";
-        let s = DiskStats::find(text, "sda").unwrap();
+    fn deltas() {
+        let a = parse_diskstats_line("7 3 loop3 1 0 8 0 2 3 4 5 0 6 7 0 0 0 0 0 0").unwrap();
+        let b = parse_diskstats_line("7 3 loop3 1 0 8 0 12 13 24 5 1 6 7 0 0 0 0 0 0").unwrap();
+        let d = b.since(&a);
         assert_eq!(
-            (s.writes, s.writes_merged, s.sectors_written),
-            (10636637, 3282202, 135302774)
+            (d.writes, d.writes_merged, d.write_sectors, d.in_flight),
+            (10, 10, 20, 1)
         );
-        assert_eq!(s.discards, 0, "missing trailing fields are 0");
-        let l = DiskStats::find(text, "loop3").unwrap();
-        assert_eq!(l.since(&DiskStats::default()).writes, 2);
-        assert_eq!(DiskStats::find(text, "sdb"), None);
+        assert_eq!(d.name, "loop3");
     }
 }

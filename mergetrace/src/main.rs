@@ -93,6 +93,7 @@ fn main() {
             None => live::run(cli.live).await,
             Some(cli::Command::Workload(w)) => run_workload(&w),
             Some(cli::Command::Demo(d)) => demo::run(&d),
+            Some(cli::Command::Check(c)) => check::run(&c),
         }
     });
     if let Err(e) = result {
