@@ -1,0 +1,278 @@
+//! What a capture records besides events: the run's context at its start (header chunk) and
+//! its totals at a clean close (end chunk). Both are JSON, so they describe themselves; a
+//! reader ignores fields it does not know and defaults fields that are missing.
+use std::{collections::BTreeMap, path::Path};
+
+use serde::{Deserialize, Serialize};
+
+use super::format::FORMAT_VERSION;
+use crate::limits::Limits;
+
+/// The header chunk.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Header {
+    /// Format version of the file; the writer sets it (the preamble has the same number).
+    pub format_version: u16,
+    /// Version of the mergetrace that wrote the file.
+    pub mergetrace_version: String,
+    /// `uname -r` of the traced kernel.
+    pub kernel_release: String,
+    /// "tracepoint" or "fentry".
+    pub tier: String,
+    /// CLOCK_MONOTONIC nanoseconds at the start (the clock of the events' `ts_ns`).
+    pub start_monotonic_ns: u64,
+    /// Wall-clock time at the start, Unix nanoseconds.
+    pub start_unix_ns: u64,
+    /// The traced devices (whole disks).
+    pub devices: Vec<RecordedDevice>,
+    /// Hierarchy hosting the io controller: "v1" or "v2".
+    pub cgroup_hierarchy: String,
+    /// Its mount point, e.g. "/sys/fs/cgroup/blkio".
+    pub cgroup_mount: String,
+    /// Cgroup id (the events' `cgroup_id`) → path relative to the mount, at the start.
+    pub cgroups: Vec<RecordedCgroup>,
+    /// Throttle limits each cgroup sets itself (not inherited ones), per device, at the start.
+    /// Cgroups without limits are left out.
+    pub limits: Vec<RecordedLimits>,
+    /// Cloud-volume meter unit sizes (bytes) the run was asked to count.
+    pub meter_units: Vec<u64>,
+    /// Fields this build does not know (from a newer writer of the same format version):
+    /// kept so that reading and writing a header again does not lose them.
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+/// A traced device.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RecordedDevice {
+    pub name: String,
+    pub major: u32,
+    pub minor: u32,
+    /// No request queue (zram, device-mapper, md): bios only.
+    pub bio_based: bool,
+    pub notes: Vec<String>,
+    /// Its queue settings at the start.
+    pub queue: RecordedQueue,
+}
+
+/// Settings from `/sys/block/NAME/queue/` at the start; `None` = the file was not readable.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RecordedQueue {
+    /// The active I/O scheduler ("mq-deadline", "none", ...).
+    pub scheduler: Option<String>,
+    pub nomerges: Option<u64>,
+    pub max_sectors_kb: Option<u64>,
+    pub max_segments: Option<u64>,
+    pub nr_requests: Option<u64>,
+    pub rotational: Option<bool>,
+}
+
+/// One cgroup id and its path.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RecordedCgroup {
+    pub id: u64,
+    /// Relative to the hierarchy's mount, "/" for the root.
+    pub path: String,
+}
+
+/// The limits one cgroup sets on one device; `None` = no limit ("max").
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RecordedLimits {
+    pub cgroup: String,
+    pub major: u32,
+    pub minor: u32,
+    pub rbps: Option<u64>,
+    pub wbps: Option<u64>,
+    pub riops: Option<u64>,
+    pub wiops: Option<u64>,
+}
+
+impl RecordedLimits {
+    pub fn new(cgroup: &str, major: u32, minor: u32, l: &Limits) -> RecordedLimits {
+        RecordedLimits {
+            cgroup: cgroup.to_string(),
+            major,
+            minor,
+            rbps: l.rbps,
+            wbps: l.wbps,
+            riops: l.riops,
+            wiops: l.wiops,
+        }
+    }
+
+    pub fn limits(&self) -> Limits {
+        Limits {
+            rbps: self.rbps,
+            wbps: self.wbps,
+            riops: self.riops,
+            wiops: self.wiops,
+        }
+    }
+}
+
+impl From<&crate::device::Device> for RecordedDevice {
+    fn from(d: &crate::device::Device) -> Self {
+        RecordedDevice {
+            name: d.name.clone(),
+            major: d.major,
+            minor: d.minor,
+            bio_based: d.bio_based,
+            notes: d.notes.clone(),
+            queue: RecordedQueue::default(),
+        }
+    }
+}
+
+impl RecordedQueue {
+    /// Reads `DIR/queue/*` of a `/sys/block/NAME` directory; unreadable files stay `None`.
+    pub fn read(block_dir: &Path) -> RecordedQueue {
+        let q = block_dir.join("queue");
+        let text = |f: &str| {
+            std::fs::read_to_string(q.join(f))
+                .ok()
+                .map(|s| s.trim().to_string())
+        };
+        let num = |f: &str| text(f).and_then(|s| s.parse::<u64>().ok());
+        RecordedQueue {
+            scheduler: text("scheduler").map(|s| active_scheduler(&s)),
+            nomerges: num("nomerges"),
+            max_sectors_kb: num("max_sectors_kb"),
+            max_segments: num("max_segments"),
+            nr_requests: num("nr_requests"),
+            rotational: num("rotational").map(|v| v != 0),
+        }
+    }
+}
+
+/// `mq-deadline kyber [bfq] none` → `bfq`; a file without brackets as it is.
+fn active_scheduler(s: &str) -> String {
+    s.split_whitespace()
+        .find_map(|w| w.strip_prefix('[').and_then(|w| w.strip_suffix(']')))
+        .unwrap_or(s)
+        .to_string()
+}
+
+impl Header {
+    /// A header with this host's facts filled in (versions, kernel release, start times) and
+    /// everything about devices and cgroups left for the caller.
+    pub fn for_this_host(tier: &str) -> Header {
+        Header {
+            format_version: FORMAT_VERSION,
+            mergetrace_version: env!("CARGO_PKG_VERSION").to_string(),
+            kernel_release: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default(),
+            tier: tier.to_string(),
+            start_monotonic_ns: monotonic_ns(),
+            start_unix_ns: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0),
+            ..Header::default()
+        }
+    }
+
+    /// The device with kernel `dev_t` encoding `dev` (`major << 20 | minor`).
+    pub fn device(&self, dev: u32) -> Option<&RecordedDevice> {
+        let (major, minor) = (dev >> 20, dev & 0xfffff);
+        self.devices
+            .iter()
+            .find(|d| d.major == major && d.minor == minor)
+    }
+}
+
+/// CLOCK_MONOTONIC now, in nanoseconds (the clock of `bpf_ktime_get_ns`).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The end chunk: totals of a cleanly closed capture.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Trailer {
+    /// Events in the file.
+    pub events: u64,
+    /// Sum of the lost-event counts in the file.
+    pub lost: u64,
+    /// Events and lost chunks in the file (not counting the header and end chunks).
+    pub chunks: u64,
+    /// Smallest and largest event timestamp, if there were events.
+    pub min_ts_ns: Option<u64>,
+    pub max_ts_ns: Option<u64>,
+    /// CLOCK_MONOTONIC nanoseconds when the capture was closed.
+    pub end_monotonic_ns: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capture_header_json_round_trip_keeps_unknown_fields() {
+        let mut h = Header::for_this_host("tracepoint");
+        h.devices.push(RecordedDevice {
+            name: "loop3".into(),
+            major: 7,
+            minor: 3,
+            bio_based: false,
+            notes: vec![],
+            queue: RecordedQueue {
+                scheduler: Some("mq-deadline".into()),
+                nomerges: Some(0),
+                ..RecordedQueue::default()
+            },
+        });
+        h.cgroups.push(RecordedCgroup {
+            id: u64::MAX,
+            path: "/a/b".into(),
+        });
+        h.limits.push(RecordedLimits {
+            cgroup: "/a".into(),
+            major: 7,
+            minor: 3,
+            wiops: Some(500),
+            ..RecordedLimits::default()
+        });
+        let mut v = serde_json::to_value(&h).unwrap();
+        v["from_the_future"] = serde_json::json!({"x": 1});
+        let back: Header = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(back.extra["from_the_future"], serde_json::json!({"x": 1}));
+        assert_eq!(serde_json::to_value(&back).unwrap(), v);
+        let mut plain = back.clone();
+        plain.extra.clear();
+        assert_eq!(plain, h);
+        // An old writer's header without most fields still reads.
+        let old: Header = serde_json::from_str(r#"{"format_version":1,"tier":"fentry"}"#).unwrap();
+        assert_eq!(old.tier, "fentry");
+        assert_eq!(h.device(7 << 20 | 3).unwrap().name, "loop3");
+    }
+
+    #[test]
+    fn capture_queue_settings_from_sysfs() {
+        let t = tempfile::tempdir().unwrap();
+        let q = t.path().join("queue");
+        std::fs::create_dir_all(&q).unwrap();
+        std::fs::write(q.join("scheduler"), "mq-deadline kyber [bfq] none\n").unwrap();
+        std::fs::write(q.join("nomerges"), "2\n").unwrap();
+        std::fs::write(q.join("rotational"), "1\n").unwrap();
+        std::fs::write(q.join("nr_requests"), "garbage\n").unwrap();
+        let r = RecordedQueue::read(t.path());
+        assert_eq!(r.scheduler.as_deref(), Some("bfq"));
+        assert_eq!(r.nomerges, Some(2));
+        assert_eq!(r.rotational, Some(true));
+        assert_eq!(r.nr_requests, None);
+        assert_eq!(r.max_sectors_kb, None);
+        assert_eq!(active_scheduler("none"), "none");
+    }
+}

@@ -1,0 +1,129 @@
+//! Answers the snapshot's questions (cgroup names, limits in force) from a capture's header,
+//! the way the live cgroup tree answers them during a live run.
+use std::collections::HashMap;
+
+use crate::{
+    cgroups::CgroupName,
+    device::Device,
+    limits::{self, Effective, Limits},
+    snapshot::Lookup,
+};
+
+use super::header::Header;
+
+pub struct HeaderLookup {
+    names: HashMap<u64, String>,
+    /// (major, minor) → cgroup path → the limits it sets itself.
+    own: HashMap<(u32, u32), HashMap<String, Limits>>,
+}
+
+impl HeaderLookup {
+    pub fn new(h: &Header) -> HeaderLookup {
+        let mut own: HashMap<(u32, u32), HashMap<String, Limits>> = HashMap::new();
+        for l in &h.limits {
+            own.entry((l.major, l.minor))
+                .or_default()
+                .insert(l.cgroup.clone(), l.limits());
+        }
+        HeaderLookup {
+            names: h.cgroups.iter().map(|c| (c.id, c.path.clone())).collect(),
+            own,
+        }
+    }
+}
+
+impl Lookup for HeaderLookup {
+    fn cgroup_name(&mut self, id: u64) -> CgroupName {
+        match (id, self.names.get(&id)) {
+            (0, _) => CgroupName {
+                path: "(none)".into(),
+                gone: false,
+            },
+            (_, Some(p)) => CgroupName {
+                path: p.clone(),
+                gone: false,
+            },
+            // Created after the capture started: its name was not recorded.
+            (_, None) => CgroupName {
+                path: format!("(unknown cgroup id {id})"),
+                gone: true,
+            },
+        }
+    }
+
+    fn limits(&mut self, cgroup: &str, dev: &Device) -> Effective {
+        if !cgroup.starts_with('/') {
+            return Effective::default();
+        }
+        let Some(own) = self.own.get(&(dev.major, dev.minor)) else {
+            return Effective::default();
+        };
+        let at = |p: &str| own.get(p).copied().unwrap_or_default();
+        let mut chain = vec![("/".to_string(), at("/"))];
+        let mut prefix = String::new();
+        for part in cgroup.split('/').filter(|p| !p.is_empty()) {
+            prefix.push('/');
+            prefix.push_str(part);
+            chain.push((prefix.clone(), at(&prefix)));
+        }
+        limits::effective(&chain)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capture::{RecordedCgroup, RecordedLimits};
+    use crate::limits::Limit;
+
+    #[test]
+    fn capture_header_lookup_names_and_inherited_limits() {
+        let h = Header {
+            cgroups: vec![RecordedCgroup {
+                id: 42,
+                path: "/a/b".into(),
+            }],
+            limits: vec![
+                RecordedLimits {
+                    cgroup: "/a".into(),
+                    major: 7,
+                    minor: 3,
+                    wiops: Some(2000),
+                    ..Default::default()
+                },
+                RecordedLimits {
+                    cgroup: "/a/b".into(),
+                    major: 7,
+                    minor: 3,
+                    wiops: Some(5000),
+                    wbps: Some(1 << 20),
+                    ..Default::default()
+                },
+            ],
+            ..Header::default()
+        };
+        let mut l = HeaderLookup::new(&h);
+        assert_eq!(l.cgroup_name(42).path, "/a/b");
+        assert_eq!(l.cgroup_name(0).path, "(none)");
+        assert!(l.cgroup_name(43).gone);
+        let dev = Device {
+            name: "loop3".into(),
+            major: 7,
+            minor: 3,
+            notes: vec![],
+            bio_based: false,
+        };
+        let e = l.limits("/a/b", &dev);
+        assert_eq!(
+            e.wiops,
+            Some(Limit {
+                limit: 2000,
+                cgroup: "/a".into()
+            })
+        );
+        assert_eq!(e.wbps.unwrap().limit, 1 << 20);
+        assert!(l.limits("/c", &dev).is_empty());
+        let other = Device { minor: 4, ..dev };
+        assert!(l.limits("/a/b", &other).is_empty());
+    }
+}
