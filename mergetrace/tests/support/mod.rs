@@ -988,3 +988,141 @@ pub fn fio_io_bytes(report: &Value, dir: &str) -> u64 {
         .as_u64()
         .unwrap_or_else(|| panic!("no jobs[0].{dir}.io_bytes in fio's report"))
 }
+
+// ---------------------------------------------------------------------------------------
+// Additions for kernel_throttle / kernel_merge_paths
+
+/// Restores one queue attribute of a loop device to the value it had, on drop. Loop devices
+/// are reused and keep their queue settings (max_sectors_kb, nomerges, scheduler) across
+/// `losetup -d`, so a test that changes a limit the other tests do not set must put it back.
+/// Declare it after the `LoopDevice` so it drops first.
+#[derive(Debug)]
+pub struct QueueAttrRestore {
+    path: PathBuf,
+    old: String,
+}
+
+impl LoopDevice {
+    /// Sets `queue/<attr>` to `value` and returns a guard that writes the old value back.
+    pub fn set_queue_attr_restored(&self, attr: &str, value: &str) -> QueueAttrRestore {
+        let path = self.queue(attr);
+        let old = fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+            .trim()
+            .to_string();
+        write_sysfs(&path, value);
+        let now = fs::read_to_string(&path).unwrap_or_default();
+        assert_eq!(
+            now.trim(),
+            value,
+            "{}: wrote {value}, reads {now}",
+            path.display()
+        );
+        QueueAttrRestore { path, old }
+    }
+
+    /// The current value of `queue/<attr>`, trimmed.
+    pub fn queue_attr(&self, attr: &str) -> String {
+        fs::read_to_string(self.queue(attr))
+            .unwrap_or_else(|e| panic!("cannot read queue/{attr} of {}: {e}", self.name))
+            .trim()
+            .to_string()
+    }
+}
+
+impl Drop for QueueAttrRestore {
+    fn drop(&mut self) {
+        if let Err(e) = fs::write(&self.path, &self.old) {
+            eprintln!(
+                "warning: could not restore {} to {}: {e}",
+                self.path.display(),
+                self.old
+            );
+        }
+    }
+}
+
+impl Cgroup {
+    /// A child cgroup inside this one (`<parent>/<unique name>`). Declare it after the
+    /// parent so it is dropped (removed) first.
+    pub fn child(&self) -> Cgroup {
+        let leaf = unique_name();
+        let dir = self.dir.join(&leaf);
+        fs::create_dir(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        Cgroup {
+            name: format!("{}/{leaf}", self.name),
+            dir,
+        }
+    }
+}
+
+/// `blkio.throttle.io_serviced` and `io_service_bytes` of one cgroup and device, so a test
+/// can take the delta over a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ThrottleStats {
+    pub ios: BlkioStat,
+    pub bytes: BlkioStat,
+}
+
+impl Cgroup {
+    pub fn throttle_stats(&self, dev: &LoopDevice) -> ThrottleStats {
+        ThrottleStats {
+            ios: self.io_serviced(dev),
+            bytes: self.io_service_bytes(dev),
+        }
+    }
+}
+
+impl ThrottleStats {
+    /// Write deltas `self - before`: (ios, bytes).
+    pub fn write_since(&self, before: &ThrottleStats) -> (u64, u64) {
+        (
+            self.ios
+                .write
+                .checked_sub(before.ios.write)
+                .expect("io_serviced went backwards"),
+            self.bytes
+                .write
+                .checked_sub(before.bytes.write)
+                .expect("io_service_bytes went backwards"),
+        )
+    }
+}
+
+/// Runs the built-in workload: `mergetrace __workload --target <dev> <args>`, optionally
+/// inside `cg`, and returns what it printed ({"ios", "bytes", "submit_calls"}).
+pub fn run_workload(dev: &LoopDevice, cg: Option<&Cgroup>, args: &[&str]) -> Value {
+    let bin = env!("CARGO_BIN_EXE_mergetrace");
+    let mut cmd = Command::new(bin);
+    cmd.arg("__workload")
+        .arg("--target")
+        .arg(&dev.path)
+        .args(args);
+    if let Some(cg) = cg {
+        cmd.arg("--cgroup").arg(&cg.dir);
+    }
+    let out = run_ok(&mut cmd);
+    serde_json::from_str(out.trim())
+        .unwrap_or_else(|e| panic!("__workload printed no JSON ({e}): {out}"))
+}
+
+/// Runs a command to completion, requiring success; returns its stdout.
+pub fn run_cmd(cmd: &mut Command) -> String {
+    run_ok(cmd)
+}
+
+/// The sum of every `merged_by_path` field of a direction object.
+pub const MERGE_PATHS: [&str; 7] = [
+    "plug",
+    "elevator_back",
+    "elevator_front",
+    "sw_queue",
+    "discard",
+    "request",
+    "unknown",
+];
+
+/// `merged_by_path.<path>` of a direction object.
+pub fn path_count(dir: &Value, path: &str) -> u64 {
+    u(&dir["merged_by_path"], path)
+}
