@@ -684,10 +684,14 @@ fn throttle_finding(device: &str, t: &ThrottledCgroup) -> Finding {
         Hierarchy::V1 => "blkio.throttle.*_device",
         Hierarchy::V2 => "io.max",
     };
-    let below = if t.path == "/" {
-        "every cgroup"
-    } else {
-        "it and every cgroup below it"
+    // cgroup v2 throttling is hierarchical; v1 blk-throttle treats every group as its own
+    // root ("flat hierarchy"), so a v1 limit binds that cgroup's own bios only.
+    let below = match (t.hierarchy, t.path == "/") {
+        (Hierarchy::V1, _) => {
+            "only its own bios (cgroup v1 throttling is flat: children are not limited)"
+        }
+        (Hierarchy::V2, true) => "every cgroup",
+        (Hierarchy::V2, false) => "it and every cgroup below it",
     };
     let mut levers = Vec::new();
     let iops: Vec<&str> = set
@@ -1319,7 +1323,7 @@ mod tests {
         assert_eq!(t.len(), 2);
         assert_eq!(
             t[0].finding,
-            "cgroup /mt (cgroup v1 blkio blkio.throttle.*_device) limits sda: wiops=2,000 bios/s — binds it and every cgroup below it"
+            "cgroup /mt (cgroup v1 blkio blkio.throttle.*_device) limits sda: wiops=2,000 bios/s — binds only its own bios (cgroup v1 throttling is flat: children are not limited)"
         );
         assert_eq!(
             t[0].lever.as_deref(),
@@ -1327,7 +1331,7 @@ mod tests {
         );
         assert_eq!(
             t[1].finding,
-            "cgroup /both (cgroup v1 blkio blkio.throttle.*_device) limits sda: rbps=1 MiB/s, wbps=1,000 B/s, riops=50 bios/s — binds it and every cgroup below it"
+            "cgroup /both (cgroup v1 blkio blkio.throttle.*_device) limits sda: rbps=1 MiB/s, wbps=1,000 B/s, riops=50 bios/s — binds only its own bios (cgroup v1 throttling is flat: children are not limited)"
         );
         assert_eq!(
             t[1].lever.as_deref(),

@@ -189,7 +189,29 @@ pub fn effective(chain: &[(String, Limits)]) -> Effective {
     e
 }
 
-/// Limits in force for cgroup `path` (relative to `mount`) on device `maj:min`.
+/// Limits in force for cgroup `path`, given what each cgroup sets itself (`own(path)`). Only
+/// cgroup v2 is hierarchical (the tightest limit along the path binds); on v1 blk-throttle
+/// treats every group as a separate root ("the broken flat hierarchy", blk-throttle.c), so a
+/// parent's limit does not bind its children.
+pub fn effective_along(
+    hierarchy: Hierarchy,
+    path: &str,
+    own: impl Fn(&str) -> Limits,
+) -> Effective {
+    if hierarchy == Hierarchy::V1 {
+        return effective(&[(path.to_string(), own(path))]);
+    }
+    let mut chain = vec![("/".to_string(), own("/"))];
+    let mut prefix = String::new();
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        prefix.push('/');
+        prefix.push_str(part);
+        chain.push((prefix.clone(), own(&prefix)));
+    }
+    effective(&chain)
+}
+
+/// Limits in force for cgroup `path` (relative to `mount`) on device `maj:min`, from the files.
 pub fn effective_for(
     hierarchy: Hierarchy,
     mount: &Path,
@@ -197,16 +219,14 @@ pub fn effective_for(
     major: u32,
     minor: u32,
 ) -> Effective {
-    let mut chain = Vec::new();
-    let mut prefix = String::new();
-    chain.push(("/".to_string(), own_limits(hierarchy, mount, major, minor)));
-    for part in path.split('/').filter(|p| !p.is_empty()) {
-        prefix.push('/');
-        prefix.push_str(part);
-        let dir = mount.join(prefix.trim_start_matches('/'));
-        chain.push((prefix.clone(), own_limits(hierarchy, &dir, major, minor)));
-    }
-    effective(&chain)
+    effective_along(hierarchy, path, |p| {
+        own_limits(
+            hierarchy,
+            &mount.join(p.trim_start_matches('/')),
+            major,
+            minor,
+        )
+    })
 }
 
 #[cfg(test)]
@@ -251,13 +271,13 @@ mod tests {
         )
         .unwrap();
         let e = effective_for(Hierarchy::V1, root, "/a/b", 7, 3);
+        // v1 is flat: the parent's tighter wiops does not bind the child
         assert_eq!(
             e.wiops,
             Some(Limit {
-                limit: 2000,
-                cgroup: "/a".into()
-            }),
-            "the parent's tighter limit binds"
+                limit: 5000,
+                cgroup: "/a/b".into()
+            })
         );
         assert_eq!(
             e.wbps,
@@ -266,10 +286,17 @@ mod tests {
                 cgroup: "/a/b".into()
             })
         );
+        assert_eq!(
+            effective_for(Hierarchy::V1, root, "/a", 7, 3)
+                .wiops
+                .unwrap()
+                .limit,
+            2000
+        );
         assert_eq!(e.riops, None);
         assert!(effective_for(Hierarchy::V1, root, "/a/b", 7, 5).is_empty());
         let v = serde_json::to_value(&e).unwrap();
-        assert_eq!(v["wiops"]["limit"], 2000);
+        assert_eq!(v["wiops"]["limit"], 5000);
         assert!(v.get("riops").is_none());
     }
 

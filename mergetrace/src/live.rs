@@ -76,6 +76,9 @@ pub fn configuration_line(name: &str, q: &crate::queue::QueueSettings) -> String
 }
 
 pub async fn run(args: LiveArgs) -> Result<()> {
+    // Before anything is attached: a signal during start-up must stop the run cleanly too.
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
     let devices = resolve_devices(&args.devices)?;
     let mut cgroups = Cgroups::discover()?;
     let subtree = args
@@ -120,8 +123,6 @@ pub async fn run(args: LiveArgs) -> Result<()> {
         subtree: subtree.as_deref(),
     };
 
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
     let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
     let mut ticker = tokio::time::interval(args.interval);
     ticker.tick().await; // the first tick is immediate

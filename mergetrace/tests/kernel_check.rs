@@ -477,7 +477,7 @@ fn names_every_throttled_cgroup_and_its_limit_kinds() {
     assert_eq!(
         f["finding"],
         format!(
-            "cgroup {} (cgroup v1 blkio blkio.throttle.*_device) limits {}: wiops=1,000 bios/s — binds it and every cgroup below it",
+            "cgroup {} (cgroup v1 blkio blkio.throttle.*_device) limits {}: wiops=1,000 bios/s — binds only its own bios (cgroup v1 throttling is flat: children are not limited)",
             iops.path(),
             dev.name
         )

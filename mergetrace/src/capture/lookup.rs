@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use crate::{
-    cgroups::CgroupName,
+    cgroups::{CgroupName, Hierarchy},
     device::Device,
     limits::{self, Effective, Limits},
     snapshot::Lookup,
@@ -12,6 +12,7 @@ use crate::{
 use super::header::Header;
 
 pub struct HeaderLookup {
+    hierarchy: Hierarchy,
     names: HashMap<u64, String>,
     /// (major, minor) → cgroup path → the limits it sets itself.
     own: HashMap<(u32, u32), HashMap<String, Limits>>,
@@ -26,6 +27,11 @@ impl HeaderLookup {
                 .insert(l.cgroup.clone(), l.limits());
         }
         HeaderLookup {
+            hierarchy: if h.cgroup_hierarchy == "v1" {
+                Hierarchy::V1
+            } else {
+                Hierarchy::V2
+            },
             names: h.cgroups.iter().map(|c| (c.id, c.path.clone())).collect(),
             own,
         }
@@ -58,15 +64,9 @@ impl Lookup for HeaderLookup {
         let Some(own) = self.own.get(&(dev.major, dev.minor)) else {
             return Effective::default();
         };
-        let at = |p: &str| own.get(p).copied().unwrap_or_default();
-        let mut chain = vec![("/".to_string(), at("/"))];
-        let mut prefix = String::new();
-        for part in cgroup.split('/').filter(|p| !p.is_empty()) {
-            prefix.push('/');
-            prefix.push_str(part);
-            chain.push((prefix.clone(), at(&prefix)));
-        }
-        limits::effective(&chain)
+        limits::effective_along(self.hierarchy, cgroup, |p| {
+            own.get(p).copied().unwrap_or_default()
+        })
     }
 }
 

@@ -84,16 +84,25 @@ fn read_u32(bytes: &[u8], at: usize) -> Result<u32> {
 }
 
 impl Btf {
+    /// Where the running kernel's BTF is: `/sys/kernel/btf/vmlinux`, or `$MERGETRACE_BTF` (for
+    /// kernels whose BTF ships as a separate file, and for tests).
+    pub fn kernel_path() -> std::path::PathBuf {
+        std::env::var_os("MERGETRACE_BTF")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| "/sys/kernel/btf/vmlinux".into())
+    }
+
     /// The running kernel's BTF.
     pub fn from_sys_fs() -> Result<Btf> {
-        let path = "/sys/kernel/btf/vmlinux";
-        let bytes = std::fs::read(path).with_context(|| {
+        let path = Btf::kernel_path();
+        let bytes = std::fs::read(&path).with_context(|| {
             format!(
-                "this kernel has no BTF ({path} is missing): mergetrace needs a kernel built \
-                 with CONFIG_DEBUG_INFO_BTF=y"
+                "this kernel has no BTF ({} is missing): mergetrace needs a kernel built with \
+                 CONFIG_DEBUG_INFO_BTF=y, or its BTF file in MERGETRACE_BTF",
+                path.display()
             )
         })?;
-        Btf::parse(&bytes).with_context(|| format!("cannot parse {path}"))
+        Btf::parse(&bytes).with_context(|| format!("cannot parse the BTF in {}", path.display()))
     }
 
     /// Parses a little-endian BTF blob.

@@ -209,7 +209,8 @@ impl Session {
         } else {
             compat::resolve_symbols(&kallsyms)
         };
-        let aya_btf = aya::Btf::from_sys_fs().context("cannot read the kernel's BTF")?;
+        let aya_btf = aya::Btf::parse_file(btf::Btf::kernel_path(), aya::Endianness::default())
+            .context("cannot read the kernel's BTF")?;
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&aya_btf))
             .override_global("OFFSETS", &offsets, true)
