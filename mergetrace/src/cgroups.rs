@@ -161,6 +161,11 @@ impl Cgroups {
         }
     }
 
+    /// Every cgroup seen in the last scan: (id, path).
+    pub fn all(&self) -> impl Iterator<Item = (u64, &str)> {
+        self.by_id.iter().map(|(id, p)| (*id, p.as_str()))
+    }
+
     /// Normalises a user's `-c` argument to a hierarchy-relative path and checks it exists.
     /// Accepts `/mt`, `mt`, or the full filesystem path under the mount.
     pub fn normalize(&self, user: &str) -> Result<String> {

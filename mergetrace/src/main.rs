@@ -15,6 +15,9 @@ mod limits;
 mod live;
 mod meter;
 mod queue;
+mod record;
+mod report;
+mod serve;
 mod snapshot;
 mod view;
 mod workload;
@@ -94,6 +97,9 @@ fn main() {
             Some(cli::Command::Workload(w)) => run_workload(&w),
             Some(cli::Command::Demo(d)) => demo::run(&d),
             Some(cli::Command::Check(c)) => check::run(&c),
+            Some(cli::Command::Record(r)) => record::run(r).await,
+            Some(cli::Command::Report(r)) => report::run(&r),
+            Some(cli::Command::Serve(s)) => serve::run(s).await,
         }
     });
     if let Err(e) = result {

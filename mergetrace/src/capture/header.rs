@@ -168,7 +168,7 @@ impl Header {
                 .map(|s| s.trim().to_string())
                 .unwrap_or_default(),
             tier: tier.to_string(),
-            start_monotonic_ns: monotonic_ns(),
+            start_monotonic_ns: crate::kernel::monotonic_ns(),
             start_unix_ns: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_nanos() as u64)
@@ -184,17 +184,6 @@ impl Header {
             .iter()
             .find(|d| d.major == major && d.minor == minor)
     }
-}
-
-/// CLOCK_MONOTONIC now, in nanoseconds (the clock of `bpf_ktime_get_ns`).
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The end chunk: totals of a cleanly closed capture.

@@ -25,9 +25,7 @@ mod tests;
 use mergetrace_common::Event;
 
 pub use format::{FORMAT_VERSION, MAGIC};
-pub use header::{
-    monotonic_ns, Header, RecordedCgroup, RecordedDevice, RecordedLimits, RecordedQueue, Trailer,
-};
+pub use header::{Header, RecordedCgroup, RecordedDevice, RecordedLimits, RecordedQueue, Trailer};
 pub use lookup::HeaderLookup;
 pub use reader::{read_all, Capture, CaptureReader, Next};
 pub use writer::{CaptureSink, CaptureWriter, Summary, WriterOptions, CHUNK_EVENTS};

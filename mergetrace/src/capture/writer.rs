@@ -16,7 +16,7 @@ use mergetrace_common::Event;
 
 use super::{
     format::{self, chunk, ChunkHeader, EventEncoder, CHUNK_HEADER_LEN, FORMAT_VERSION},
-    header::{monotonic_ns, Header, Trailer},
+    header::{Header, Trailer},
 };
 
 /// Default events per chunk.
@@ -275,7 +275,7 @@ impl<W: CaptureSink> CaptureWriter<W> {
             chunks: self.chunks,
             min_ts_ns: self.min_ts,
             max_ts_ns: self.max_ts,
-            end_monotonic_ns: monotonic_ns(),
+            end_monotonic_ns: crate::kernel::monotonic_ns(),
         };
         let mut buf = vec![0; CHUNK_HEADER_LEN];
         buf.extend_from_slice(
