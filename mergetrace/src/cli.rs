@@ -101,6 +101,9 @@ pub struct LiveArgs {
     /// Which probes to use: fentry where the kernel allows it (auto), or force one tier.
     #[arg(long, value_enum, default_value = "auto")]
     pub tier: crate::kernel::TierChoice,
+    /// Report each eBPF program's kernel time per run at the end (BPF run-time statistics).
+    #[arg(long)]
+    pub stats: bool,
     /// Ring buffer size in MiB (a power of two).
     #[arg(long, default_value_t = 16, value_name = "MIB", value_parser = parse_ring_mib)]
     pub ring_mib: u32,

@@ -357,6 +357,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
                 emit: 0,
             },
             meter_units: aggregate::meter_units(&aggregate::DEFAULT_METER_UNITS),
+            stats: false,
         },
     )?;
     eprintln!("mergetrace demo: tracing on the {}", session.tier);

@@ -97,6 +97,7 @@ pub async fn run(args: LiveArgs) -> Result<()> {
                 emit: 0,
             },
             meter_units: aggregate::meter_units(&meter_units),
+            stats: args.stats,
         },
     )?;
     let start = monotonic_ns();
@@ -157,12 +158,24 @@ pub async fn run(args: LiveArgs) -> Result<()> {
 
     // Detach first so the counters stop moving, then read them one last time.
     let mut session = session;
+    let program_stats = if args.stats {
+        session.program_stats()
+    } else {
+        Vec::new()
+    };
     session.detach();
     let mut total = session.read_totals()?;
     total.start_ns = start;
     total.end_ns = monotonic_ns();
-    let s = snapshot::build(&total, SnapshotKind::Total, &devices, &mut cgroups, &opts);
+    let mut s = snapshot::build(&total, SnapshotKind::Total, &devices, &mut cgroups, &opts);
+    s.program_stats = program_stats;
     view.total(&s)?;
+    for p in &s.program_stats {
+        eprintln!(
+            "mergetrace: stats: {:<24} {:>12} runs {:>8.0} ns/run",
+            p.program, p.runs, p.ns_per_run
+        );
+    }
     if s.lost_events > 0 {
         eprintln!(
             "mergetrace: warning: {} events could not be counted ({}): the counts are low",

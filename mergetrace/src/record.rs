@@ -138,6 +138,7 @@ pub async fn run(args: RecordArgs) -> Result<()> {
                 emit: 1,
             },
             meter_units: aggregate::meter_units(&args.meter_unit),
+            stats: false,
         },
     )?;
     let mut h = probe_header;

@@ -66,6 +66,18 @@ pub struct Snapshot {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub lost_by_kind: BTreeMap<&'static str, u64>,
     pub devices: Vec<DeviceSnapshot>,
+    /// `--stats`: what each eBPF program cost (kernel BPF stats), in the total object.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub program_stats: Vec<ProgramStat>,
+}
+
+/// One eBPF program's runs and time in the kernel (`BPF_ENABLE_STATS`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProgramStat {
+    pub program: String,
+    pub runs: u64,
+    pub run_time_ns: u64,
+    pub ns_per_run: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -471,6 +483,7 @@ pub fn build(
             .map(|(k, n)| (kind::name(*k), *n))
             .collect(),
         devices: out,
+        program_stats: Vec::new(),
     }
 }
 

@@ -4,6 +4,9 @@ use aya::maps::{MapData, RingBuf};
 use mergetrace_common::Event;
 use tokio::{io::unix::AsyncFd, sync::watch};
 
+/// How often the reader looks without a wake-up (the programs wake it for big batches only).
+const POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// Decodes one ring buffer record; `None` for a record of the wrong size.
 pub fn decode(bytes: &[u8]) -> Option<Event> {
     (bytes.len() >= std::mem::size_of::<Event>())
@@ -33,8 +36,18 @@ pub async fn run(
     // SAFETY: the AsyncFd owns the ring buffer, so its fd stays open while registered.
     let mut fd = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE)? };
     let mut batch = Vec::with_capacity(4096);
+    // The programs wake us only once a batch is waiting; this picks up the rest.
+    let mut poll = tokio::time::interval(POLL);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            _ = poll.tick() => {
+                drain(fd.get_mut(), &mut batch);
+                if !batch.is_empty() {
+                    sink(&batch);
+                    batch.clear();
+                }
+            }
             guard = fd.readable_mut() => {
                 let mut guard = guard?;
                 drain(guard.get_inner_mut(), &mut batch);

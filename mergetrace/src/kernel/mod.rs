@@ -98,6 +98,8 @@ pub struct Options {
     pub tier: TierChoice,
     /// Count in the kernel (live view), send events (capture, demo), or both.
     pub modes: Modes,
+    /// Turn on the kernel's per-program run time and count (`BPF_ENABLE_STATS`) for the run.
+    pub stats: bool,
     pub meter_units: MeterUnits,
 }
 
@@ -173,6 +175,8 @@ pub struct Session {
     lost_seen: [u64; LOST_SLOTS as usize],
     counts: PerCpuHashMap<MapData, CountKey, Counters>,
     unplugs: PerCpuHashMap<MapData, UnplugKey, u64>,
+    /// Held while BPF run-time statistics are on (closing it turns them off).
+    _stats: Option<std::os::fd::OwnedFd>,
 }
 
 /// Refuses early, in one line, when the process cannot use BPF.
@@ -197,6 +201,14 @@ impl Session {
     /// Loads the programs for `devices` and attaches them.
     pub fn start(devices: &[Device], opts: &Options) -> Result<Session> {
         check_privileges()?;
+        let stats = if opts.stats {
+            Some(
+                aya::sys::enable_stats(aya::sys::Stats::RunTime)
+                    .context("cannot enable BPF run-time statistics")?,
+            )
+        } else {
+            None
+        };
         let btf = btf::Btf::from_sys_fs()?;
         let offsets = compat::resolve_offsets(&btf)
             .context("this kernel's block layer does not have the layout mergetrace reads")?;
@@ -304,6 +316,7 @@ impl Session {
             lost_seen: [0; LOST_SLOTS as usize],
             counts,
             unplugs,
+            _stats: stats,
         })
     }
 
@@ -371,6 +384,29 @@ impl Session {
                 out.push((k as u8, new));
             }
         }
+        out
+    }
+
+    /// Runs and kernel time of every loaded program so far (meaningful with `Options::stats`).
+    pub fn program_stats(&self) -> Vec<crate::snapshot::ProgramStat> {
+        let Some(ebpf) = &self.ebpf else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (name, prog) in ebpf.programs() {
+            let Ok(info) = prog.info() else { continue };
+            let runs = info.run_count();
+            let ns = info.run_time().as_nanos() as u64;
+            if runs > 0 {
+                out.push(crate::snapshot::ProgramStat {
+                    program: name.to_string(),
+                    runs,
+                    run_time_ns: ns,
+                    ns_per_run: ns as f64 / runs as f64,
+                });
+            }
+        }
+        out.sort_by(|a, b| b.run_time_ns.cmp(&a.run_time_ns));
         out
     }
 
