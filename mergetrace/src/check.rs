@@ -738,6 +738,8 @@ pub struct Report<'a> {
     pub queue: &'a QueueSettings,
     pub diskstats: Option<&'a DiskStats>,
     pub throttled: &'a [ThrottledCgroup],
+    /// Every hook mergetrace uses, checked against this kernel (docs/hooks.md).
+    pub hooks: Vec<crate::kernel::compat::HookStatus>,
 }
 
 pub fn report(input: &CheckInput) -> Report<'_> {
@@ -749,7 +751,20 @@ pub fn report(input: &CheckInput) -> Report<'_> {
         queue: &input.queue,
         diskstats: input.diskstats.as_ref(),
         throttled: &input.throttled,
+        hooks: hooks_here(),
     }
+}
+
+/// The hook table checked against the running kernel (empty if BTF is unreadable).
+fn hooks_here() -> Vec<crate::kernel::compat::HookStatus> {
+    use crate::kernel::compat;
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let (Ok(btf), Some(version)) = (Btf::from_sys_fs(), compat::parse_release(release.trim()))
+    else {
+        return Vec::new();
+    };
+    let kallsyms = compat::Kallsyms::load().unwrap_or_else(|_| compat::Kallsyms::parse(""));
+    compat::hook_status(&btf, &kallsyms, version)
 }
 
 /// Text output: one line per finding.

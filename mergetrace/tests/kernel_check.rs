@@ -544,3 +544,24 @@ fn a_bad_device_is_one_line() {
         "{err}"
     );
 }
+
+/// The hook table (docs/hooks.md, `compat::HOOKS`) holds on the running kernel: every hook
+/// expected for this kernel version is present in its BTF / kallsyms.
+#[test]
+fn hook_table_holds_on_this_kernel() {
+    require_root();
+    let dev = LoopDevice::new(16 << 20);
+    let v = check_json(&dev);
+    let hooks = v["hooks"]
+        .as_array()
+        .expect("check --json has a hooks section");
+    assert!(hooks.len() >= 25, "{hooks:?}");
+    let missing: Vec<&serde_json::Value> = hooks
+        .iter()
+        .filter(|h| h["expected"] == true && h["present"] == false)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "hooks expected on this kernel but missing: {missing:?}"
+    );
+}

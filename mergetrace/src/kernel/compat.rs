@@ -2,19 +2,9 @@
 //! values read from BTF, kernel addresses read from kallsyms, and which hooks exist. The eBPF
 //! programs take what this module resolves; nothing about one kernel's layout is compiled in.
 //!
-//! Hook table (checked by `hook_table_matches_btf` in the kernel tests; see docs/hooks.md):
-//!
-//! | concept                | 6.1           | 6.12          | 6.18 (host)   |
-//! |------------------------|---------------|---------------|---------------|
-//! | bio queued             | block_bio_queue (tp_btf, all)                 |
-//! | split                  | block_split (tp_btf, all)                     |
-//! | bio merges             | block_bio_backmerge / frontmerge (all)        |
-//! | merge caller ranges    | blk_attempt_plug_merge, blk_mq_sched_try_merge, blk_bio_list_merge (kallsyms, all) |
-//! | unplug                 | block_unplug (6.1 fast path emits none)       |
-//! | throttle release       | workqueue_execute_start/end + blk_throtl_dispatch_work_fn |
-//! | `BIO_BPS_THROTTLED`    | enum value from BTF (6 on 6.1/6.12, 5 on 6.18) |
-//! | throttle queue length  | `service_queue.nr_queued[2]` ≤ 6.15; `nr_queued_bps` + `nr_queued_iops` 6.16+ |
-//! | throttle group of a bio| `blkg->pd[i]` whose `td` is `blkg->q->td` (no BPF-visible policy id) |
+//! Which hook is used on which kernel: [`HOOKS`] (rendered in docs/hooks.md, checked by the
+//! unit test `docs_hooks_md_lists_every_hook` and, on each kernel, by `mergetrace check`'s
+//! `hooks` section in the kernel tests).
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
@@ -77,6 +67,234 @@ pub fn resolve_offsets(btf: &Btf) -> Result<KernelOffsets> {
         tg_nr_queued_b,
         _pad: 0,
     })
+}
+
+/// How a hook is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HookKind {
+    /// A BTF-enabled tracepoint (`btf_trace_<name>` in BTF).
+    Tracepoint,
+    /// A kernel function whose address range classifies merge callers (kallsyms).
+    Kallsyms,
+    /// fentry/fexit on a kernel function (BTF `FUNC`), fentry tier only.
+    Fentry,
+    /// A struct member read through BTF (`struct.member`).
+    Field,
+}
+
+/// One hook: what it is for, how it is reached, and on which kernels mergetrace expects it.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Hook {
+    pub concept: &'static str,
+    pub kind: HookKind,
+    pub name: &'static str,
+    /// First kernel (major, minor) where it is used; `until` is the last one, if any.
+    pub since: (u32, u32),
+    pub until: Option<(u32, u32)>,
+    /// Without it the run still works; this is what is lost.
+    pub optional: Option<&'static str>,
+}
+
+const fn hook(concept: &'static str, kind: HookKind, name: &'static str) -> Hook {
+    Hook {
+        concept,
+        kind,
+        name,
+        since: (6, 1),
+        until: None,
+        optional: None,
+    }
+}
+
+/// Every hook mergetrace uses, 6.1 → 6.18+. Kernel drift is expressed here and nowhere else.
+pub const HOOKS: &[Hook] = &[
+    hook(
+        "bio passed the throttle",
+        HookKind::Tracepoint,
+        "block_bio_queue",
+    ),
+    hook("bio split", HookKind::Tracepoint, "block_split"),
+    hook(
+        "bio back merge",
+        HookKind::Tracepoint,
+        "block_bio_backmerge",
+    ),
+    hook(
+        "bio front merge",
+        HookKind::Tracepoint,
+        "block_bio_frontmerge",
+    ),
+    hook("new request", HookKind::Tracepoint, "block_getrq"),
+    hook(
+        "request-request merge",
+        HookKind::Tracepoint,
+        "block_rq_merge",
+    ),
+    hook("request insert", HookKind::Tracepoint, "block_rq_insert"),
+    hook("request issue", HookKind::Tracepoint, "block_rq_issue"),
+    hook("request requeue", HookKind::Tracepoint, "block_rq_requeue"),
+    hook(
+        "request complete",
+        HookKind::Tracepoint,
+        "block_rq_complete",
+    ),
+    Hook {
+        optional: Some("unplug depths (6.1/6.6 fast path emits none)"),
+        ..hook("plug flush", HookKind::Tracepoint, "block_unplug")
+    },
+    Hook {
+        optional: Some("throttled bios are not told apart"),
+        ..hook(
+            "throttle release context",
+            HookKind::Tracepoint,
+            "workqueue_execute_start",
+        )
+    },
+    Hook {
+        optional: Some("throttled bios are not told apart"),
+        ..hook(
+            "throttle release context",
+            HookKind::Tracepoint,
+            "workqueue_execute_end",
+        )
+    },
+    Hook {
+        optional: Some("throttled bios are not told apart"),
+        ..hook(
+            "throttle dispatch work",
+            HookKind::Kallsyms,
+            "blk_throtl_dispatch_work_fn",
+        )
+    },
+    Hook {
+        optional: Some("plug merges show as path \"unknown\""),
+        ..hook(
+            "merge path: plug",
+            HookKind::Kallsyms,
+            "blk_attempt_plug_merge",
+        )
+    },
+    Hook {
+        optional: Some("elevator merges show as path \"unknown\""),
+        ..hook(
+            "merge path: elevator",
+            HookKind::Kallsyms,
+            "blk_mq_sched_try_merge",
+        )
+    },
+    Hook {
+        optional: Some("software-queue merges show as path \"unknown\""),
+        ..hook(
+            "merge path: software queue",
+            HookKind::Kallsyms,
+            "blk_bio_list_merge",
+        )
+    },
+    Hook {
+        optional: Some("fentry tier: no exact throttle delay"),
+        ..hook(
+            "throttle charge (fentry)",
+            HookKind::Fentry,
+            "__blk_throtl_bio",
+        )
+    },
+    Hook {
+        optional: Some("fentry tier: no exact throttle delay"),
+        ..hook(
+            "throttle release (fentry)",
+            HookKind::Fentry,
+            "submit_bio_noacct_nocheck",
+        )
+    },
+    Hook {
+        optional: Some("fentry tier: no plug attempt counts"),
+        ..hook(
+            "plug merge attempt (fexit)",
+            HookKind::Fentry,
+            "blk_attempt_plug_merge",
+        )
+    },
+    Hook {
+        optional: Some("fentry tier: no elevator decisions"),
+        ..hook("elevator decision (fexit)", HookKind::Fentry, "elv_merge")
+    },
+    Hook {
+        until: Some((6, 15)),
+        ..hook(
+            "throttle queue length",
+            HookKind::Field,
+            "throtl_service_queue.nr_queued",
+        )
+    },
+    Hook {
+        since: (6, 16),
+        ..hook(
+            "throttle queue length",
+            HookKind::Field,
+            "throtl_service_queue.nr_queued_bps",
+        )
+    },
+    Hook {
+        since: (6, 16),
+        ..hook(
+            "throttle queue length",
+            HookKind::Field,
+            "throtl_service_queue.nr_queued_iops",
+        )
+    },
+    hook(
+        "throttle rules",
+        HookKind::Field,
+        "throtl_grp.has_rules_iops",
+    ),
+    hook(
+        "throttle rules",
+        HookKind::Field,
+        "throtl_grp.has_rules_bps",
+    ),
+    hook("bio's cgroup", HookKind::Field, "bio.bi_blkg"),
+    hook("request's disk", HookKind::Field, "request_queue.disk"),
+];
+
+/// A hook as found (or not) on the running kernel.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct HookStatus {
+    #[serde(flatten)]
+    pub hook: Hook,
+    /// Whether mergetrace expects it on this kernel version.
+    pub expected: bool,
+    pub present: bool,
+}
+
+/// `uname -r` → (major, minor).
+pub fn parse_release(release: &str) -> Option<(u32, u32)> {
+    let mut it = release.split(|c: char| !c.is_ascii_digit());
+    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+}
+
+/// Every hook of [`HOOKS`] checked against this kernel's BTF and kallsyms.
+pub fn hook_status(btf: &Btf, kallsyms: &Kallsyms, version: (u32, u32)) -> Vec<HookStatus> {
+    HOOKS
+        .iter()
+        .map(|h| {
+            let present = match h.kind {
+                HookKind::Tracepoint => btf.has_tracepoint(h.name),
+                HookKind::Kallsyms => kallsyms.address(h.name).is_some(),
+                HookKind::Fentry => btf.has_function(h.name),
+                HookKind::Field => {
+                    let (st, m) = h.name.split_once('.').unwrap_or((h.name, ""));
+                    btf.member_offset(st, m).is_ok()
+                }
+            };
+            let expected = version >= h.since && h.until.is_none_or(|u| version <= u);
+            HookStatus {
+                hook: *h,
+                expected,
+                present,
+            }
+        })
+        .collect()
 }
 
 /// `/proc/kallsyms`: text and data symbols with their addresses, sorted.
@@ -191,6 +409,21 @@ mod tests {
         assert!(notes
             .iter()
             .any(|n| n.contains("blk_throtl_dispatch_work_fn")));
+    }
+
+    #[test]
+    fn docs_hooks_md_lists_every_hook() {
+        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/hooks.md"))
+            .unwrap();
+        for h in HOOKS {
+            assert!(
+                doc.contains(&format!("`{}`", h.name)),
+                "docs/hooks.md does not list {}",
+                h.name
+            );
+        }
+        assert_eq!(parse_release("6.18.44-fc-v669"), Some((6, 18)));
+        assert_eq!(parse_release("6.1.0-40-cloud-amd64"), Some((6, 1)));
     }
 
     #[test]
