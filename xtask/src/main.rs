@@ -9,6 +9,8 @@ use std::{
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
+mod lab;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "xtask",
@@ -40,6 +42,9 @@ enum Task {
         #[arg(allow_hyphen_values = true, trailing_var_arg = true)]
         cargo_args: Vec<String>,
     },
+    /// Run the tests (built on the host) or a shell command in Debian's 6.1 and 6.12 cloud
+    /// kernels, booted as QEMU guests that share the host's root read-only. Needs root.
+    Lab(lab::LabArgs),
 }
 
 /// The workspace root: xtask lives one level below it.
@@ -110,6 +115,7 @@ fn main() -> ExitCode {
     let result = match cli.task {
         Task::Test { args } => test(&restore_separator(&raw, args)),
         Task::Build { cargo_args } => build(&restore_separator(&raw, cargo_args)),
+        Task::Lab(args) => lab::lab(args),
     };
     result.unwrap_or_else(|e| {
         eprintln!("cargo xtask: error: {e:#}");

@@ -1,0 +1,521 @@
+//! `cargo xtask lab`: runs the project's tests (or any shell command) inside Debian's 6.1
+//! and 6.12 cloud kernels, booted as QEMU TCG guests that see the host's root read-only over
+//! virtiofs (under a tmpfs overlay), with a fresh scratch disk /dev/vdb (virtio, mq-deadline)
+//! and cgroup v2 with the io controller. Tests are built on the host (compiling in a TCG
+//! guest is ~20× slower) and their executables run in the guest, at the same paths.
+//!
+//! Facts this relies on: shared/docs/kvm-lab.md. Pieces: [`kernel`] (fetch, unpack,
+//! initramfs), [`vm`] (virtiofsd + QEMU + timeout), scripts/lab/init (the guest's /init).
+mod kernel;
+mod vm;
+
+use std::{
+    fmt::Write as _,
+    fs,
+    io::BufRead,
+    path::{Path, PathBuf},
+    process::{Command, ExitCode, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, ensure, Context, Result};
+use clap::Args;
+
+use kernel::{Series, SERIES};
+
+#[derive(Args, Debug)]
+pub struct LabArgs {
+    /// Guest kernel: 6.1, 6.12 or all (Debian 12's newest cloud kernel of that series).
+    #[arg(long, default_value = "all", value_parser = ["6.1", "6.12", "all"])]
+    kernel: String,
+    /// Keep each run's directory (scratch disks, serial logs, guest script) and say where.
+    #[arg(long)]
+    keep: bool,
+    /// Run this shell command in the guest (in the project directory, as root) instead of
+    /// the tests; the lab's exit code is the command's.
+    #[arg(long, short = 'c', value_name = "CMD")]
+    shell_cmd: Option<String>,
+    /// Give up on a guest after this many seconds (it is killed and the run fails).
+    #[arg(long, value_name = "SECS", default_value_t = 1800)]
+    timeout: u64,
+    /// Guest memory in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 2048)]
+    mem: u64,
+    /// Guest CPUs.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    smp: u32,
+    /// Size of the scratch disk /dev/vdb in MiB (a fresh sparse file per run).
+    #[arg(long, value_name = "MIB", default_value_t = 1024)]
+    disk: u64,
+    /// Only this integration test target (as `cargo test --test NAME`); repeatable.
+    #[arg(long = "test", value_name = "NAME")]
+    tests: Vec<String>,
+    /// Arguments for the test executables (after `--`): a test name filter, `--nocapture`,
+    /// `--test-threads 1`, ... A first argument that names an integration test target
+    /// (`-- kernel_pipeline`) selects that target, as `--test` does, instead of filtering.
+    #[arg(last = true, value_name = "TEST-ARGS")]
+    test_args: Vec<String>,
+}
+
+/// Where downloaded and unpacked kernels and the initramfs live, across runs and clones.
+fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("MERGETRACE_LAB_CACHE") {
+        return d.into();
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("/var/cache"));
+    base.join("mergetrace-lab")
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate::workspace_root().join("target"))
+}
+
+/// Quotes `s` for sh.
+fn sh_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:+,@%".contains(&b))
+    {
+        return s.to_string();
+    }
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// A test executable built on the host.
+#[derive(Debug, Clone)]
+struct TestExe {
+    /// e.g. "mergetrace/tests/kernel_pipeline" or "mergetrace (unit)".
+    label: String,
+    path: PathBuf,
+    /// The package directory: cargo runs tests there, with CARGO_MANIFEST_DIR.
+    manifest_dir: PathBuf,
+    package: String,
+    /// The cargo target: its name and kind ("lib", "bin", "test").
+    target: String,
+    kind: String,
+}
+
+/// `cargo test --release --no-run` on the host; the test executables it reports.
+fn build_tests() -> Result<Vec<TestExe>> {
+    eprintln!("lab: building the tests on the host (cargo test --release --no-run)");
+    let mut c = crate::cargo();
+    c.args([
+        "test",
+        "--release",
+        "--no-run",
+        "--workspace",
+        "--exclude",
+        "mergetrace-ebpf",
+        "--message-format=json-render-diagnostics",
+    ])
+    .stdout(Stdio::piped());
+    let mut child = c.spawn().context("cannot start cargo test --no-run")?;
+    let mut exes = Vec::new();
+    for line in std::io::BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line?;
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        if v["reason"] != "compiler-artifact" || v["profile"]["test"] != true {
+            continue;
+        }
+        let Some(exe) = v["executable"].as_str() else {
+            continue;
+        };
+        let target = &v["target"];
+        let name = target["name"].as_str().unwrap_or("?");
+        let manifest = PathBuf::from(v["manifest_path"].as_str().unwrap_or_default());
+        let manifest_dir = manifest
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(crate::workspace_root);
+        let package = manifest_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        // xtask's own tests are about the host; they have nothing to do in a guest kernel.
+        if package == "xtask" {
+            continue;
+        }
+        let kind = target["kind"][0].as_str().unwrap_or("");
+        let label = match kind {
+            "test" => format!("{package}/tests/{name}"),
+            "lib" => format!("{package} (lib unit tests)"),
+            k => format!("{package} {k} {name} (unit tests)"),
+        };
+        exes.push(TestExe {
+            label,
+            path: exe.into(),
+            manifest_dir,
+            package,
+            target: name.to_string(),
+            kind: kind.to_string(),
+        });
+    }
+    let status = child.wait()?;
+    ensure!(status.success(), "building the tests failed ({status})");
+    ensure!(
+        !exes.is_empty(),
+        "cargo test --no-run reported no test executables"
+    );
+    // Unit tests first, then the integration tests.
+    exes.sort_by_key(|e| (e.label.contains("/tests/"), e.label.clone()));
+    Ok(exes)
+}
+
+/// The executables to run and the arguments for them: `--test NAME` targets, or a first
+/// test argument that names an integration test target; otherwise all of them.
+fn select_tests(
+    exes: Vec<TestExe>,
+    targets: &[String],
+    test_args: &[String],
+) -> Result<(Vec<TestExe>, Vec<String>)> {
+    let is_target = |n: &str| exes.iter().any(|e| e.kind == "test" && e.target == n);
+    let mut targets = targets.to_vec();
+    let mut args = test_args.to_vec();
+    if let Some(first) = args.first() {
+        if is_target(first) {
+            targets.push(args.remove(0));
+        }
+    }
+    if targets.is_empty() {
+        return Ok((exes, args));
+    }
+    for t in &targets {
+        ensure!(
+            is_target(t),
+            "no integration test target {t}; there are: {}",
+            exes.iter()
+                .filter(|e| e.kind == "test")
+                .map(|e| e.target.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let chosen = exes
+        .into_iter()
+        .filter(|e| e.kind == "test" && targets.contains(&e.target))
+        .collect();
+    Ok((chosen, args))
+}
+
+/// Host environment variables the guest gets too: MERGETRACE_* (except the lab's own),
+/// RUST_LOG, RUST_BACKTRACE.
+fn passed_env() -> String {
+    let mut s = String::new();
+    let mut vars: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| {
+            (k.starts_with("MERGETRACE_") && !k.starts_with("MERGETRACE_LAB"))
+                || k == "RUST_LOG"
+                || k == "RUST_BACKTRACE"
+        })
+        .collect();
+    vars.sort();
+    for (k, v) in vars {
+        let _ = writeln!(s, "export {k}={}", sh_quote(&v));
+    }
+    s
+}
+
+/// The script the guest runs (under the host's /bin/sh, in the chroot).
+fn guest_script(series: &str, body: &str) -> String {
+    let root = crate::workspace_root();
+    format!(
+        "# Written by `cargo xtask lab`; run by scripts/lab/init in the guest.\n\
+         export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n\
+         export HOME=/root TERM=dumb LANG=C.UTF-8 RUST_BACKTRACE=1\n\
+         export MERGETRACE_LAB=1 MERGETRACE_LAB_KERNEL={series} MERGETRACE_LAB_DISK=/dev/vdb\n\
+         {}\
+         cd {} || exit 125\n\
+         {body}\n",
+        passed_env(),
+        sh_quote(&root.to_string_lossy())
+    )
+}
+
+fn tests_body(exes: &[TestExe], args: &[String]) -> String {
+    let args: Vec<String> = args.iter().map(|a| sh_quote(a)).collect();
+    let mut s = String::from("status=0\n");
+    for e in exes {
+        let dir = sh_quote(&e.manifest_dir.to_string_lossy());
+        let _ = writeln!(
+            s,
+            "echo {begin}\n\
+             (cd {dir} && CARGO_MANIFEST_DIR={dir} CARGO_PKG_NAME={pkg} exec {exe} {args})\n\
+             rc=$?\n\
+             echo \"lab: end {label}: exit $rc\"\n\
+             [ $rc -eq 0 ] || status=1",
+            begin = sh_quote(&format!("lab: run {}", e.label)),
+            pkg = sh_quote(&e.package),
+            exe = sh_quote(&e.path.to_string_lossy()),
+            args = args.join(" "),
+            label = e.label.replace(['"', '$', '`', '\\'], "_"),
+        );
+    }
+    s.push_str("exit $status");
+    s
+}
+
+/// Passed and failed counts summed over libtest's "test result:" lines.
+fn count_results(output: &str) -> (u64, u64) {
+    let mut passed = 0;
+    let mut failed = 0;
+    for line in output.lines() {
+        let Some(rest) = line.trim().strip_prefix("test result: ") else {
+            continue;
+        };
+        for part in rest.split(';') {
+            let mut w = part.split_whitespace().rev();
+            let (Some(what), Some(n)) = (w.next(), w.next()) else {
+                continue;
+            };
+            let n: u64 = n.parse().unwrap_or(0);
+            match what {
+                "passed" => passed += n,
+                "failed" => failed += n,
+                _ => {}
+            }
+        }
+    }
+    (passed, failed)
+}
+
+/// Removes run directories of lab processes that are gone (unless kept with --keep).
+fn remove_stale_runs(lab: &Path) {
+    let Ok(entries) = fs::read_dir(lab) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("run-")
+            .and_then(|r| r.rsplit_once('-'))
+            .and_then(|(_, p)| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id()
+            && !Path::new(&format!("/proc/{pid}")).exists()
+            && !e.path().join(".keep").exists()
+        {
+            let _ = fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+struct Outcome {
+    line: String,
+    ok: bool,
+}
+
+pub fn lab(args: LabArgs) -> Result<ExitCode> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the lab must run as root (virtiofsd shares the host's root); try `sudo ./mt lab`");
+    }
+    ensure!(
+        args.shell_cmd.is_none() || args.test_args.is_empty(),
+        "give either --shell-cmd or test arguments after --, not both"
+    );
+    let setup = crate::workspace_root().join("scripts/setup");
+    let st = Command::new(&setup)
+        .arg("--lab")
+        .status()
+        .with_context(|| format!("cannot run {}", setup.display()))?;
+    ensure!(st.success(), "{} --lab failed ({st})", setup.display());
+
+    let series: Vec<Series> = match args.kernel.as_str() {
+        "all" => SERIES.to_vec(),
+        k => vec![Series::by_name(k).with_context(|| format!("unknown kernel {k}"))?],
+    };
+    let body = match &args.shell_cmd {
+        Some(cmd) => cmd.clone(),
+        None => {
+            let (exes, test_args) = select_tests(build_tests()?, &args.tests, &args.test_args)?;
+            tests_body(&exes, &test_args)
+        }
+    };
+
+    let cache = cache_dir();
+    let lab_dir = target_dir().join("lab");
+    fs::create_dir_all(&lab_dir).with_context(|| format!("cannot create {}", lab_dir.display()))?;
+    remove_stale_runs(&lab_dir);
+    let init = crate::workspace_root().join("scripts/lab/init");
+
+    let mut outcomes = Vec::new();
+    for s in series {
+        let t0 = Instant::now();
+        let k = kernel::fetch(s, &cache)
+            .with_context(|| format!("getting the {} guest kernel", s.name))?;
+        let initramfs = kernel::initramfs(&k, &cache, &init)?;
+        let run_dir = lab_dir.join(format!("run-{}-{}", s.name, std::process::id()));
+        let _ = fs::remove_dir_all(&run_dir);
+        fs::create_dir_all(&run_dir)?;
+        let script = run_dir.join("guest.sh");
+        fs::write(&script, guest_script(s.name, &body))?;
+        let prep = t0.elapsed();
+        eprintln!(
+            "lab: === {} ({}): booting ({} MiB, {} CPUs, TCG) ===",
+            s.name, k.release, args.mem, args.smp
+        );
+        let r = vm::run(&vm::VmConfig {
+            vmlinuz: &k.vmlinuz,
+            initramfs: &initramfs,
+            extra_append: format!(
+                "mt.script={} mt.moddir={}",
+                script.display(),
+                k.moddir.display()
+            ),
+            run_dir: &run_dir,
+            mem_mib: args.mem,
+            smp: args.smp,
+            scratch_mib: args.disk,
+            timeout: Duration::from_secs(args.timeout),
+            echo: true,
+        })?;
+        if !r.output.ends_with('\n') && !r.output.is_empty() {
+            println!();
+        }
+        let secs = |d: Duration| format!("{:.1} s", d.as_secs_f64());
+        let boot = r
+            .boot
+            .map(|b| format!(", boot {}", secs(b)))
+            .unwrap_or_default();
+        let timing = format!("{}{boot}, prep {}", secs(r.elapsed), secs(prep));
+        let (ok, detail) = if r.timed_out {
+            (
+                false,
+                format!("guest timed out after {} s and was killed", args.timeout),
+            )
+        } else {
+            match r.exit {
+                None => (
+                    false,
+                    "the guest died without reporting an exit status".to_string(),
+                ),
+                Some(125) if r.boot.is_none() => {
+                    (false, "the guest's setup failed (exit 125)".to_string())
+                }
+                Some(rc) if args.shell_cmd.is_some() => (rc == 0, format!("exit {rc}")),
+                Some(rc) => {
+                    let (p, f) = count_results(&r.output);
+                    let ends = r.output.matches("lab: end ").count();
+                    let bad = r
+                        .output
+                        .lines()
+                        .filter(|l| l.starts_with("lab: end ") && !l.ends_with(": exit 0"))
+                        .count();
+                    let none = if p + f == 0 { ", no test ran" } else { "" };
+                    (
+                        rc == 0,
+                        format!(
+                            "{p} passed, {f} failed ({ends} test executable{}, {bad} failed{none}; exit {rc})",
+                            if ends == 1 { "" } else { "s" }
+                        ),
+                    )
+                }
+            }
+        };
+        if !ok && (r.timed_out || r.exit.is_none() || r.boot.is_none()) {
+            eprintln!(
+                "lab: last lines of the guest console ({}):\n{}",
+                r.console_log.display(),
+                vm::tail(&r.console_log, 25)
+            );
+        }
+        let line = format!(
+            "lab: {} ({}): {} — {detail} — {timing}",
+            s.name,
+            k.release,
+            if ok { "PASS" } else { "FAIL" }
+        );
+        eprintln!("{line}");
+        if args.keep {
+            let _ = fs::write(run_dir.join(".keep"), "");
+            eprintln!("lab: kept {}", run_dir.display());
+        } else if !ok {
+            // The logs stay until the next lab run; the disk images go now.
+            let _ = fs::remove_file(run_dir.join("aux.img"));
+            let _ = fs::remove_file(run_dir.join("scratch.img"));
+            eprintln!(
+                "lab: logs in {} (until the next lab run)",
+                run_dir.display()
+            );
+        } else {
+            let _ = fs::remove_dir_all(&run_dir);
+        }
+        outcomes.push(Outcome { line, ok });
+    }
+    if outcomes.len() > 1 {
+        eprintln!("lab: summary");
+        for o in &outcomes {
+            eprintln!("{}", o.line);
+        }
+    }
+    Ok(if outcomes.iter().all(|o| o.ok) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_libtest_results() {
+        let out = "running 3 tests\n\
+                   test result: ok. 3 passed; 0 failed; 0 ignored; 0 measured; 2 filtered out; finished in 0.01s\n\
+                   test result: FAILED. 1 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 9.00s\n";
+        assert_eq!(count_results(out), (4, 2));
+    }
+
+    fn exe(target: &str, kind: &str) -> TestExe {
+        TestExe {
+            label: target.into(),
+            path: format!("/t/{target}").into(),
+            manifest_dir: "/t".into(),
+            package: "p".into(),
+            target: target.into(),
+            kind: kind.into(),
+        }
+    }
+
+    #[test]
+    fn selects_test_targets() {
+        let all = || {
+            vec![
+                exe("p", "lib"),
+                exe("kernel_pipeline", "test"),
+                exe("kernel_check", "test"),
+            ]
+        };
+        let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let names = |v: &[TestExe]| v.iter().map(|e| e.target.clone()).collect::<Vec<_>>();
+
+        let (e, a) = select_tests(all(), &[], &s(&["kernel_pipeline", "--nocapture"])).unwrap();
+        assert_eq!(
+            (names(&e), a),
+            (s(&["kernel_pipeline"]), s(&["--nocapture"]))
+        );
+        let (e, a) = select_tests(all(), &[], &s(&["two_cgroups"])).unwrap();
+        assert_eq!((e.len(), a), (3, s(&["two_cgroups"])));
+        let (e, a) = select_tests(all(), &s(&["kernel_check"]), &s(&["x"])).unwrap();
+        assert_eq!((names(&e), a), (s(&["kernel_check"]), s(&["x"])));
+        assert!(select_tests(all(), &s(&["nope"]), &[]).is_err());
+    }
+
+    #[test]
+    fn quotes_for_sh() {
+        assert_eq!(sh_quote("kernel_pipeline"), "kernel_pipeline");
+        assert_eq!(sh_quote("a b"), "'a b'");
+        assert_eq!(sh_quote("it's"), r"'it'\''s'");
+        assert_eq!(sh_quote(""), "''");
+    }
+}

@@ -1,0 +1,291 @@
+//! One guest boot: virtiofsd sharing the host's root, QEMU (TCG) with the kernel, the lab's
+//! initramfs and two fresh sparse disks, the command's output followed live from ttyS1, a
+//! wall-clock timeout. Only the processes started here are ever killed, by their PIDs.
+use std::{
+    fs,
+    io::{Read, Seek, SeekFrom, Write},
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, ensure, Context, Result};
+
+/// Debian 12's qemu-system-common 7.2 ships the C virtiofsd here.
+pub const VIRTIOFSD: &str = "/usr/lib/qemu/virtiofsd";
+pub const QEMU: &str = "qemu-system-x86_64";
+
+pub struct VmConfig<'a> {
+    pub vmlinuz: &'a Path,
+    pub initramfs: &'a Path,
+    /// Extra kernel arguments (mt.script=..., mt.moddir=...).
+    pub extra_append: String,
+    pub run_dir: &'a Path,
+    pub mem_mib: u64,
+    pub smp: u32,
+    /// Size of /dev/vdb, the scratch disk.
+    pub scratch_mib: u64,
+    pub timeout: Duration,
+    /// Copy the command's output to our stdout as it arrives.
+    pub echo: bool,
+}
+
+#[derive(Debug)]
+pub struct VmResult {
+    /// The command's exit status as /init reported it on ttyS2 (125: the lab's own setup
+    /// failed); None if the guest never reported one (crash, hang).
+    pub exit: Option<i32>,
+    /// From starting QEMU until /init was about to run the command.
+    pub boot: Option<Duration>,
+    pub elapsed: Duration,
+    pub timed_out: bool,
+    /// Everything the command wrote (stdout and stderr, ttyS1).
+    pub output: String,
+    pub console_log: PathBuf,
+}
+
+/// Kills the child at drop (by its PID, SIGKILL) unless it has already been reaped.
+struct Reaped(Option<Child>);
+
+impl Reaped {
+    fn child(&mut self) -> &mut Child {
+        self.0.as_mut().expect("child present")
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            if c.try_wait().ok().flatten().is_none() {
+                let _ = c.kill();
+            }
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Our children die with us (PR_SET_PDEATHSIG), so a killed xtask leaves no QEMU behind.
+fn die_with_parent(cmd: &mut Command) {
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+}
+
+fn sparse_file(path: &Path, mib: u64) -> Result<()> {
+    let f = fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    f.set_len(mib << 20)
+        .with_context(|| format!("cannot size {}", path.display()))?;
+    Ok(())
+}
+
+/// The last `n` lines of a file, for error messages.
+pub fn tail(path: &Path, n: usize) -> String {
+    let text = fs::read(path).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+fn check_path(p: &Path) -> Result<String> {
+    let s = p
+        .to_str()
+        .with_context(|| format!("{} is not UTF-8", p.display()))?
+        .to_string();
+    ensure!(
+        !s.contains(',') && !s.chars().any(char::is_whitespace),
+        "the lab cannot use a path with commas or spaces: {s}"
+    );
+    Ok(s)
+}
+
+pub fn run(cfg: &VmConfig) -> Result<VmResult> {
+    let dir = cfg.run_dir;
+    let aux = dir.join("aux.img");
+    let scratch = dir.join("scratch.img");
+    sparse_file(&aux, 64)?;
+    sparse_file(&scratch, cfg.scratch_mib)?;
+    let console_log = dir.join("console.log");
+    let out_log = dir.join("out.log");
+    let rc_log = dir.join("rc.log");
+    for f in [&console_log, &out_log, &rc_log] {
+        fs::File::create(f).with_context(|| format!("cannot create {}", f.display()))?;
+    }
+    let sock = dir.join("virtiofs.sock");
+    let sock_s = check_path(&sock)?;
+    ensure!(
+        sock_s.len() < 100,
+        "the virtiofs socket path is too long for a unix socket: {sock_s}"
+    );
+    let _ = fs::remove_file(&sock);
+
+    // virtiofsd: the C one, chroot sandbox (the namespace one fails with pivot_root EBUSY).
+    let vfs_log = dir.join("virtiofsd.log");
+    let mut vcmd = Command::new(VIRTIOFSD);
+    vcmd.arg(format!("--socket-path={sock_s}"))
+        .args([
+            "-o",
+            "source=/",
+            "-o",
+            "sandbox=chroot",
+            "-o",
+            "cache=always",
+        ])
+        .stdin(Stdio::null())
+        .stdout(fs::File::create(&vfs_log)?)
+        .stderr(fs::File::create(&vfs_log)?.try_clone()?);
+    die_with_parent(&mut vcmd);
+    let mut virtiofsd = Reaped(Some(vcmd.spawn().with_context(|| {
+        format!("cannot start {VIRTIOFSD} (scripts/setup --lab installs qemu-system-common)")
+    })?));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !sock.exists() {
+        if let Some(st) = virtiofsd.child().try_wait()? {
+            bail!(
+                "virtiofsd exited ({st}) before listening:\n{}",
+                tail(&vfs_log, 20)
+            );
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "virtiofsd did not create {sock_s} within 15 s:\n{}",
+            tail(&vfs_log, 20)
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+
+    let append = format!(
+        "console=ttyS0 panic=-1 oops=panic tsc=reliable rdinit=/init {}",
+        cfg.extra_append
+    );
+    let mem = cfg.mem_mib;
+    let drive = |p: &Path, id: &str| -> Result<String> {
+        Ok(format!(
+            "file={},if=none,id={id},format=raw,cache=none,aio=native",
+            check_path(p)?
+        ))
+    };
+    let mut q = Command::new(QEMU);
+    q.args([
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-no-reboot",
+    ])
+    .args(["-accel", "tcg,thread=multi", "-cpu", "max"])
+    .args(["-smp", &cfg.smp.to_string(), "-m", &format!("{mem}M")])
+    .args([
+        "-object",
+        &format!("memory-backend-memfd,id=mem,size={mem}M,share=on"),
+        "-machine",
+        "pc,memory-backend=mem",
+    ])
+    .arg("-kernel")
+    .arg(cfg.vmlinuz)
+    .arg("-initrd")
+    .arg(cfg.initramfs)
+    .args(["-append", &append])
+    .args(["-serial", &format!("file:{}", check_path(&console_log)?)])
+    .args(["-serial", &format!("file:{}", check_path(&out_log)?)])
+    .args(["-serial", &format!("file:{}", check_path(&rc_log)?)])
+    .args(["-chardev", &format!("socket,id=vfs,path={sock_s}")])
+    .args(["-device", "vhost-user-fs-pci,chardev=vfs,tag=host"])
+    // vda: a small extra disk, so that the scratch disk is vdb (as in the article's lab).
+    .args(["-drive", &drive(&aux, "d0")?])
+    .args([
+        "-device",
+        "virtio-blk-pci,drive=d0,num-queues=1,serial=mt-aux",
+    ])
+    // vdb: the scratch disk; one queue, so mq-deadline is the default scheduler.
+    .args(["-drive", &drive(&scratch, "d1")?])
+    .args([
+        "-device",
+        "virtio-blk-pci,drive=d1,num-queues=1,serial=mt-scratch",
+    ]);
+    let qemu_log = dir.join("qemu.log");
+    q.stdin(Stdio::null())
+        .stdout(fs::File::create(&qemu_log)?)
+        .stderr(fs::File::create(&qemu_log)?.try_clone()?);
+    die_with_parent(&mut q);
+    let start = Instant::now();
+    let mut qemu = Reaped(Some(q.spawn().with_context(|| {
+        format!("cannot start {QEMU} (scripts/setup --lab installs qemu-system-x86)")
+    })?));
+
+    let mut out = fs::File::open(&out_log)?;
+    let mut output = Vec::new();
+    let mut boot = None;
+    let mut timed_out = false;
+    let stdout = std::io::stdout();
+    let mut follow = |output: &mut Vec<u8>| -> Result<()> {
+        let mut chunk = Vec::new();
+        // QEMU truncates the file when it opens it; never read past its end.
+        let len = out.metadata()?.len();
+        if len < output.len() as u64 {
+            out.seek(SeekFrom::Start(len))?;
+        }
+        out.read_to_end(&mut chunk)?;
+        if !chunk.is_empty() {
+            if cfg.echo {
+                let mut o = stdout.lock();
+                o.write_all(&chunk)?;
+                o.flush()?;
+            }
+            output.extend_from_slice(&chunk);
+        }
+        Ok(())
+    };
+    let status = loop {
+        follow(&mut output)?;
+        if boot.is_none() && fs::read_to_string(&rc_log).is_ok_and(|s| s.starts_with("ready")) {
+            boot = Some(start.elapsed());
+        }
+        if let Some(st) = qemu.child().try_wait()? {
+            break Some(st);
+        }
+        if start.elapsed() > cfg.timeout {
+            timed_out = true;
+            // Ours, by PID: the Reaped guard kills and reaps it.
+            let _ = qemu.child().kill();
+            let _ = qemu.child().wait();
+            break None;
+        }
+        thread::sleep(Duration::from_millis(50));
+    };
+    let elapsed = start.elapsed();
+    follow(&mut output)?;
+    drop(qemu);
+
+    // virtiofsd exits when QEMU goes away; give it a moment, then stop it.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while virtiofsd.child().try_wait()?.is_none() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+    }
+    drop(virtiofsd);
+    let _ = fs::remove_file(&sock);
+
+    let rc_text = fs::read_to_string(&rc_log).unwrap_or_default();
+    let exit = rc_text
+        .lines()
+        .rev()
+        .find_map(|l| l.trim().parse::<i32>().ok());
+    if let Some(st) = status {
+        if exit.is_none() && !st.success() {
+            eprintln!("lab: qemu exited with {st}:\n{}", tail(&qemu_log, 20));
+        }
+    }
+    Ok(VmResult {
+        exit,
+        boot,
+        elapsed,
+        timed_out,
+        output: String::from_utf8_lossy(&output).into_owned(),
+        console_log,
+    })
+}
