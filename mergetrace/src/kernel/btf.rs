@@ -480,6 +480,94 @@ pub(crate) mod tests {
         assert!(btf.has_tracepoint("block_split"));
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        /// Arbitrary bytes never panic the reader, and neither does resolving offsets on
+        /// whatever it accepts.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            if let Ok(btf) = Btf::parse(&bytes) {
+                let _ = crate::kernel::compat::resolve_offsets(&btf);
+            }
+        }
+
+        /// A valid blob with bytes overwritten anywhere (header, types, strings) never panics.
+        #[test]
+        fn mutated_blobs_never_panic(edits in proptest::collection::vec((0usize..4096, proptest::prelude::any::<u8>()), 1..16)) {
+            let mut blob = sample_blob();
+            for (at, byte) in edits {
+                let n = blob.len();
+                blob[at % n] = byte;
+            }
+            if let Ok(btf) = Btf::parse(&blob) {
+                let _ = crate::kernel::compat::resolve_offsets(&btf);
+                let _ = btf.member_offset("bio", "bi_iter.bi_sector");
+                let _ = btf.array_len("blkcg_gq", "pd");
+            }
+        }
+    }
+
+    /// A small blob with the shapes the resolver walks (nested structs, typedefs, arrays).
+    fn sample_blob() -> Vec<u8> {
+        let mut b = Builder::new();
+        let u64_t = b.int("long long unsigned int", 8);
+        let sector_t = b.typedef("sector_t", u64_t);
+        let iter = b.record(
+            KIND_STRUCT,
+            "bvec_iter",
+            16,
+            &[("bi_sector", sector_t, 0), ("bi_size", u64_t, 8)],
+        );
+        let anon = b.record(KIND_UNION, "", 8, &[("a", u64_t, 0)]);
+        b.record(
+            KIND_STRUCT,
+            "bio",
+            64,
+            &[("bi_next", u64_t, 0), ("", anon, 8), ("bi_iter", iter, 32)],
+        );
+        b.enumeration("", &[("BIO_BPS_THROTTLED", 5)]);
+        b.build()
+    }
+
+    /// Inputs that once mattered, kept as regression cases (mergetrace/tests/data/btf/):
+    /// `ok-*` must parse, `bad-*` must be refused, none may panic.
+    #[test]
+    fn corpus() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/btf");
+        let mut n = 0;
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let r = Btf::parse(&std::fs::read(e.path()).unwrap());
+            match name.split('-').next() {
+                Some("ok") => assert!(r.is_ok(), "{name}: {:?}", r.err()),
+                Some("bad") => assert!(r.is_err(), "{name} parsed"),
+                _ => panic!("corpus file {name} must start with ok- or bad-"),
+            }
+            n += 1;
+        }
+        assert!(n >= 3, "corpus has {n} files");
+    }
+
+    #[test]
+    #[ignore = "writes the corpus; run by hand after changing the builder"]
+    fn write_corpus() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/btf");
+        std::fs::create_dir_all(dir).unwrap();
+        let good = sample_blob();
+        std::fs::write(format!("{dir}/ok-sample.btf"), &good).unwrap();
+        std::fs::write(format!("{dir}/bad-truncated-in-types.btf"), &good[..40]).unwrap();
+        let mut magic = good.clone();
+        magic[0] = 0;
+        std::fs::write(format!("{dir}/bad-magic.btf"), &magic).unwrap();
+        let mut huge = good.clone();
+        huge[12..16].copy_from_slice(&u32::MAX.to_le_bytes()); // type_len past the end
+        std::fs::write(format!("{dir}/bad-section-out-of-range.btf"), &huge).unwrap();
+        let mut kind = good;
+        kind[24 + 7] = 0x1f; // first type: kind 31
+        std::fs::write(format!("{dir}/bad-unknown-kind.btf"), &kind).unwrap();
+    }
+
     #[test]
     fn rejects_garbage_without_panicking() {
         assert!(Btf::parse(&[]).is_err());
