@@ -1,0 +1,676 @@
+//! Kernel integration tests of `mergetrace serve`: the Prometheus exporter, scraped over
+//! loopback while fio writes to a loop device. Counter deltas between two scrapes must equal
+//! the /proc/diskstats deltas and fio's I/O count exactly; the server must take concurrent
+//! scrapes and clients that vanish mid-response, and stop on SIGTERM/SIGINT with exit code 0
+//! and its programs gone.
+//!
+//! Needs root, BPF, loop devices, cgroup v1 blkio, fio and bpftool. Missing any of them is a
+//! FAILURE (see `support::require_root`), never a skip. Run:
+//!   cargo test --release -p mergetrace --test kernel_serve
+mod support;
+
+use std::{
+    collections::BTreeSet,
+    fs,
+    io::{BufRead, BufReader, Read, Write},
+    net::{SocketAddr, TcpListener, TcpStream},
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::{mpsc, Arc, Mutex},
+    thread,
+    time::{Duration, Instant},
+};
+
+use prometheus_parse::{Scrape, Value};
+use support::*;
+
+const SIZE: u64 = 64 << 20;
+const BS: u64 = 4096;
+/// A bound on one HTTP exchange (a scrape reads the BPF maps: fast, but the machine is small).
+const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
+
+// ---------------------------------------------------------------------------------------
+// The server as a child process
+
+struct Server {
+    child: Option<Child>,
+    addr: SocketAddr,
+    stderr: Arc<Mutex<String>>,
+    stderr_thread: Option<thread::JoinHandle<()>>,
+}
+
+/// A port nobody listens on right now: bind :0, read the port, close.
+fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().unwrap().port()
+}
+
+impl Server {
+    /// `mergetrace serve -d <dev> --listen 127.0.0.1:<free port> <extra>`, returned once it
+    /// printed "mergetrace: serving".
+    fn start(dev: &LoopDevice, extra: &[&str]) -> Server {
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let bin = env!("CARGO_BIN_EXE_mergetrace");
+        let mut cmd = Command::new(bin);
+        cmd.args(["serve", "-d", dev.name.as_str(), "--listen"])
+            .arg(addr.to_string())
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
+        let err = child.stderr.take().unwrap();
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = mpsc::channel::<String>();
+        let stderr_thread = {
+            let stderr = stderr.clone();
+            thread::spawn(move || {
+                for line in BufReader::new(err).lines() {
+                    let Ok(line) = line else { break };
+                    stderr.lock().unwrap().push_str(&line);
+                    stderr.lock().unwrap().push('\n');
+                    let _ = tx.send(line);
+                }
+            })
+        };
+        let mut server = Server {
+            child: Some(child),
+            addr,
+            stderr,
+            stderr_thread: Some(stderr_thread),
+        };
+        let deadline = Instant::now() + ATTACH_TIMEOUT;
+        loop {
+            match rx.recv_timeout(Duration::from_millis(200)) {
+                Ok(line) if line.starts_with("mergetrace: serving") => {
+                    assert_eq!(
+                        line,
+                        format!("mergetrace: serving http://{addr}/metrics"),
+                        "the serving line names the address"
+                    );
+                    break;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    if let Some(status) = server.try_wait() {
+                        server.join_stderr();
+                        panic!(
+                            "mergetrace serve exited ({status}) before serving; stderr:\n{}",
+                            server.stderr()
+                        );
+                    }
+                    assert!(
+                        e == mpsc::RecvTimeoutError::Timeout && Instant::now() < deadline,
+                        "mergetrace serve did not print the serving line within {ATTACH_TIMEOUT:?}; stderr:\n{}",
+                        server.stderr()
+                    );
+                }
+            }
+        }
+        let banner = server.stderr();
+        assert!(
+            banner.starts_with("mergetrace: tracing "),
+            "the live view's banner comes first: {banner}"
+        );
+        assert!(
+            !banner.contains("warning: listening"),
+            "no exposure warning on loopback: {banner}"
+        );
+        server
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    fn join_stderr(&mut self) {
+        if let Some(t) = self.stderr_thread.take() {
+            let _ = t.join();
+        }
+    }
+
+    /// Sends `sig`, waits for the exit, returns the status and stderr.
+    fn stop(mut self, sig: libc::c_int) -> (ExitStatus, String) {
+        unsafe {
+            libc::kill(self.pid() as libc::pid_t, sig);
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        let status = loop {
+            if let Some(s) = self.try_wait() {
+                break s;
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "mergetrace serve did not exit within {STOP_TIMEOUT:?} of signal {sig}; stderr:\n{}",
+                    self.stderr()
+                );
+            }
+            thread::sleep(Duration::from_millis(50));
+        };
+        self.child = None;
+        self.join_stderr();
+        (status, self.stderr())
+    }
+
+    fn scrape(&self) -> Metrics {
+        let (status, headers, body) = http_get(self.addr, "/metrics");
+        assert_eq!(
+            status,
+            200,
+            "scrape failed: {body}\nstderr:\n{}",
+            self.stderr()
+        );
+        assert!(
+            headers
+                .to_ascii_lowercase()
+                .contains("content-type: text/plain; version=0.0.4"),
+            "not the Prometheus text format: {headers}"
+        );
+        Metrics::parse(body)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // Only reached without `stop()` when a test panicked: do not leave it running.
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// One HTTP/1.1 GET with `Connection: close`: (status, header block, body).
+fn http_get(addr: SocketAddr, path: &str) -> (u16, String, String) {
+    let mut s = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT)
+        .unwrap_or_else(|e| panic!("cannot connect to {addr}: {e}"));
+    s.set_read_timeout(Some(HTTP_TIMEOUT)).unwrap();
+    s.set_write_timeout(Some(HTTP_TIMEOUT)).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)
+        .unwrap_or_else(|e| panic!("reading the response from {addr}: {e}"));
+    let text = String::from_utf8(raw).expect("the response is UTF-8");
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no header/body separator in {text:?}"));
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head:?}"));
+    if let Some(len) = head.lines().find_map(|l| {
+        l.to_ascii_lowercase()
+            .strip_prefix("content-length:")
+            .map(|v| v.trim().to_string())
+    }) {
+        assert_eq!(len.parse::<usize>().unwrap(), body.len(), "content-length");
+    }
+    (status, head.to_string(), body.to_string())
+}
+
+// ---------------------------------------------------------------------------------------
+// The exposition, parsed
+
+struct Metrics {
+    text: String,
+    scrape: Scrape,
+}
+
+impl Metrics {
+    fn parse(text: String) -> Metrics {
+        let scrape = Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+            .unwrap_or_else(|e| panic!("the exposition does not parse ({e}):\n{text}"));
+        Metrics { text, scrape }
+    }
+
+    fn number(v: &Value) -> f64 {
+        match v {
+            Value::Counter(x) | Value::Gauge(x) | Value::Untyped(x) => *x,
+            other => panic!("not a number: {other:?}"),
+        }
+    }
+
+    /// Sum of `metric` over the samples whose labels include every `(name, value)` given.
+    fn sum(&self, metric: &str, labels: &[(&str, &str)]) -> f64 {
+        self.scrape
+            .samples
+            .iter()
+            .filter(|s| s.metric == metric)
+            .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+            .map(|s| Self::number(&s.value))
+            .sum()
+    }
+
+    fn has(&self, metric: &str, labels: &[(&str, &str)]) -> bool {
+        self.scrape
+            .samples
+            .iter()
+            .any(|s| s.metric == metric && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+    }
+
+    /// `sum` as an integer (every counter here counts whole things).
+    fn count(&self, metric: &str, labels: &[(&str, &str)]) -> u64 {
+        let v = self.sum(metric, labels);
+        assert!(v >= 0.0 && v.fract() == 0.0, "{metric} {labels:?} = {v}");
+        v as u64
+    }
+
+    /// Cumulative bucket counts of one histogram series.
+    fn buckets(&self, metric: &str, labels: &[(&str, &str)]) -> Vec<(f64, f64)> {
+        let s = self
+            .scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == metric && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+            .unwrap_or_else(|| panic!("no {metric} {labels:?} in:\n{}", self.text));
+        let Value::Histogram(h) = &s.value else {
+            panic!("{metric} is not a histogram: {:?}", s.value)
+        };
+        h.iter().map(|c| (c.less_than, c.count)).collect()
+    }
+}
+
+/// Every family and its `# TYPE`.
+const FAMILIES: &[(&str, &str)] = &[
+    ("mergetrace_info", "gauge"),
+    ("mergetrace_bios_total", "counter"),
+    ("mergetrace_bio_bytes_total", "counter"),
+    ("mergetrace_merged_total", "counter"),
+    ("mergetrace_requests_total", "counter"),
+    ("mergetrace_request_bytes_total", "counter"),
+    ("mergetrace_splits_total", "counter"),
+    ("mergetrace_throttle_charged_ios_total", "counter"),
+    ("mergetrace_throttle_charged_bytes_total", "counter"),
+    ("mergetrace_throttled_bios_total", "counter"),
+    ("mergetrace_throttle_delay_seconds_total", "counter"),
+    ("mergetrace_throttle_delay_estimated", "gauge"),
+    ("mergetrace_cloud_meter_units_total", "counter"),
+    ("mergetrace_throttle_limit_iops", "gauge"),
+    ("mergetrace_throttle_limit_bytes_per_second", "gauge"),
+    ("mergetrace_request_size_bytes", "histogram"),
+    ("mergetrace_bios_per_request", "histogram"),
+    ("mergetrace_lost_events_total", "counter"),
+    ("mergetrace_cgroups_folded", "gauge"),
+];
+
+const PATHS: [&str; 7] = [
+    "plug",
+    "elevator_back",
+    "elevator_front",
+    "sw_queue",
+    "discard",
+    "request",
+    "unknown",
+];
+
+// ---------------------------------------------------------------------------------------
+// BPF programs held by a process
+
+/// IDs of the BPF programs whose names start with `block_` that process `pid` holds open
+/// (from /proc/PID/fdinfo: program and link fds carry `prog_id`).
+fn block_programs_of(pid: u32) -> BTreeSet<u32> {
+    let mut ids = BTreeSet::new();
+    let dir = format!("/proc/{pid}/fdinfo");
+    for e in fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("cannot read {dir}: {e}"))
+        .flatten()
+    {
+        let Ok(info) = fs::read_to_string(e.path()) else {
+            continue;
+        };
+        for line in info.lines() {
+            if let Some(id) = line.strip_prefix("prog_id:") {
+                if let Ok(id) = id.trim().parse::<u32>() {
+                    if program_name(id).is_some_and(|n| n.starts_with("block_")) {
+                        ids.insert(id);
+                    }
+                }
+            }
+        }
+    }
+    ids
+}
+
+/// The name of loaded program `id`, or `None` if no such program is loaded
+/// (`bpftool prog show id N`).
+fn program_name(id: u32) -> Option<String> {
+    let out = Command::new("bpftool")
+        .args(["prog", "show", "id", &id.to_string(), "--json"])
+        .output()
+        .expect("bpftool is required by kernel_serve (scripts/setup --test installs it)");
+    if !out.status.success() {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    v["name"].as_str().map(str::to_string)
+}
+
+/// All loaded programs whose names start with `block_` (`bpftool prog show`).
+fn loaded_block_programs() -> BTreeSet<u32> {
+    let out = Command::new("bpftool")
+        .args(["prog", "show", "--json"])
+        .output()
+        .expect("bpftool is required by kernel_serve (scripts/setup --test installs it)");
+    assert!(out.status.success(), "bpftool prog show failed");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bpftool JSON");
+    v.as_array()
+        .expect("a list of programs")
+        .iter()
+        .filter(|p| p["name"].as_str().is_some_and(|n| n.starts_with("block_")))
+        .filter_map(|p| p["id"].as_u64().map(|i| i as u32))
+        .collect()
+}
+
+/// Stops the server with `sig` and checks: exit code 0, the "stopped" line, and none of the
+/// `block_` programs it held is still loaded. Other test processes may load their own
+/// `block_` programs meanwhile, so the check is by program id, not by a global count.
+fn stop_and_check_detached(server: Server, sig: libc::c_int) {
+    let pid = server.pid();
+    let ours = block_programs_of(pid);
+    assert!(
+        ours.len() >= 10,
+        "the server should hold its block_ tracepoint programs, holds {ours:?}"
+    );
+    let loaded_before = loaded_block_programs();
+    assert!(
+        ours.is_subset(&loaded_before),
+        "bpftool lists every program the server holds: {ours:?} vs {loaded_before:?}"
+    );
+    let (status, stderr) = server.stop(sig);
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "exit status {status}; stderr:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("mergetrace: stopped; programs detached"),
+        "stderr:\n{stderr}"
+    );
+    let loaded_after = loaded_block_programs();
+    let left: Vec<_> = ours.intersection(&loaded_after).collect();
+    assert!(
+        left.is_empty(),
+        "block_ programs of pid {pid} still loaded after it exited: {left:?}"
+    );
+    // The count of programs that were there before dropped by at least the server's.
+    let still = loaded_after.intersection(&loaded_before).count();
+    assert!(
+        still <= loaded_before.len() - ours.len(),
+        "{still} of {} block_ programs still loaded, the server held {}: before {loaded_before:?}, after {loaded_after:?}",
+        loaded_before.len(),
+        ours.len()
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Tests
+
+/// Two scrapes around a fio run: counter deltas against /proc/diskstats and fio, exactly,
+/// per device and per cgroup; the limit gauge; the histograms; the `# TYPE` lines. Stops
+/// with SIGTERM.
+#[test]
+fn scrape_deltas_match_diskstats_and_fio() {
+    require_root();
+    let lo = LoopDevice::new(SIZE);
+    lo.set_scheduler("mq-deadline");
+    lo.set_nomerges(0);
+    udev_settle();
+    let cg = Cgroup::new();
+    // A limit far above what the run needs: charged, never throttled, shown as a gauge.
+    cg.set_write_iops(&lo, 1_000_000);
+
+    let server = Server::start(&lo, &[]);
+    let before = server.scrape();
+    let d0 = lo.diskstats();
+    let report = Fio::sequential("serve", &lo, "write", SIZE, 32)
+        .in_cgroup(&cg)
+        .run();
+    let d1 = lo.diskstats();
+    let after = server.scrape();
+    let d = d1.since(&d0);
+
+    // The exposition: every family with its TYPE, once.
+    for (family, ty) in FAMILIES {
+        let line = format!("# TYPE {family} {ty}");
+        assert_eq!(
+            after.text.lines().filter(|l| *l == line).count(),
+            1,
+            "want exactly one {line:?} in:\n{}",
+            after.text
+        );
+    }
+    assert!(
+        after.text.contains("mergetrace_info{tier=\""),
+        "{}",
+        after.text
+    );
+
+    let ios = fio_total_ios(&report, "write");
+    assert_eq!(ios, SIZE / BS, "fio wrote {ios} I/Os");
+    assert_eq!(d.in_flight, 0);
+
+    let dev = [("device", lo.name.as_str()), ("direction", "write")];
+    let delta = |m: &str, labels: &[(&str, &str)]| -> u64 {
+        let (a, b) = (after.count(m, labels), before.count(m, labels));
+        assert!(a >= b, "{m} {labels:?} went backwards: {b} -> {a}");
+        a - b
+    };
+    let ctx = format!("diskstats delta {d:?}");
+    // Per device (every cgroup): the kernel's own counters.
+    assert_eq!(
+        delta("mergetrace_bios_total", &dev),
+        ios,
+        "bios vs fio; {ctx}"
+    );
+    assert_eq!(delta("mergetrace_bio_bytes_total", &dev), SIZE, "{ctx}");
+    assert_eq!(
+        delta("mergetrace_requests_total", &dev),
+        d.writes,
+        "requests; {ctx}"
+    );
+    assert_eq!(
+        delta("mergetrace_merged_total", &dev),
+        d.writes_merged,
+        "merged, summed over paths; {ctx}"
+    );
+    let rq_bytes = delta("mergetrace_request_bytes_total", &dev);
+    assert_eq!(rq_bytes % 512, 0);
+    assert_eq!(
+        rq_bytes / 512,
+        d.sectors_written,
+        "request bytes / 512 = sectors; {ctx}"
+    );
+    assert_eq!(delta("mergetrace_splits_total", &dev), 0);
+    assert_eq!(
+        delta(
+            "mergetrace_merged_total",
+            &[dev[0], dev[1], ("path", "unknown")]
+        ),
+        0,
+        "merges from an unrecognised path"
+    );
+    assert!(d.writes < ios, "batches of 32 merge: {d:?}");
+
+    // Per cgroup: fio's cgroup has every bio, all charged, and its limit as a gauge.
+    let path = cg.path();
+    let mine = [
+        ("device", lo.name.as_str()),
+        ("cgroup", path.as_str()),
+        ("direction", "write"),
+    ];
+    assert_eq!(
+        before.count("mergetrace_bios_total", &mine),
+        0,
+        "a new cgroup starts at 0"
+    );
+    assert_eq!(after.count("mergetrace_bios_total", &mine), ios);
+    assert_eq!(
+        after.count("mergetrace_throttle_charged_ios_total", &mine),
+        ios
+    );
+    assert_eq!(
+        after.count("mergetrace_throttle_charged_bytes_total", &mine),
+        SIZE
+    );
+    assert_eq!(after.count("mergetrace_throttled_bios_total", &mine), 0);
+    assert_eq!(
+        after.sum("mergetrace_throttle_limit_iops", &mine),
+        1_000_000.0,
+        "{}",
+        after.text
+    );
+    let requests = after.count("mergetrace_requests_total", &mine);
+    let merged: u64 = PATHS
+        .iter()
+        .map(|p| {
+            after.count(
+                "mergetrace_merged_total",
+                &[mine[0], mine[1], mine[2], ("path", p)],
+            )
+        })
+        .sum();
+    assert_eq!(
+        requests + merged,
+        ios,
+        "every bio became a request or merged"
+    );
+    assert_eq!(requests, d.writes, "all of this run's requests are fio's");
+
+    // Histograms of fio's cgroup: cumulative, _count = requests, _sum = bytes / bios.
+    let sizes = after.buckets("mergetrace_request_size_bytes", &mine);
+    assert!(
+        sizes.windows(2).all(|w| w[0].1 <= w[1].1),
+        "cumulative: {sizes:?}"
+    );
+    assert!(sizes.last().unwrap().0.is_infinite());
+    assert_eq!(sizes.last().unwrap().1, requests as f64);
+    assert_eq!(sizes[0], (512.0, 0.0), "no request under 512 bytes");
+    let le_4k = sizes.iter().find(|(le, _)| *le == 4096.0).unwrap().1;
+    assert!(
+        le_4k < requests as f64,
+        "merged requests are larger than 4 KiB: {sizes:?}"
+    );
+    assert_eq!(
+        after.sum("mergetrace_request_size_bytes_count", &mine),
+        requests as f64
+    );
+    assert_eq!(
+        after.sum("mergetrace_request_size_bytes_sum", &mine),
+        SIZE as f64
+    );
+    let bpr = after.buckets("mergetrace_bios_per_request", &mine);
+    assert!(
+        bpr.windows(2).all(|w| w[0].1 <= w[1].1),
+        "cumulative: {bpr:?}"
+    );
+    assert_eq!(bpr.last().unwrap().1, requests as f64);
+    assert_eq!(
+        after.sum("mergetrace_bios_per_request_sum", &mine),
+        ios as f64
+    );
+    assert_eq!(
+        after.sum("mergetrace_bios_per_request_count", &mine),
+        requests as f64
+    );
+
+    // Nothing lost, every kind listed.
+    assert!(after.has("mergetrace_lost_events_total", &[("kind", "rq_issue")]));
+    assert_eq!(
+        after.sum("mergetrace_lost_events_total", &[]),
+        0.0,
+        "{}",
+        after.text
+    );
+    assert_eq!(after.sum("mergetrace_cgroups_folded", &[]), 0.0);
+
+    stop_and_check_detached(server, libc::SIGTERM);
+}
+
+/// 50 concurrent scrapes all answer 200 with the exposition; clients that disconnect
+/// mid-response (or mid-request) do not take the server down; SIGINT stops it cleanly.
+#[test]
+fn concurrent_scrapes_and_clients_that_go_away() {
+    require_root();
+    let lo = LoopDevice::new(16 << 20);
+    udev_settle();
+    let server = Server::start(&lo, &["--max-cgroups", "5"]);
+    // Some I/O so the body has rows.
+    run_workload(&lo, None, &["--ios", "256", "--batch", "32"]);
+
+    const N: usize = 50;
+    let addr = server.addr;
+    let handles: Vec<_> = (0..N)
+        .map(|_| thread::spawn(move || http_get(addr, "/metrics")))
+        .collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        let (status, _, body) = h.join().expect("a scrape thread panicked");
+        assert_eq!(status, 200, "scrape {i}: {body}");
+        assert!(
+            body.contains("# TYPE mergetrace_bios_total counter"),
+            "scrape {i}: {body}"
+        );
+    }
+
+    // Clients that go away: after a few bytes of the response, before reading anything, and
+    // in the middle of their request. Bounded: 20 of each.
+    for i in 0..20 {
+        let mut s = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT).unwrap();
+        s.set_read_timeout(Some(HTTP_TIMEOUT)).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut first = [0u8; 16];
+        s.read_exact(&mut first)
+            .unwrap_or_else(|e| panic!("client {i}: no response start: {e}"));
+        assert!(
+            first.starts_with(b"HTTP/1.1 200"),
+            "{:?}",
+            String::from_utf8_lossy(&first)
+        );
+        drop(s); // unread body: the server's writes now fail
+    }
+    for _ in 0..20 {
+        let mut s = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        drop(s);
+    }
+    for _ in 0..20 {
+        let mut s = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT).unwrap();
+        s.write_all(b"GET /metr").unwrap();
+        drop(s);
+    }
+    // Still serving, and counting.
+    let m = server.scrape();
+    assert_eq!(
+        m.count(
+            "mergetrace_bios_total",
+            &[("device", lo.name.as_str()), ("direction", "write")]
+        ),
+        256,
+        "{}",
+        m.text
+    );
+    let (status, _, _) = http_get(addr, "/nothing-here");
+    assert_eq!(status, 404);
+
+    // An idle keep-alive connection does not hold up the shutdown.
+    let idle = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT).unwrap();
+    stop_and_check_detached(server, libc::SIGINT);
+    drop(idle);
+}
