@@ -9,6 +9,7 @@ use std::{
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod lab;
 
 #[derive(Parser, Debug)]
@@ -45,6 +46,10 @@ enum Task {
     /// Run the tests (built on the host) or a shell command in Debian's 6.1 and 6.12 cloud
     /// kernels, booted as QEMU guests that share the host's root read-only. Needs root.
     Lab(lab::LabArgs),
+    /// Measure what tracing costs: fio IOPS on a /dev/shm loop device with no tracer, the
+    /// live view, record, bpftrace and perf (interleaved rounds), BPF cost per event, and the
+    /// offline report speed and capture size. Prints a table, writes JSON. Needs root.
+    Bench(bench::BenchArgs),
 }
 
 /// The workspace root: xtask lives one level below it.
@@ -116,6 +121,7 @@ fn main() -> ExitCode {
         Task::Test { args } => test(&restore_separator(&raw, args)),
         Task::Build { cargo_args } => build(&restore_separator(&raw, cargo_args)),
         Task::Lab(args) => lab::lab(args),
+        Task::Bench(args) => bench::bench(args),
     };
     result.unwrap_or_else(|e| {
         eprintln!("cargo xtask: error: {e:#}");
