@@ -143,7 +143,7 @@ pub async fn run(args: RecordArgs) -> Result<()> {
     )?;
     let mut h = probe_header;
     h.tier = session.tier.kind.name().to_string();
-    let mut writer = CaptureWriter::create_with(
+    let writer = CaptureWriter::create_with(
         &args.output,
         &h,
         WriterOptions {

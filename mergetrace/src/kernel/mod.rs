@@ -261,6 +261,11 @@ impl Session {
             Ok(())
         };
         for (prog, tp) in TRACEPOINTS {
+            // Completions only matter to captures (latency, lineage): counting alone skips the
+            // probe, which runs once per request.
+            if *prog == "block_rq_complete" && opts.modes.emit == 0 {
+                continue;
+            }
             if !btf.has_tracepoint(tp) {
                 notes.push(format!("tracepoint {tp} does not exist on this kernel"));
                 continue;
