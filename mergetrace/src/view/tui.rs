@@ -13,7 +13,7 @@ use ratatui::{
     prelude::CrosstermBackend,
     style::{Modifier, Style},
     text::Line,
-    widgets::{Block, Borders, Cell, Paragraph, Row, Table},
+    widgets::{Block, Borders, Cell, Paragraph, Row, Table, Wrap},
     Terminal,
 };
 
@@ -73,7 +73,18 @@ impl TuiView {
         for v in table::verdicts(s) {
             head.push(Line::from(format!("verdict: {v}")));
         }
-        let head_height = head.len() as u16 + 2;
+        // Long lines (the configuration line, verdicts) wrap: size the box for that.
+        let text_width = self
+            .terminal
+            .size()
+            .map(|r| r.width.saturating_sub(2))
+            .unwrap_or(80)
+            .max(20) as usize;
+        let head_height = head
+            .iter()
+            .map(|l| l.width().div_ceil(text_width).max(1) as u16)
+            .sum::<u16>()
+            + 2;
         let widths: Vec<Constraint> = table::HEADER
             .iter()
             .enumerate()
@@ -94,6 +105,7 @@ impl TuiView {
                     .areas(f.area());
             f.render_widget(
                 Paragraph::new(head)
+                    .wrap(Wrap { trim: false })
                     .block(Block::default().borders(Borders::ALL).title(" mergetrace ")),
                 top,
             );
