@@ -1,10 +1,17 @@
 //! `mergetrace report run.mtr`: a capture read back through the same aggregator and snapshot
 //! code as the live view, so the same run gives the same numbers.
-use std::{path::PathBuf, time::Duration};
+use std::{io::Write as _, path::PathBuf, time::Duration};
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use clap::Args;
 use mergetrace_common::Event;
+
+pub mod analysis;
+mod html;
+pub mod lineage;
+pub mod names;
+#[cfg(test)]
+pub mod synth;
 
 use crate::{
     aggregate::{Aggregator, Window},
@@ -12,7 +19,7 @@ use crate::{
     cli::parse_duration,
     device::Device,
     snapshot::{self, Snapshot, SnapshotKind},
-    view::{json::JsonView, text::TextView, View},
+    view::{text::TextView, View},
 };
 
 #[derive(Args, Debug, Clone)]
@@ -31,6 +38,16 @@ pub struct ReportArgs {
     /// Only events up to this long after the start of the capture.
     #[arg(long, value_parser = parse_duration, value_name = "T")]
     pub to: Option<Duration>,
+    /// Request by request: which bios ended in each request the device saw, and how each
+    /// joined it (see docs/report.md for what is exact and what is inferred).
+    #[arg(long)]
+    pub lineage: bool,
+    /// With --lineage: only the first N requests issued.
+    #[arg(long, value_name = "N", requires = "lineage")]
+    pub limit: Option<usize>,
+    /// Write a self-contained HTML report (tables, verdicts, charts) to FILE.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["lineage", "json"])]
+    pub html: Option<PathBuf>,
 }
 
 /// The devices as the capture recorded them.
@@ -121,31 +138,144 @@ pub fn snapshot(loaded: &Loaded, subtree: Option<&str>) -> Snapshot {
     )
 }
 
-pub fn run(args: &ReportArgs) -> Result<()> {
-    let loaded = load(&args.file, args.from, args.to, |_| {})?;
-    if let Some(w) = &loaded.warning {
-        eprintln!("mergetrace: warning: {w}");
-    }
-    let subtree = args.cgroup.as_deref().map(|c| {
+/// The header of a capture (to set up what reads its events).
+pub fn header_of(path: &PathBuf) -> Result<Header> {
+    Ok(CaptureReader::open(path)?.header().clone())
+}
+
+fn subtree_of(cgroup: Option<&str>) -> Option<String> {
+    cgroup.map(|c| {
         let c = format!("/{}", c.trim_start_matches('/'));
         if c.len() > 1 {
             c.trim_end_matches('/').to_string()
         } else {
             c
         }
-    });
+    })
+}
+
+/// The JSON of `report --json`: the live view's "total" object plus "distributions".
+#[derive(serde::Serialize)]
+struct WithDistributions<'a> {
+    #[serde(flatten)]
+    snapshot: &'a Snapshot,
+    distributions: &'a analysis::Distributions,
+}
+
+/// A reader that closed the pipe early (`report … | head`) is not an error.
+pub fn quiet_pipe(r: Result<()>) -> Result<()> {
+    match r {
+        Err(e)
+            if e.chain().any(|c| {
+                let pipe = std::io::ErrorKind::BrokenPipe;
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == pipe)
+                    || c.downcast_ref::<serde_json::Error>()
+                        .is_some_and(|j| j.io_error_kind() == Some(pipe))
+            }) =>
+        {
+            Ok(())
+        }
+        r => r,
+    }
+}
+
+pub fn run(args: &ReportArgs) -> Result<()> {
+    if args.lineage {
+        return quiet_pipe(run_lineage(args));
+    }
+    quiet_pipe(run_report(args))
+}
+
+fn run_report(args: &ReportArgs) -> Result<()> {
+    let header = header_of(&args.file)?;
+    let mut an = analysis::Analysis::new(header.start_monotonic_ns, &header.meter_units);
+    let loaded = load(&args.file, args.from, args.to, |ev| an.apply(ev))?;
+    if let Some(w) = &loaded.warning {
+        eprintln!("mergetrace: warning: {w}");
+    }
+    let subtree = subtree_of(args.cgroup.as_deref());
     let s = snapshot(&loaded, subtree.as_deref());
+    let dist = an.finish(&s, loaded.window.end_ns);
+    if let Some(out) = &args.html {
+        let page = html::render(&loaded.header, &args.file, &s, &dist)?;
+        std::fs::write(out, page).with_context(|| format!("cannot write {}", out.display()))?;
+        eprintln!("mergetrace: wrote {}", out.display());
+        return Ok(());
+    }
     if args.json {
-        JsonView::new(std::io::stdout()).total(&s)
+        let mut out = std::io::stdout().lock();
+        serde_json::to_writer(
+            &mut out,
+            &WithDistributions {
+                snapshot: &s,
+                distributions: &dist,
+            },
+        )?;
+        writeln!(out)?;
+        Ok(())
     } else {
         let h = &loaded.header;
-        println!(
+        writeln!(
+            std::io::stdout(),
             "capture {}: kernel {}, {} tier, mergetrace {}",
             args.file.display(),
             h.kernel_release,
             h.tier,
             h.mergetrace_version
-        );
-        TextView::new(std::io::stdout()).total(&s)
+        )?;
+        TextView::new(std::io::stdout()).total(&s)?;
+        let mut out = std::io::stdout().lock();
+        out.write_all(analysis::render_text(&s, &dist).as_bytes())?;
+        out.flush()?;
+        Ok(())
     }
+}
+
+/// `report --lineage`: request by request.
+fn run_lineage(args: &ReportArgs) -> Result<()> {
+    let subtree = subtree_of(args.cgroup.as_deref());
+    // With a cgroup filter the limit applies after filtering.
+    let mut tracker = match (args.limit, &subtree) {
+        (Some(n), None) => lineage::Tracker::with_limit(n),
+        _ => lineage::Tracker::new(),
+    };
+    let loaded = load(&args.file, args.from, args.to, |ev| tracker.apply(ev))?;
+    if let Some(w) = &loaded.warning {
+        eprintln!("mergetrace: warning: {w}");
+    }
+    let lin = tracker.finish();
+    let mut names = names::Names::new(&loaded.header);
+    let mut out = std::io::stdout().lock();
+    let mut shown = 0usize;
+    for r in &lin.requests {
+        if args.limit.is_some_and(|n| shown >= n) {
+            break;
+        }
+        if let Some(sub) = &subtree {
+            if !analysis::shown(names.cgroup(r.cgroup_id), Some(sub)) {
+                continue;
+            }
+        }
+        shown += 1;
+        if args.json {
+            serde_json::to_writer(&mut out, &lineage::to_json(r, &mut names))?;
+            writeln!(out)?;
+        } else {
+            write!(out, "{}", lineage::render_text(r, &mut names))?;
+        }
+    }
+    let summary = lineage::summary(&lin.stats);
+    if args.json {
+        eprintln!("mergetrace: {summary}");
+    } else {
+        writeln!(out, "{summary}")?;
+        writeln!(
+            out,
+            "(exact: a request's bios are those the kernel chained, found by first bio address \
+             and range; inferred: which adjacent request a merge joined when more than one \
+             could have — see docs/report.md)"
+        )?;
+    }
+    Ok(())
 }

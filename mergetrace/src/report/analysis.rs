@@ -1,0 +1,709 @@
+//! Distributions of a capture, for `report` (text and `--json`'s "distributions") and
+//! `report --html`: request latencies (insert → issue, issue → complete) and per-second
+//! series per (device, cgroup, direction). The request size, bios-per-request and plug
+//! flush histograms are the snapshot's own (counted by the same rule as the live view);
+//! this module only shows them.
+use std::{
+    collections::{BTreeMap, HashMap},
+    fmt::Write as _,
+};
+
+use mergetrace_common::{kind, Event, MeterUnits};
+use serde::Serialize;
+
+use crate::{
+    aggregate::{self, Counts, Dir},
+    cgroups::in_subtree,
+    snapshot::{Histograms, Snapshot, UnplugSnapshot},
+};
+
+const NS_PER_S: u64 = 1_000_000_000;
+
+/// Request latency samples of one (device, cgroup, direction), in ns.
+#[derive(Debug, Clone, Default)]
+struct Samples {
+    insert_to_issue: Vec<u64>,
+    issue_to_complete: Vec<u64>,
+    /// Issued without an insert event (direct issue: no scheduler, or the plug flushed
+    /// straight to the driver).
+    direct: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Issued {
+    ts: u64,
+    bytes: u64,
+    done: u64,
+    key: (u32, u64, Dir),
+}
+
+/// Collects what the distributions need from every event of a capture, in stream order.
+pub struct Analysis {
+    start_ns: u64,
+    units: MeterUnits,
+    inserted: HashMap<u64, u64>,
+    issued: HashMap<u64, Issued>,
+    samples: HashMap<(u32, u64, Dir), Samples>,
+    /// Counters per second since the capture's start.
+    series: HashMap<(u32, u64, Dir), Vec<Counts>>,
+    last_ts: u64,
+}
+
+/// count, min, percentiles and max of a set of latencies, in µs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LatencyStats {
+    pub count: u64,
+    pub min_us: f64,
+    pub p50_us: f64,
+    pub p90_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+}
+
+impl LatencyStats {
+    /// Nearest-rank percentiles of `ns` (sorted here); `None` when empty.
+    pub fn of(ns: &mut [u64]) -> Option<LatencyStats> {
+        if ns.is_empty() {
+            return None;
+        }
+        ns.sort_unstable();
+        let rank = |p: f64| {
+            let i = ((p / 100.0) * ns.len() as f64).ceil() as usize;
+            ns[i.clamp(1, ns.len()) - 1] as f64 / 1000.0
+        };
+        Some(LatencyStats {
+            count: ns.len() as u64,
+            min_us: ns[0] as f64 / 1000.0,
+            p50_us: rank(50.0),
+            p90_us: rank(90.0),
+            p99_us: rank(99.0),
+            max_us: ns[ns.len() - 1] as f64 / 1000.0,
+        })
+    }
+}
+
+/// Request latencies of one device and direction (over the cgroups shown).
+#[derive(Debug, Clone, Serialize)]
+pub struct LatencyRow {
+    pub device: String,
+    pub dir: &'static str,
+    /// Requests issued without an insert event: no insert → issue sample.
+    pub direct_issues: u64,
+    /// From `rq_insert` to `rq_issue` of the same request address; `null` without samples.
+    pub insert_to_issue: Option<LatencyStats>,
+    /// From `rq_issue` to the `rq_complete` that finished the request.
+    pub issue_to_complete: Option<LatencyStats>,
+}
+
+/// One (device, cgroup, direction) per second since the capture's start.
+#[derive(Debug, Clone, Serialize)]
+pub struct Series {
+    pub device: String,
+    pub cgroup: String,
+    pub cgroup_id: u64,
+    pub dir: &'static str,
+    /// Bios submitted (`bio_queue`), per second.
+    pub bios: Vec<u64>,
+    /// Requests issued (not counting re-issues), per second.
+    pub requests: Vec<u64>,
+    /// Merges of every kind (the `merged` field's rule), per second.
+    pub merged: Vec<u64>,
+    /// ios blk-throttle charged (`charged_ios`'s rule), per second.
+    pub charged: Vec<u64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TimeSeries {
+    /// Bucket width in seconds (1).
+    pub bucket_s: u64,
+    /// CLOCK_MONOTONIC ns of bucket 0's start: the capture's start.
+    pub start_ns: u64,
+    /// Number of buckets in every series.
+    pub buckets: usize,
+    pub series: Vec<Series>,
+}
+
+/// `report --json`'s "distributions".
+#[derive(Debug, Clone, Serialize)]
+pub struct Distributions {
+    pub latency: Vec<LatencyRow>,
+    pub timeseries: TimeSeries,
+}
+
+impl Analysis {
+    pub fn new(start_ns: u64, meter_units: &[u64]) -> Analysis {
+        Analysis {
+            start_ns,
+            units: aggregate::meter_units(meter_units),
+            inserted: HashMap::new(),
+            issued: HashMap::new(),
+            samples: HashMap::new(),
+            series: HashMap::new(),
+            last_ts: start_ns,
+        }
+    }
+
+    pub fn apply(&mut self, ev: &Event) {
+        self.last_ts = self.last_ts.max(ev.ts_ns);
+        if ev.kind == kind::UNPLUG {
+            return; // the snapshot has the flush histogram
+        }
+        let key = (ev.dev, ev.cgroup_id, Dir::of_op(ev.op));
+        let sec = (ev.ts_ns.saturating_sub(self.start_ns) / NS_PER_S) as usize;
+        let v = self.series.entry(key).or_default();
+        if v.len() <= sec {
+            v.resize(sec + 1, Counts::default());
+        }
+        v[sec].count(ev, &self.units);
+        match ev.kind {
+            kind::RQ_INSERT => {
+                self.inserted.insert(ev.id, ev.ts_ns);
+            }
+            kind::RQ_ISSUE => {
+                let s = self.samples.entry(key).or_default();
+                match self.inserted.remove(&ev.id) {
+                    Some(t) => s.insert_to_issue.push(ev.ts_ns.saturating_sub(t)),
+                    None => s.direct += 1,
+                }
+                self.issued.insert(
+                    ev.id,
+                    Issued {
+                        ts: ev.ts_ns,
+                        bytes: ev.bytes as u64,
+                        done: 0,
+                        key,
+                    },
+                );
+            }
+            kind::RQ_REQUEUE => {
+                self.issued.remove(&ev.id);
+            }
+            kind::RQ_COMPLETE => {
+                if let Some(i) = self.issued.get_mut(&ev.id) {
+                    i.done += ev.aux as u64;
+                    if i.done >= i.bytes || ev.aux == 0 {
+                        let i = *i;
+                        self.issued.remove(&ev.id);
+                        self.samples
+                            .entry(i.key)
+                            .or_default()
+                            .issue_to_complete
+                            .push(ev.ts_ns.saturating_sub(i.ts));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The distributions of the devices and cgroups in `snap` (which applied the cgroup
+    /// filter), over `end_ns - start` seconds.
+    pub fn finish(mut self, snap: &Snapshot, end_ns: u64) -> Distributions {
+        let devs: Vec<(u32, &str)> = snap
+            .devices
+            .iter()
+            .map(|d| ((d.major << 20) | d.minor, d.device.as_str()))
+            .collect();
+        // The cgroups the snapshot shows, per device (it applied -c).
+        let shown: HashMap<(u32, u64), &str> = snap
+            .devices
+            .iter()
+            .flat_map(|d| {
+                let dev = (d.major << 20) | d.minor;
+                d.cgroups
+                    .iter()
+                    .map(move |c| ((dev, c.cgroup_id), c.cgroup.as_str()))
+            })
+            .collect();
+        let mut latency = Vec::new();
+        for (dev, name) in &devs {
+            for dir in Dir::ALL {
+                let mut merged = Samples::default();
+                let mut any = false;
+                for ((d, cg, di), s) in self.samples.iter_mut() {
+                    if d == dev && *di == dir && shown.contains_key(&(*dev, *cg)) {
+                        any = true;
+                        merged.insert_to_issue.append(&mut s.insert_to_issue);
+                        merged.issue_to_complete.append(&mut s.issue_to_complete);
+                        merged.direct += s.direct;
+                    }
+                }
+                if any {
+                    latency.push(LatencyRow {
+                        device: name.to_string(),
+                        dir: dir.name(),
+                        direct_issues: merged.direct,
+                        insert_to_issue: LatencyStats::of(&mut merged.insert_to_issue),
+                        issue_to_complete: LatencyStats::of(&mut merged.issue_to_complete),
+                    });
+                }
+            }
+        }
+        let last = end_ns.max(self.last_ts);
+        let buckets = (last.saturating_sub(self.start_ns))
+            .div_ceil(NS_PER_S)
+            .max(1) as usize;
+        let buckets = buckets.max(self.series.values().map(Vec::len).max().unwrap_or(0));
+        let mut series = Vec::new();
+        let mut keys: Vec<&(u32, u64, Dir)> = self.series.keys().collect();
+        // devices in the snapshot's order, then cgroup path, then direction
+        keys.sort_by_key(|(dev, cg, dir)| {
+            (
+                devs.iter().position(|(d, _)| d == dev),
+                shown.get(&(*dev, *cg)).copied(),
+                *cg,
+                *dir,
+            )
+        });
+        for key @ (dev, cg, dir) in keys {
+            let (Some(cgroup), Some((_, device))) =
+                (shown.get(&(*dev, *cg)), devs.iter().find(|(d, _)| d == dev))
+            else {
+                continue;
+            };
+            let v = &self.series[key];
+            let at = |i: usize, f: &dyn Fn(&Counts) -> u64| v.get(i).map_or(0, f);
+            let col = |f: &dyn Fn(&Counts) -> u64| (0..buckets).map(|i| at(i, f)).collect();
+            let s = Series {
+                device: device.to_string(),
+                cgroup: cgroup.to_string(),
+                cgroup_id: *cg,
+                dir: dir.name(),
+                bios: col(&|c| c.bios),
+                requests: col(&|c| c.issues.saturating_sub(c.requeues)),
+                merged: col(&|c| c.merged(dir.code())),
+                charged: col(&|c| c.charged_ios),
+            };
+            let busy = |x: &Vec<u64>| x.iter().any(|n| *n > 0);
+            if busy(&s.bios) || busy(&s.requests) || busy(&s.merged) || busy(&s.charged) {
+                series.push(s);
+            }
+        }
+        Distributions {
+            latency,
+            timeseries: TimeSeries {
+                bucket_s: 1,
+                start_ns: self.start_ns,
+                buckets,
+                series,
+            },
+        }
+    }
+}
+
+/// Labels for the request size histogram's bucket bounds: "≤ 4 KiB", "> 8 MiB".
+pub fn size_label(bound: u64) -> String {
+    if bound == u64::MAX {
+        return "> 8 MiB".into();
+    }
+    if bound >= 1 << 20 {
+        format!("≤ {} MiB", bound >> 20)
+    } else if bound >= 1024 {
+        format!("≤ {} KiB", bound >> 10)
+    } else {
+        format!("≤ {bound} B")
+    }
+}
+
+/// Labels for the bios-per-request buckets: bound 1 → "1", 3 → "2–3", …, MAX → "≥ 2048".
+pub fn count_label(bound: u64) -> String {
+    use mergetrace_common::count::COUNT_BUCKETS;
+    if bound == u64::MAX {
+        return format!("≥ {}", 1u64 << (COUNT_BUCKETS - 1));
+    }
+    let lo = bound.div_ceil(2);
+    if lo == bound {
+        bound.to_string()
+    } else {
+        format!("{lo}–{bound}")
+    }
+}
+
+/// Every bucket bound of a histogram from its smallest to its largest non-empty bucket.
+pub fn size_buckets(h: &BTreeMap<u64, u64>) -> Vec<(u64, u64)> {
+    use mergetrace_common::count::SIZE_BUCKETS;
+    let bounds: Vec<u64> = (0..SIZE_BUCKETS)
+        .map(|i| {
+            if i == SIZE_BUCKETS - 1 {
+                u64::MAX
+            } else {
+                512u64 << i
+            }
+        })
+        .collect();
+    dense(h, &bounds)
+}
+
+pub fn count_buckets(h: &BTreeMap<u64, u64>) -> Vec<(u64, u64)> {
+    use mergetrace_common::count::COUNT_BUCKETS;
+    let bounds: Vec<u64> = (0..COUNT_BUCKETS)
+        .map(|i| {
+            if i == COUNT_BUCKETS - 1 {
+                u64::MAX
+            } else {
+                (2u64 << i) - 1
+            }
+        })
+        .collect();
+    dense(h, &bounds)
+}
+
+/// The buckets from the smallest to the largest non-empty one, with one empty neighbour on
+/// each side where there is one (so a single bucket still shows where it sits).
+fn dense(h: &BTreeMap<u64, u64>, bounds: &[u64]) -> Vec<(u64, u64)> {
+    let lo = bounds.iter().position(|b| h.get(b).is_some_and(|n| *n > 0));
+    let hi = bounds
+        .iter()
+        .rposition(|b| h.get(b).is_some_and(|n| *n > 0));
+    match (lo, hi) {
+        (Some(lo), Some(hi)) => bounds[lo.saturating_sub(1)..=(hi + 1).min(bounds.len() - 1)]
+            .iter()
+            .map(|b| (*b, h.get(b).copied().unwrap_or(0)))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Plug flush depths of one device: (depth, explicit, from schedule), every depth seen.
+pub fn unplug_rows(u: &UnplugSnapshot) -> Vec<(u32, u64, u64)> {
+    let mut depths: Vec<u32> = u
+        .explicit
+        .keys()
+        .chain(u.from_schedule.keys())
+        .copied()
+        .collect();
+    depths.sort_unstable();
+    depths.dedup();
+    depths
+        .into_iter()
+        .map(|d| {
+            (
+                d,
+                u.explicit.get(&d).copied().unwrap_or(0),
+                u.from_schedule.get(&d).copied().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+fn bar(n: u64, max: u64, width: usize) -> String {
+    if max == 0 || n == 0 {
+        return String::new();
+    }
+    let w = ((n as f64 / max as f64) * width as f64).round().max(1.0) as usize;
+    "#".repeat(w)
+}
+
+fn histogram_text(out: &mut String, title: &str, rows: &[(String, u64)]) {
+    let _ = writeln!(out, "{title}");
+    let max = rows.iter().map(|r| r.1).max().unwrap_or(0);
+    let lw = rows.iter().map(|r| r.0.chars().count()).max().unwrap_or(0);
+    let nw = rows
+        .iter()
+        .map(|r| r.1.to_string().len())
+        .max()
+        .unwrap_or(1);
+    for (label, n) in rows {
+        let pad = lw - label.chars().count();
+        let _ = writeln!(
+            out,
+            "  {}{label}  {n:>nw$}  {}",
+            " ".repeat(pad),
+            bar(*n, max, 40)
+        );
+    }
+}
+
+fn us(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+/// Histograms of the device totals (the snapshot's; `histograms` in the JSON per cgroup).
+fn histograms_text(out: &mut String, device: &str, dir: Dir, h: &Histograms) {
+    let sizes: Vec<(String, u64)> = size_buckets(&h.request_bytes)
+        .into_iter()
+        .map(|(b, n)| (size_label(b), n))
+        .collect();
+    if !sizes.is_empty() {
+        histogram_text(
+            out,
+            &format!("request size, {device} {} (requests):", dir.name()),
+            &sizes,
+        );
+    }
+    let counts: Vec<(String, u64)> = count_buckets(&h.bios_per_request)
+        .into_iter()
+        .map(|(b, n)| (count_label(b), n))
+        .collect();
+    if !counts.is_empty() {
+        histogram_text(
+            out,
+            &format!("bios per request, {device} {} (requests):", dir.name()),
+            &counts,
+        );
+    }
+}
+
+/// The text section printed after the tables.
+pub fn render_text(snap: &Snapshot, d: &Distributions) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "--- distributions");
+    for dev in &snap.devices {
+        for dir in Dir::ALL {
+            histograms_text(&mut out, &dev.device, dir, &dev.total.get(dir).histograms);
+        }
+        let rows = unplug_rows(&dev.unplug);
+        if !rows.is_empty() {
+            let _ = writeln!(
+                out,
+                "plug flushes, {} (requests per flush → flushes):",
+                dev.device
+            );
+            let max = rows.iter().map(|r| r.1.max(r.2)).max().unwrap_or(0);
+            let _ = writeln!(
+                out,
+                "  {:>5}  {:>9}  {:>13}",
+                "DEPTH", "EXPLICIT", "FROM SCHEDULE"
+            );
+            for (depth, e, s) in rows {
+                let _ = writeln!(
+                    out,
+                    "  {depth:>5}  {e:>9}  {s:>13}  {}",
+                    bar(e + s, max * 2, 40)
+                );
+            }
+        }
+    }
+    if !d.latency.is_empty() {
+        let _ = writeln!(out, "request latency (µs):");
+        let _ = writeln!(
+            out,
+            "  {:<8} {:<7} {:<18} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "DEVICE", "DIR", "STAGE", "COUNT", "MIN", "P50", "P90", "P99", "MAX"
+        );
+        for r in &d.latency {
+            for (stage, st) in [
+                ("insert → issue", &r.insert_to_issue),
+                ("issue → complete", &r.issue_to_complete),
+            ] {
+                match st {
+                    Some(s) => {
+                        let _ = writeln!(
+                            out,
+                            "  {:<8} {:<7} {:<18} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}",
+                            r.device,
+                            r.dir,
+                            stage,
+                            s.count,
+                            us(s.min_us),
+                            us(s.p50_us),
+                            us(s.p90_us),
+                            us(s.p99_us),
+                            us(s.max_us)
+                        );
+                    }
+                    None => {
+                        let _ =
+                            writeln!(out, "  {:<8} {:<7} {:<18} {:>8}", r.device, r.dir, stage, 0);
+                    }
+                }
+            }
+            if r.direct_issues > 0 {
+                let _ = writeln!(
+                    out,
+                    "  {:<8} {:<7} issued directly (no insert, no insert → issue time): {}",
+                    r.device, r.dir, r.direct_issues
+                );
+            }
+        }
+    }
+    for s in &d.timeseries.series {
+        let _ = writeln!(
+            out,
+            "per second, {} {} {} (second since the capture's start):",
+            s.device, s.cgroup, s.dir
+        );
+        let _ = writeln!(
+            out,
+            "  {:>5} {:>9} {:>9} {:>9} {:>9}",
+            "SEC", "BIOS", "REQS", "MERGED", "CHARGED"
+        );
+        for i in 0..d.timeseries.buckets {
+            let _ = writeln!(
+                out,
+                "  {:>5} {:>9} {:>9} {:>9} {:>9}",
+                i, s.bios[i], s.requests[i], s.merged[i], s.charged[i]
+            );
+        }
+    }
+    out
+}
+
+/// Whether cgroup `path` is shown under the `-c` filter `subtree`.
+pub fn shown(path: &str, subtree: Option<&str>) -> bool {
+    subtree.is_none_or(|s| in_subtree(path, s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        aggregate::Aggregator,
+        device::Device,
+        report::synth::{Synth, START_NS},
+        snapshot::{self, Lookup, SnapshotKind},
+    };
+    use mergetrace_common::path;
+
+    const DEV: u32 = 7 << 20 | 2;
+
+    struct Names;
+    impl Lookup for Names {
+        fn cgroup_name(&mut self, id: u64) -> crate::cgroups::CgroupName {
+            crate::cgroups::CgroupName {
+                path: format!("/cg{id}"),
+                gone: false,
+            }
+        }
+        fn limits(&mut self, _: &str, _: &Device) -> crate::limits::Effective {
+            Default::default()
+        }
+    }
+
+    fn snap(events: &[Event], end: u64, subtree: Option<&str>) -> Snapshot {
+        let mut a = Aggregator::new(START_NS);
+        a.apply_all(events);
+        snapshot::build(
+            &a.total(end),
+            SnapshotKind::Total,
+            &[Device {
+                name: "loop2".into(),
+                major: 7,
+                minor: 2,
+                notes: vec![],
+                bio_based: false,
+            }],
+            &mut Names,
+            &snapshot::Options {
+                tier: "tracepoint",
+                fentry: false,
+                meter_units: &[],
+                subtree,
+            },
+        )
+    }
+
+    fn analyse(s: &Synth, subtree: Option<&str>) -> (Snapshot, Distributions) {
+        let mut a = Analysis::new(START_NS, &[]);
+        for ev in &s.events {
+            a.apply(ev);
+        }
+        let end = s.last_ts() + 1;
+        let sn = snap(&s.events, end, subtree);
+        let d = a.finish(&sn, end);
+        (sn, d)
+    }
+
+    #[test]
+    fn analysis_latency_percentiles_are_nearest_rank() {
+        let mut v: Vec<u64> = (1..=100).rev().map(|i| i * 1000).collect();
+        let s = LatencyStats::of(&mut v).unwrap();
+        assert_eq!(s.count, 100);
+        assert_eq!((s.min_us, s.max_us), (1.0, 100.0));
+        assert_eq!((s.p50_us, s.p90_us, s.p99_us), (50.0, 90.0, 99.0));
+        assert_eq!(LatencyStats::of(&mut [7000]).unwrap().p99_us, 7.0);
+        assert!(LatencyStats::of(&mut []).is_none());
+    }
+
+    #[test]
+    fn analysis_latency_by_request_address() {
+        let mut s = Synth::new();
+        // Direct issue (plugged batch): no insert → issue.
+        s.batch(DEV, 1, 0, 4, 4096, false, path::PLUG);
+        // Inserted, issued 5 µs later, completed 20 µs after that.
+        let r = s.open(DEV, 1, 1000, 4096);
+        s.insert(&r);
+        s.sleep(4000);
+        let rq = s.issue(&r);
+        s.sleep(19_000);
+        s.complete_rq(&r, rq);
+        let (_, d) = analyse(&s, None);
+        assert_eq!(d.latency.len(), 1);
+        let l = &d.latency[0];
+        assert_eq!((l.device.as_str(), l.dir), ("loop2", "write"));
+        assert_eq!(l.direct_issues, 1);
+        let ii = l.insert_to_issue.as_ref().unwrap();
+        assert_eq!((ii.count, ii.min_us), (1, 5.0));
+        let ic = l.issue_to_complete.as_ref().unwrap();
+        assert_eq!(ic.count, 2);
+        assert_eq!(ic.max_us, 20.0);
+        assert_eq!(
+            ic.min_us, 1.0,
+            "the batch completes one step after its issue"
+        );
+    }
+
+    #[test]
+    fn analysis_series_per_second_and_cgroup() {
+        let mut s = Synth::new();
+        s.batch(DEV, 1, 0, 32, 4096, false, path::PLUG);
+        s.sleep(2 * NS_PER_S);
+        s.batch(DEV, 1, 1024, 8, 4096, false, path::PLUG);
+        s.batch(DEV, 2, 4096, 4, 4096, true, path::PLUG);
+        let (sn, d) = analyse(&s, None);
+        let ts = &d.timeseries;
+        assert_eq!(ts.buckets, 3);
+        assert_eq!(ts.series.len(), 2);
+        let a = &ts.series[0];
+        assert_eq!((a.cgroup.as_str(), a.dir), ("/cg1", "write"));
+        assert_eq!(a.bios, [32, 0, 8]);
+        assert_eq!(a.requests, [1, 0, 1]);
+        assert_eq!(a.merged, [31, 0, 7]);
+        assert_eq!(a.charged, [0, 0, 0]);
+        let b = &ts.series[1];
+        assert_eq!(b.bios, [0, 0, 4]);
+        // The series add up to the snapshot's totals.
+        let total: u64 = ts.series.iter().flat_map(|s| s.bios.iter()).sum();
+        assert_eq!(total, sn.devices[0].total.write.bios);
+        // -c keeps only that subtree.
+        let (_, d) = analyse(&s, Some("/cg2"));
+        assert_eq!(d.timeseries.series.len(), 1);
+        assert_eq!(d.timeseries.series[0].cgroup, "/cg2");
+        let text = render_text(&sn, &analyse(&s, None).1);
+        assert!(text.contains("bios per request, loop2 write"), "{text}");
+        assert!(text.contains("32–63"), "{text}");
+        assert!(text.contains("≤ 128 KiB"), "{text}");
+        assert!(text.contains("plug flushes, loop2"), "{text}");
+        assert!(text.contains("per second, loop2 /cg2 write"), "{text}");
+    }
+
+    #[test]
+    fn analysis_labels() {
+        assert_eq!(size_label(4096), "≤ 4 KiB");
+        assert_eq!(size_label(512), "≤ 512 B");
+        assert_eq!(size_label(1 << 20), "≤ 1 MiB");
+        assert_eq!(size_label(u64::MAX), "> 8 MiB");
+        assert_eq!(count_label(1), "1");
+        assert_eq!(count_label(3), "2–3");
+        assert_eq!(count_label(63), "32–63");
+        assert_eq!(count_label(u64::MAX), "≥ 2048");
+        let h: BTreeMap<u64, u64> = [(4096, 2), (32768, 1)].into();
+        assert_eq!(
+            size_buckets(&h),
+            [
+                (2048, 0),
+                (4096, 2),
+                (8192, 0),
+                (16384, 0),
+                (32768, 1),
+                (65536, 0)
+            ]
+        );
+        let one: BTreeMap<u64, u64> = [(1, 5)].into();
+        assert_eq!(count_buckets(&one), [(1, 5), (3, 0)]);
+    }
+}

@@ -1,0 +1,370 @@
+//! Synthetic event streams for unit tests: what the probes emit for plugged batches,
+//! elevator merges, splits, requeues and flushes, in the kernel's order.
+#![cfg(test)]
+
+use mergetrace_common::{flags, kind, Event};
+
+/// Capture start used by [`Synth`]: events begin 1 µs later.
+pub const START_NS: u64 = 1_000_000_000_000;
+
+pub struct Synth {
+    pub events: Vec<Event>,
+    ts: u64,
+    next_bio: u64,
+    next_rq: u64,
+    /// Time between consecutive events.
+    pub step_ns: u64,
+}
+
+/// A request being built by a [`Synth`].
+#[derive(Debug, Clone)]
+pub struct Rq {
+    pub dev: u32,
+    pub cgroup: u64,
+    pub op: u8,
+    pub start: u64,
+    pub end: u64,
+    pub first_bio: u64,
+    pub bios: u32,
+    /// The request's address.
+    pub rq: u64,
+}
+
+impl Rq {
+    pub fn bytes(&self) -> u32 {
+        ((self.end - self.start) * 512) as u32
+    }
+}
+
+impl Default for Synth {
+    fn default() -> Self {
+        Synth::new()
+    }
+}
+
+impl Synth {
+    pub fn new() -> Synth {
+        Synth {
+            events: Vec::new(),
+            ts: START_NS,
+            next_bio: 0xffff_8880_0100_0000,
+            next_rq: 0xffff_8881_0200_0000,
+            step_ns: 1000,
+        }
+    }
+
+    pub fn last_ts(&self) -> u64 {
+        self.ts
+    }
+
+    /// Moves the clock forward.
+    pub fn sleep(&mut self, ns: u64) {
+        self.ts += ns;
+    }
+
+    fn bio_addr(&mut self) -> u64 {
+        self.next_bio += 0x100;
+        self.next_bio
+    }
+
+    fn rq_addr(&mut self) -> u64 {
+        self.next_rq += 0x180;
+        self.next_rq
+    }
+
+    /// Appends one event; returns it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn raw(
+        &mut self,
+        kind: u8,
+        dev: u32,
+        cgroup: u64,
+        id: u64,
+        sector: u64,
+        bytes: u32,
+        path: u8,
+    ) -> Event {
+        self.ts += self.step_ns;
+        let ev = Event {
+            ts_ns: self.ts,
+            cgroup_id: cgroup,
+            id,
+            sector,
+            dev,
+            bytes,
+            kind,
+            op: 1,
+            path,
+            ..Event::default()
+        };
+        self.events.push(ev);
+        ev
+    }
+
+    /// A bio passes blk-throttle (`bio_queue`); returns its address.
+    pub fn bio_queue(
+        &mut self,
+        dev: u32,
+        cgroup: u64,
+        op: u8,
+        sector: u64,
+        bytes: u32,
+        fl: u8,
+    ) -> u64 {
+        let bio = self.bio_addr();
+        let mut ev = self.raw(kind::BIO_QUEUE, dev, cgroup, bio, sector, bytes, 0);
+        ev.op = op;
+        ev.flags = fl;
+        *self.events.last_mut().unwrap() = ev;
+        bio
+    }
+
+    /// `block_split`: a new front piece of `bytes` at `sector` out of `parent`, whose
+    /// remainder starts at `rest`. Returns the piece's address.
+    pub fn split(
+        &mut self,
+        dev: u32,
+        cgroup: u64,
+        parent: u64,
+        sector: u64,
+        bytes: u32,
+        rest: u64,
+    ) -> u64 {
+        let piece = self.bio_addr();
+        let mut ev = self.raw(kind::SPLIT, dev, cgroup, piece, sector, bytes, 0);
+        ev.aux64 = parent;
+        ev.aux = rest as u32;
+        *self.events.last_mut().unwrap() = ev;
+        piece
+    }
+
+    pub fn getrq(&mut self, dev: u32, cgroup: u64, bio: u64, sector: u64, bytes: u32) {
+        self.raw(kind::GETRQ, dev, cgroup, bio, sector, bytes, 0);
+    }
+
+    /// A request event (`rq_insert`, `rq_issue`, ...).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rq_event(
+        &mut self,
+        kind: u8,
+        dev: u32,
+        cgroup: u64,
+        rq: u64,
+        first_bio: u64,
+        sector: u64,
+        bytes: u32,
+        aux: u32,
+    ) {
+        let mut ev = self.raw(kind, dev, cgroup, rq, sector, bytes, 0);
+        ev.aux64 = first_bio;
+        ev.aux = aux;
+        *self.events.last_mut().unwrap() = ev;
+    }
+
+    /// `rq_issue` of a request with `nbios` bios; returns a fresh request address.
+    pub fn issue_raw(
+        &mut self,
+        dev: u32,
+        cgroup: u64,
+        first_bio: u64,
+        sector: u64,
+        bytes: u32,
+        nbios: u32,
+    ) -> u64 {
+        let rq = self.rq_addr();
+        self.rq_event(
+            kind::RQ_ISSUE,
+            dev,
+            cgroup,
+            rq,
+            first_bio,
+            sector,
+            bytes,
+            nbios,
+        );
+        rq
+    }
+
+    pub fn complete(
+        &mut self,
+        dev: u32,
+        cgroup: u64,
+        rq: u64,
+        first_bio: u64,
+        sector: u64,
+        bytes: u32,
+    ) {
+        self.rq_event(
+            kind::RQ_COMPLETE,
+            dev,
+            cgroup,
+            rq,
+            first_bio,
+            sector,
+            bytes,
+            bytes,
+        );
+    }
+
+    pub fn unplug(&mut self, dev: u32, depth: u32, explicit: bool) {
+        self.ts += self.step_ns;
+        self.events.push(Event {
+            ts_ns: self.ts,
+            id: 0xffff_8882_0000_0000,
+            dev,
+            aux: depth,
+            kind: kind::UNPLUG,
+            flags: if explicit { flags::UNPLUG_EXPLICIT } else { 0 },
+            ..Event::default()
+        });
+    }
+
+    /// A write bio of `bytes` at `sector` that starts a new request.
+    pub fn open(&mut self, dev: u32, cgroup: u64, sector: u64, bytes: u32) -> Rq {
+        let bio = self.bio_queue(dev, cgroup, 1, sector, bytes, 0);
+        self.getrq(dev, cgroup, bio, sector, bytes);
+        let rq = self.rq_addr();
+        Rq {
+            dev,
+            cgroup,
+            op: 1,
+            start: sector,
+            end: sector + bytes as u64 / 512,
+            first_bio: bio,
+            bios: 1,
+            rq,
+        }
+    }
+
+    /// A bio back-merged at the end of `r` on `path`.
+    pub fn add(&mut self, r: &mut Rq, bytes: u32, path: u8) -> u64 {
+        let bio = self.bio_queue(r.dev, r.cgroup, r.op, r.end, bytes, 0);
+        self.raw(kind::BACK_MERGE, r.dev, r.cgroup, bio, r.end, bytes, path);
+        r.end += bytes as u64 / 512;
+        r.bios += 1;
+        bio
+    }
+
+    /// A bio front-merged before the start of `r`.
+    pub fn add_front(&mut self, r: &mut Rq, bytes: u32, path: u8) -> u64 {
+        let sector = r.start - bytes as u64 / 512;
+        let bio = self.bio_queue(r.dev, r.cgroup, r.op, sector, bytes, 0);
+        self.raw(kind::FRONT_MERGE, r.dev, r.cgroup, bio, sector, bytes, path);
+        r.start = sector;
+        r.first_bio = bio;
+        r.bios += 1;
+        bio
+    }
+
+    pub fn insert(&mut self, r: &Rq) {
+        self.rq_event(
+            kind::RQ_INSERT,
+            r.dev,
+            r.cgroup,
+            r.rq,
+            r.first_bio,
+            r.start,
+            r.bytes(),
+            0,
+        );
+    }
+
+    /// `b` merged into `a` (`rq_merge` of `b`); `b` must start where `a` ends.
+    pub fn absorb(&mut self, a: &mut Rq, b: &Rq) {
+        assert_eq!(a.end, b.start);
+        self.rq_event(
+            kind::RQ_MERGE,
+            b.dev,
+            b.cgroup,
+            b.rq,
+            b.first_bio,
+            b.start,
+            b.bytes(),
+            0,
+        );
+        a.end = b.end;
+        a.bios += b.bios;
+    }
+
+    pub fn issue(&mut self, r: &Rq) -> u64 {
+        self.rq_event(
+            kind::RQ_ISSUE,
+            r.dev,
+            r.cgroup,
+            r.rq,
+            r.first_bio,
+            r.start,
+            r.bytes(),
+            r.bios,
+        );
+        r.rq
+    }
+
+    pub fn requeue(&mut self, r: &Rq, rq: u64) {
+        self.rq_event(
+            kind::RQ_REQUEUE,
+            r.dev,
+            r.cgroup,
+            rq,
+            r.first_bio,
+            r.start,
+            r.bytes(),
+            0,
+        );
+    }
+
+    pub fn complete_rq(&mut self, r: &Rq, rq: u64) {
+        self.rq_event(
+            kind::RQ_COMPLETE,
+            r.dev,
+            r.cgroup,
+            rq,
+            r.first_bio,
+            r.start,
+            r.bytes(),
+            r.bytes(),
+        );
+    }
+
+    /// A flush request without data: issued and completed, no bios.
+    pub fn flush(&mut self, dev: u32) {
+        let rq = self.rq_addr();
+        for k in [kind::RQ_ISSUE, kind::RQ_COMPLETE] {
+            self.rq_event(k, dev, 0, rq, 0, 0, 0, 0);
+            self.events.last_mut().unwrap().op = 2;
+        }
+    }
+
+    /// A plugged batch of `n` bios of `bs` bytes from `sector` (descending when `reverse`),
+    /// merged on `path` into one request, flushed, issued directly and completed. Returns
+    /// the request.
+    #[allow(clippy::too_many_arguments)]
+    pub fn batch(
+        &mut self,
+        dev: u32,
+        cgroup: u64,
+        sector: u64,
+        n: u32,
+        bs: u32,
+        reverse: bool,
+        path: u8,
+    ) -> Rq {
+        let per = bs as u64 / 512;
+        let mut r = if reverse {
+            self.open(dev, cgroup, sector + per * (n as u64 - 1), bs)
+        } else {
+            self.open(dev, cgroup, sector, bs)
+        };
+        for _ in 1..n {
+            if reverse {
+                self.add_front(&mut r, bs, path);
+            } else {
+                self.add(&mut r, bs, path);
+            }
+        }
+        self.unplug(dev, 1, true);
+        let rq = self.issue(&r);
+        self.complete_rq(&r, rq);
+        r
+    }
+}
