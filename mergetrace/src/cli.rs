@@ -24,6 +24,9 @@ pub enum Command {
     Record(crate::record::RecordArgs),
     /// Read a capture: the same per-cgroup tables as the live view, and distributions.
     Report(crate::report::ReportArgs),
+    /// Convert a capture for other tools: Perfetto/Chrome trace JSON, blktrace binary
+    /// (for blkparse, btt), CSV or JSON lines.
+    Export(crate::export::ExportArgs),
     /// The article's checklist for one device, without tracing: scheduler and what nomerges
     /// does here, merge rate and request size since boot, merge ceilings, throttled cgroups,
     /// and which tier mergetrace can run.

@@ -10,6 +10,7 @@ mod cli;
 mod demo;
 mod device;
 mod diskstats;
+mod export;
 mod kernel;
 mod limits;
 mod live;
@@ -99,6 +100,7 @@ fn main() {
             Some(cli::Command::Check(c)) => check::run(&c),
             Some(cli::Command::Record(r)) => record::run(r).await,
             Some(cli::Command::Report(r)) => report::run(&r),
+            Some(cli::Command::Export(e)) => export::run(&e),
             Some(cli::Command::Serve(s)) => serve::run(s).await,
         }
     });

@@ -1,0 +1,626 @@
+//! Captures on a real kernel: `record` next to a live `mergetrace --json` on the same loop
+//! device, then `report` (totals = the live run's = /proc/diskstats deltas), `report
+//! --lineage` (every request's bios agree with the kernel's chain count and bytes), `export`
+//! (blkparse counts, Perfetto JSON structure, CSV lines), and captures cut short or damaged.
+//! Needs root (fails, never skips, without it). Asserts on counts, never on time.
+mod support;
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use support::*;
+
+fn mergetrace(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mergetrace"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("cannot run mergetrace")
+}
+
+fn ok(out: Output, what: &str) -> (String, String) {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "{what} failed ({}): {stderr}\n{}",
+        out.status,
+        &stdout[..stdout.len().min(2000)]
+    );
+    assert!(!stderr.contains("panicked"), "{what}: {stderr}");
+    (stdout, stderr)
+}
+
+/// `mergetrace record` running as a child, started once it said it records.
+struct Recorder {
+    child: Option<Child>,
+    stderr: thread::JoinHandle<String>,
+}
+
+impl Recorder {
+    fn start(dev: &LoopDevice, out: &Path) -> Recorder {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_mergetrace"))
+            .args(["record", "-d", &dev.name, "-o"])
+            .arg(out)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("cannot start mergetrace record");
+        let err = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel::<String>();
+        let stderr = thread::spawn(move || {
+            let mut all = String::new();
+            for line in BufReader::new(err).lines() {
+                let Ok(line) = line else { break };
+                all.push_str(&line);
+                all.push('\n');
+                let _ = tx.send(line);
+            }
+            all
+        });
+        let deadline = Instant::now() + ATTACH_TIMEOUT;
+        let mut rec = Recorder {
+            child: Some(child),
+            stderr,
+        };
+        loop {
+            match rx.recv_timeout(Duration::from_millis(200)) {
+                Ok(line) if line.starts_with("mergetrace: recording to") => break,
+                Ok(_) => {}
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if let Some(s) = rec.child.as_mut().unwrap().try_wait().unwrap() {
+                        panic!("record exited before recording: {s}");
+                    }
+                    assert!(Instant::now() < deadline, "record did not start in time");
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let s = rec.child.as_mut().unwrap().wait();
+                    panic!("record closed stderr before recording: {s:?}");
+                }
+            }
+        }
+        rec
+    }
+
+    /// SIGINT, wait for a clean exit; returns its stderr.
+    fn stop(mut self) -> String {
+        let mut child = self.child.take().unwrap();
+        unsafe {
+            libc::kill(child.id() as libc::pid_t, libc::SIGINT);
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("record did not stop within {STOP_TIMEOUT:?}");
+            }
+            thread::sleep(Duration::from_millis(50));
+        };
+        let stderr = std::mem::replace(&mut self.stderr, thread::spawn(String::new))
+            .join()
+            .unwrap();
+        assert!(status.success(), "record exited with {status}: {stderr}");
+        stderr
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// "wrote N events" from record's last words.
+fn events_written(stderr: &str) -> u64 {
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("mergetrace: wrote "))
+        .unwrap_or_else(|| panic!("no 'wrote N events' in: {stderr}"));
+    line.split_whitespace()
+        .nth(2)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("cannot read the event count in {line}"))
+}
+
+/// Fields compared between the live total and the report, per direction object.
+const FIELDS: [&str; 9] = [
+    "bios",
+    "bytes",
+    "merged",
+    "requests",
+    "request_bytes",
+    "splits",
+    "charged_ios",
+    "charged_bytes",
+    "merged_by_path",
+];
+
+fn same_dir(live: &Value, report: &Value, ctx: &str) {
+    for f in FIELDS {
+        assert_eq!(live[f], report[f], "{ctx}: {f}");
+    }
+    assert_eq!(
+        live["throttled"]["bios"], report["throttled"]["bios"],
+        "{ctx}"
+    );
+    assert_eq!(
+        live["histograms"], report["histograms"],
+        "{ctx}: histograms"
+    );
+}
+
+fn device_of<'a>(snapshot: &'a Value, dev: &LoopDevice) -> &'a Value {
+    snapshot["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["major"] == dev.major && d["minor"] == dev.minor)
+        .unwrap_or_else(|| panic!("{} not in {snapshot}", dev.name))
+}
+
+/// Counts of blkparse's action column for `-i input`.
+fn blkparse_actions(input: &Path) -> BTreeMap<String, u64> {
+    let out = Command::new("blkparse")
+        .arg("-i")
+        .arg(input)
+        .args(["-q", "-f", "%a\n"])
+        .output()
+        .expect("blkparse is required (apt package blktrace; scripts/setup --test installs it)");
+    assert!(out.status.success(), "blkparse failed: {out:?}");
+    let mut m = BTreeMap::new();
+    for l in String::from_utf8_lossy(&out.stdout).lines() {
+        let a = l.trim();
+        if !a.is_empty() && !a.contains(' ') {
+            *m.entry(a.to_string()).or_default() += 1;
+        }
+    }
+    m
+}
+
+/// A capture of two cgroups writing batches of 4 KiB on a fresh loop device, while a live
+/// tracer runs. Returns what the live tracer printed, the diskstats delta, the capture and
+/// record's stderr.
+struct Run {
+    live: TraceOutput,
+    disk: DiskStats,
+    capture: PathBuf,
+    record_stderr: String,
+    lo: LoopDevice,
+    a: Cgroup,
+    b: Cgroup,
+    _dir: tempfile::TempDir,
+}
+
+fn capture_run(ios: u64) -> Run {
+    require_root();
+    let lo = LoopDevice::new(256 << 20);
+    let a = Cgroup::new();
+    let b = Cgroup::new();
+    // a limit on a: charges, throttling and a verdict in the capture
+    a.set_write_iops(&lo, 4000);
+    let dir = tempfile::tempdir().unwrap();
+    let capture = dir.path().join("run.mtr");
+    let live = Tracer::on(&lo);
+    let rec = Recorder::start(&lo, &capture);
+    let before = lo.diskstats();
+    let ios_s = ios.to_string();
+    thread::scope(|s| {
+        s.spawn(|| run_workload(&lo, Some(&a), &["--ios", &ios_s, "--batch", "32"]));
+        s.spawn(|| {
+            run_workload(
+                &lo,
+                Some(&b),
+                &[
+                    "--ios",
+                    &ios_s,
+                    "--batch",
+                    "32",
+                    "--reverse",
+                    "--offset",
+                    "128m",
+                ],
+            )
+        });
+    });
+    let disk = lo.diskstats().since(&before);
+    let record_stderr = rec.stop();
+    let live = live.stop();
+    assert_eq!(live.lost_events(), 0, "the live run lost events");
+    Run {
+        live,
+        disk,
+        capture,
+        record_stderr,
+        lo,
+        a,
+        b,
+        _dir: dir,
+    }
+}
+
+#[test]
+fn capture_round_trip_report_lineage_and_exports() {
+    let ios = 2048;
+    let run = capture_run(ios);
+    let (lo, cap) = (&run.lo, run.capture.to_str().unwrap());
+    let ctx = format!("{} on {}", cap, lo.name);
+
+    // report --json: the live view's total object, plus distributions
+    let (out, err) = ok(mergetrace(&["report", cap, "--json"]), "report --json");
+    assert!(!err.contains("warning"), "{err}");
+    let rep: Value = serde_json::from_str(out.trim()).expect("report --json is one object");
+    assert_eq!(rep["type"], "total");
+    assert_eq!(rep["lost_events"], 0);
+    let (ld, rd) = (run.live.device(lo), device_of(&rep, lo));
+    for dir in ["read", "write", "discard", "flush"] {
+        same_dir(
+            &ld["total"][dir],
+            &rd["total"][dir],
+            &format!("{ctx} total {dir}"),
+        );
+    }
+    assert_eq!(ld["unplug"], rd["unplug"], "{ctx}: unplug");
+    for cg in [&run.a, &run.b] {
+        let l = run.live.cgroup_row(lo, &cg.path()).expect("live row");
+        let r = rd["cgroups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["cgroup"] == cg.path().as_str())
+            .unwrap_or_else(|| panic!("{} not in the report", cg.path()));
+        for dir in ["read", "write"] {
+            same_dir(&l[dir], &r[dir], &format!("{ctx} {} {dir}", cg.path()));
+        }
+        assert_eq!(u(&r["write"], "bios"), ios, "{ctx}");
+    }
+    let w = &rd["total"]["write"];
+    assert_eq!(
+        u(w, "requests"),
+        run.disk.writes,
+        "{ctx}: requests vs diskstats"
+    );
+    assert_eq!(
+        u(w, "merged"),
+        run.disk.writes_merged,
+        "{ctx}: merged vs diskstats"
+    );
+    assert_eq!(
+        u(w, "request_bytes"),
+        run.disk.sectors_written * 512,
+        "{ctx}: request bytes vs diskstats"
+    );
+    assert_eq!(u(w, "bios"), 2 * ios, "{ctx}");
+    // distributions: series add up to the totals; one latency row with every request
+    let dist = &rep["distributions"];
+    let series = dist["timeseries"]["series"].as_array().unwrap();
+    let sum = |f: &str| -> u64 {
+        series
+            .iter()
+            .filter(|s| s["dir"] == "write")
+            .flat_map(|s| s[f].as_array().unwrap().iter().map(|n| n.as_u64().unwrap()))
+            .sum()
+    };
+    assert_eq!(sum("bios"), u(w, "bios"), "{ctx}: series bios");
+    assert_eq!(sum("requests"), u(w, "requests"), "{ctx}: series requests");
+    assert_eq!(sum("merged"), u(w, "merged"), "{ctx}: series merged");
+    assert_eq!(sum("charged"), u(w, "charged_ios"), "{ctx}: series charged");
+    let lat = dist["latency"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["device"] == lo.name.as_str() && l["dir"] == "write")
+        .expect("a write latency row");
+    let completed = lat["issue_to_complete"]["count"].as_u64().unwrap();
+    let inserted = lat["insert_to_issue"]["count"].as_u64().unwrap_or(0);
+    assert_eq!(
+        completed,
+        u(w, "requests"),
+        "{ctx}: every request completed"
+    );
+    assert_eq!(
+        inserted + lat["direct_issues"].as_u64().unwrap(),
+        u(w, "requests"),
+        "{ctx}: each request issued after an insert or directly"
+    );
+
+    // the text report has the tables and the distributions
+    let (text, _) = ok(mergetrace(&["report", cap]), "report");
+    for want in [
+        "(total)",
+        "--- distributions",
+        "request size",
+        "bios per request",
+        "plug flushes",
+        "request latency",
+        "per second",
+    ] {
+        assert!(
+            text.contains(want),
+            "{want:?} not in the text report:\n{text}"
+        );
+    }
+
+    // lineage: every request's bios are the kernel's (count and bytes), no splits here
+    let (lines, err) = ok(
+        mergetrace(&["report", cap, "--lineage", "--json"]),
+        "lineage",
+    );
+    let reqs: Vec<Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        reqs.len() as u64,
+        u(w, "requests"),
+        "{ctx}: one object per request"
+    );
+    let mut bios = 0;
+    for r in &reqs {
+        let found = r["bios"].as_array().unwrap();
+        assert_eq!(found.len() as u64, u(r, "bio_count"), "{ctx}: {r}");
+        let bytes: u64 = found.iter().map(|b| u(b, "bytes")).sum();
+        assert_eq!(bytes, u(r, "bytes"), "{ctx}: {r}");
+        assert_eq!(r["consistent"], true);
+        assert!(
+            found.iter().all(|b| b["cgroup_id"] == r["cgroup_id"]),
+            "{r}"
+        );
+        assert!(found.iter().all(|b| b["split_from"].is_null()), "{r}");
+        bios += found.len() as u64;
+    }
+    assert_eq!(
+        bios,
+        u(w, "bios"),
+        "{ctx}: every bio in exactly one request"
+    );
+    assert!(
+        err.contains(&format!("lineage: {} requests, {0} consistent", reqs.len())),
+        "{err}"
+    );
+    let (limited, _) = ok(
+        mergetrace(&["report", cap, "--lineage", "--json", "--limit", "3"]),
+        "limit",
+    );
+    assert_eq!(limited.lines().count(), 3);
+
+    // csv: one line per event (plus the header); counts by kind for blkparse
+    let dir = run.capture.parent().unwrap();
+    let csv = dir.join("run.csv");
+    ok(
+        mergetrace(&[
+            "export",
+            cap,
+            "--format",
+            "csv",
+            "-o",
+            csv.to_str().unwrap(),
+        ]),
+        "csv",
+    );
+    let csv_text = fs::read_to_string(&csv).unwrap();
+    let events = events_written(&run.record_stderr);
+    assert_eq!(
+        csv_text.lines().count() as u64,
+        events + 1,
+        "{ctx}: csv lines"
+    );
+    let mut kinds: BTreeMap<String, u64> = BTreeMap::new();
+    for l in csv_text.lines().skip(1) {
+        *kinds
+            .entry(l.split(',').nth(2).unwrap().to_string())
+            .or_default() += 1;
+    }
+    let jsonl = dir.join("run.jsonl");
+    ok(
+        mergetrace(&[
+            "export",
+            cap,
+            "--format",
+            "jsonl",
+            "-o",
+            jsonl.to_str().unwrap(),
+        ]),
+        "jsonl",
+    );
+    assert_eq!(
+        fs::read_to_string(&jsonl).unwrap().lines().count() as u64,
+        events
+    );
+
+    // blktrace: blkparse reads it; its Q/D/C are the capture's bio_queue/rq_issue/rq_complete
+    let base = dir.join("run");
+    let (_, err) = ok(
+        mergetrace(&[
+            "export",
+            cap,
+            "--format",
+            "blktrace",
+            "-o",
+            base.to_str().unwrap(),
+        ]),
+        "blktrace",
+    );
+    assert!(base.with_extension("blktrace.0").exists(), "{err}");
+    let acts = blkparse_actions(&base);
+    let n = |m: &BTreeMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
+    assert_eq!(n(&acts, "Q"), n(&kinds, "bio_queue"), "{ctx}: Q; {acts:?}");
+    assert_eq!(n(&acts, "D"), n(&kinds, "rq_issue"), "{ctx}: D; {acts:?}");
+    assert_eq!(
+        n(&acts, "C"),
+        n(&kinds, "rq_complete"),
+        "{ctx}: C; {acts:?}"
+    );
+    assert_eq!(n(&acts, "Q"), u(w, "bios"));
+    assert_eq!(n(&acts, "D"), u(w, "requests"));
+    assert_eq!(
+        n(&acts, "M") + n(&acts, "F"),
+        n(&kinds, "back_merge") + n(&kinds, "front_merge") + n(&kinds, "rq_merge")
+    );
+
+    // perfetto: parses, documented structure, flows pair up, one per bio
+    let pf = dir.join("run.json");
+    ok(
+        mergetrace(&[
+            "export",
+            cap,
+            "--format",
+            "perfetto",
+            "-o",
+            pf.to_str().unwrap(),
+        ]),
+        "perfetto",
+    );
+    let v: Value = serde_json::from_slice(&fs::read(&pf).unwrap()).expect("perfetto JSON parses");
+    let evs = v["traceEvents"].as_array().expect("traceEvents");
+    let procs: Vec<&Value> = evs
+        .iter()
+        .filter(|e| e["ph"] == "M" && e["name"] == "process_name")
+        .collect();
+    assert_eq!(procs.len(), 1);
+    assert!(procs[0]["args"]["name"]
+        .as_str()
+        .unwrap()
+        .starts_with(&lo.name));
+    let threads: Vec<&str> = evs
+        .iter()
+        .filter(|e| e["ph"] == "M" && e["name"] == "thread_name")
+        .map(|e| e["args"]["name"].as_str().unwrap())
+        .collect();
+    for cg in [&run.a, &run.b] {
+        for role in ["bios", "requests"] {
+            let t = format!("{} · {role}", cg.path());
+            assert!(threads.contains(&t.as_str()), "{t} not in {threads:?}");
+        }
+    }
+    let requests = evs
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"] == "request" && e["args"]["match"].is_string())
+        .count() as u64;
+    assert_eq!(requests, u(w, "requests"));
+    let bio_slices = evs
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"] == "bio")
+        .count() as u64;
+    assert_eq!(bio_slices, u(w, "bios"));
+    let mut flows: BTreeMap<u64, (u32, u32)> = BTreeMap::new();
+    for e in evs {
+        match e["ph"].as_str() {
+            Some("s") => flows.entry(u(e, "id")).or_default().0 += 1,
+            Some("f") => flows.entry(u(e, "id")).or_default().1 += 1,
+            _ => {}
+        }
+    }
+    assert_eq!(flows.len() as u64, u(w, "bios"), "{ctx}: one flow per bio");
+    assert!(
+        flows.values().all(|c| *c == (1, 1)),
+        "{ctx}: flow ids pair up"
+    );
+}
+
+/// A short capture to cut and damage.
+fn small_capture() -> Run {
+    capture_run(512)
+}
+
+/// Where the header chunk ends: preamble (12 bytes), chunk header (28), JSON payload
+/// (length at chunk offset 4). docs/capture-format.md.
+fn header_end(bytes: &[u8]) -> usize {
+    let len = u32::from_le_bytes(bytes[16..20].try_into().unwrap()) as usize;
+    12 + 28 + len
+}
+
+#[test]
+fn capture_truncated_reports_with_a_warning() {
+    let run = small_capture();
+    let bytes = fs::read(&run.capture).unwrap();
+    let dir = run.capture.parent().unwrap();
+    // cut after the header chunk at several points (inside it the file is unreadable)
+    let start = header_end(&bytes);
+    assert!(start < bytes.len(), "no events after the header");
+    for frac in [0.0, 0.3, 0.5, 0.77, 0.95] {
+        let cut = start + ((bytes.len() - start) as f64 * frac) as usize + 1;
+        let p = dir.join(format!("cut-{cut}.mtr"));
+        fs::write(&p, &bytes[..cut]).unwrap();
+        let ps = p.to_str().unwrap();
+        let (text, err) = ok(mergetrace(&["report", ps]), "report of a cut capture");
+        assert!(
+            err.contains("warning"),
+            "no warning for a cut at {cut}: {err}"
+        );
+        assert!(text.contains("(total)"), "{text}");
+        let (json, _) = ok(
+            mergetrace(&["report", ps, "--json"]),
+            "report --json of a cut capture",
+        );
+        let v: Value = serde_json::from_str(json.trim()).unwrap();
+        assert!(u(&device_of(&v, &run.lo)["total"]["write"], "bios") <= 1024);
+        let (_, err) = ok(
+            mergetrace(&["report", ps, "--lineage"]),
+            "lineage of a cut capture",
+        );
+        assert!(err.contains("warning"), "{err}");
+        let out = dir.join(format!("cut-{cut}.csv"));
+        ok(
+            mergetrace(&["export", ps, "-f", "csv", "-o", out.to_str().unwrap()]),
+            "export of a cut capture",
+        );
+    }
+}
+
+#[test]
+fn capture_corrupt_is_one_line_error() {
+    let run = small_capture();
+    let mut bytes = fs::read(&run.capture).unwrap();
+    let dir = run.capture.parent().unwrap();
+    // flip bytes in the middle of the events: a chunk's checksum fails
+    let start = header_end(&bytes);
+    let mid = start + (bytes.len() - start) / 2;
+    for b in &mut bytes[mid..mid + 16] {
+        *b ^= 0x5a;
+    }
+    let p = dir.join("corrupt.mtr");
+    fs::write(&p, &bytes).unwrap();
+    let garbage = dir.join("garbage.mtr");
+    fs::write(&garbage, b"not a capture at all").unwrap();
+    for (file, args) in [
+        (&p, vec!["report"]),
+        (&p, vec!["report", "--lineage"]),
+        (&p, vec!["report", "--json"]),
+        (&garbage, vec!["report"]),
+    ] {
+        let mut a = args.clone();
+        a.push(file.to_str().unwrap());
+        let out = mergetrace(&a);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{a:?}: {stderr}");
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{a:?}: want one line: {stderr}");
+        assert!(lines[0].starts_with("mergetrace: error: "), "{stderr}");
+        assert!(!stderr.contains("panicked"));
+    }
+    let out = mergetrace(&[
+        "export",
+        p.to_str().unwrap(),
+        "-f",
+        "perfetto",
+        "-o",
+        dir.join("x.json").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+}
