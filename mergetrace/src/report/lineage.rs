@@ -1164,6 +1164,34 @@ mod tests {
     }
 
     #[test]
+    fn lineage_throttle_wait_and_charge_follow_the_bio() {
+        let mut s = Synth::new();
+        // fentry tier: the release (with the measured wait) comes just before bio_queue,
+        // which the throttle's dispatch work marks as released.
+        let bio_addr = 0xffff_8880_0100_0100; // the next address Synth hands out
+        let mut rel = s.raw(kind::THROTTLE_RELEASE, DEV, 100, bio_addr, 0, 4096, 0);
+        rel.aux64 = 2_500_000;
+        *s.events.last_mut().unwrap() = rel;
+        let bio = s.bio_queue(
+            DEV,
+            100,
+            1,
+            0,
+            4096,
+            flags::THROTTLE_RELEASED | flags::RULES_IOPS,
+        );
+        assert_eq!(bio, bio_addr);
+        s.getrq(DEV, 100, bio, 0, 4096);
+        let rq = s.issue_raw(DEV, 100, bio, 0, 4096, 1);
+        s.complete(DEV, 100, rq, bio, 0, 4096);
+        let l = trace(&s.events, None);
+        let b = &l.requests[0].bios[0];
+        assert!(b.throttled && b.charged);
+        assert_eq!(b.throttle_wait_ns, Some(2_500_000));
+        assert!(l.requests[0].consistent());
+    }
+
+    #[test]
     fn lineage_renders_text_and_json() {
         let (_, l) = one_batch(false);
         let h = crate::capture::Header {

@@ -279,3 +279,54 @@ fn run_lineage(args: &ReportArgs) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        capture::{CaptureWriter, RecordedDevice, WriterOptions},
+        report::synth::{Synth, START_NS},
+    };
+    use mergetrace_common::path;
+
+    /// `report --json` is the snapshot's object with one more key: every snapshot field is
+    /// there unchanged, in the same order.
+    #[test]
+    fn report_json_is_the_snapshot_plus_distributions() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t.mtr");
+        let h = Header {
+            start_monotonic_ns: START_NS,
+            tier: "tracepoint".into(),
+            devices: vec![RecordedDevice {
+                name: "loop2".into(),
+                major: 7,
+                minor: 2,
+                ..Default::default()
+            }],
+            ..Header::default()
+        };
+        let mut s = Synth::new();
+        s.batch(7 << 20 | 2, 0, 0, 32, 4096, false, path::PLUG);
+        let f = std::fs::File::create(&file).unwrap();
+        let mut w = CaptureWriter::from_sink(f, &file, &h, WriterOptions::default()).unwrap();
+        w.write_events(&s.events).unwrap();
+        w.finish().unwrap();
+
+        let mut an = analysis::Analysis::new(START_NS, &[]);
+        let loaded = load(&file, None, None, |ev| an.apply(ev)).unwrap();
+        let snap = snapshot(&loaded, None);
+        let dist = an.finish(&snap, loaded.window.end_ns);
+        let plain = serde_json::to_string(&snap).unwrap();
+        let with = serde_json::to_string(&WithDistributions {
+            snapshot: &snap,
+            distributions: &dist,
+        })
+        .unwrap();
+        assert!(with.starts_with(plain.trim_end_matches('}')), "{with}");
+        let v: serde_json::Value = serde_json::from_str(&with).unwrap();
+        assert_eq!(v["devices"][0]["total"]["write"]["requests"], 1);
+        assert_eq!(v["distributions"]["timeseries"]["series"][0]["bios"][0], 32);
+        assert_eq!(v["distributions"]["latency"][0]["direct_issues"], 1);
+    }
+}
