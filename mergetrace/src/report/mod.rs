@@ -26,7 +26,8 @@ use crate::{
 pub struct ReportArgs {
     /// A capture written by `mergetrace record`.
     pub file: PathBuf,
-    /// Print JSON (the live view's "total" object) instead of tables.
+    /// Print JSON instead of text: the live view's "total" object plus "distributions"
+    /// (with --lineage: one object per request).
     #[arg(long)]
     pub json: bool,
     /// Only this cgroup and its descendants (path relative to the cgroup mount).
