@@ -1,10 +1,12 @@
 //! Kernel tests of `mergetrace check -d DEV --json` on real loop devices: every scheduler
-//! (none, mq-deadline) × nomerges (0, 1, 2), a blkio v1 cgroup with a write-iops limit on the
-//! device, the diskstats arithmetic against the kernel's own counters, and a bad device.
+//! (none, mq-deadline) × nomerges (0, 1, 2), cgroups with limits on the device (v1 blkio on
+//! this host, v2 io.max in the lab's guests), the diskstats arithmetic against the kernel's own
+//! counters, the tier it names, and a bad device.
 //!
-//! Needs root, loop devices and the cgroup v1 blkio hierarchy. Missing any of them is a
-//! FAILURE with a message saying what, never a skip. Every loop device, backing file and
-//! cgroup is unique to this process and removed in `Drop`, also when a test panics. Run:
+//! Needs root, loop devices and a cgroup hierarchy with blk-throttle (v1 blkio or v2 io).
+//! Missing any of them is a FAILURE with a message saying what, never a skip. Every loop
+//! device, backing file and cgroup is unique to this process and removed in `Drop`, also when
+//! a test panics. Run (or in the 6.1 / 6.12 guests: `cargo xtask lab -- kernel_check`):
 //!   cargo test --release -p mergetrace --test kernel_check
 use std::{
     fs,
@@ -165,7 +167,34 @@ impl Drop for LoopDevice {
     }
 }
 
-/// A cgroup in the v1 blkio hierarchy; removed on drop.
+/// The hierarchy blk-throttle's limits live in, as mergetrace picks it: the v1 blkio mount
+/// (this host), else cgroup v2 (the lab's guests). `(v2, mount)`.
+fn hierarchy() -> (bool, PathBuf) {
+    if Path::new(BLKIO_ROOT)
+        .join("blkio.throttle.write_iops_device")
+        .exists()
+    {
+        return (false, PathBuf::from(BLKIO_ROOT));
+    }
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let root = mountinfo
+        .lines()
+        .filter_map(|l| l.split_once(" - "))
+        .find(|(_, right)| right.starts_with("cgroup2 "))
+        .and_then(|(left, _)| left.split(' ').nth(4))
+        .map(PathBuf::from)
+        .expect("kernel_check needs the cgroup v1 blkio hierarchy or cgroup v2");
+    (true, root)
+}
+
+/// How `check` names the hierarchy ("cgroup v1 blkio hierarchy at /sys/fs/cgroup/blkio").
+fn hierarchy_words() -> String {
+    let (v2, root) = hierarchy();
+    let name = if v2 { "cgroup v2" } else { "cgroup v1 blkio" };
+    format!("{name} hierarchy at {}", root.display())
+}
+
+/// A cgroup of blk-throttle's hierarchy (v1 blkio or v2); removed on drop.
 struct Cgroup {
     dir: PathBuf,
     name: String,
@@ -173,14 +202,19 @@ struct Cgroup {
 
 impl Cgroup {
     fn new() -> Cgroup {
-        assert!(
-            Path::new(BLKIO_ROOT)
-                .join("blkio.throttle.write_iops_device")
-                .exists(),
-            "kernel_check needs the cgroup v1 blkio hierarchy at {BLKIO_ROOT}"
-        );
+        let (v2, root) = hierarchy();
+        if v2 {
+            // Children have io.max only with io in the root's subtree_control.
+            let control = root.join("cgroup.subtree_control");
+            if !fs::read_to_string(&control)
+                .unwrap_or_default()
+                .contains("io")
+            {
+                write_sysfs(&control, "+io");
+            }
+        }
         let name = unique("cg");
-        let dir = Path::new(BLKIO_ROOT).join(&name);
+        let dir = root.join(&name);
         fs::create_dir(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
         Cgroup { dir, name }
     }
@@ -189,8 +223,23 @@ impl Cgroup {
         format!("/{}", self.name)
     }
 
+    /// One limit, named by its v1 file: on v2 the matching `io.max` key.
     fn set(&self, file: &str, dev: &LoopDevice, value: u64) {
-        write_sysfs(&self.dir.join(file), &format!("{} {value}", dev.maj_min()));
+        if !hierarchy().0 {
+            write_sysfs(&self.dir.join(file), &format!("{} {value}", dev.maj_min()));
+            return;
+        }
+        let key = match file {
+            "blkio.throttle.read_iops_device" => "riops",
+            "blkio.throttle.write_iops_device" => "wiops",
+            "blkio.throttle.read_bps_device" => "rbps",
+            "blkio.throttle.write_bps_device" => "wbps",
+            other => panic!("no io.max key for {other}"),
+        };
+        write_sysfs(
+            &self.dir.join("io.max"),
+            &format!("{} {key}={value}", dev.maj_min()),
+        );
     }
 }
 
@@ -352,10 +401,7 @@ fn every_scheduler_and_nomerges_level() {
             if throttled.is_empty() {
                 assert_eq!(
                     finding(&v, "throttle"),
-                    format!(
-                        "no cgroup limits {} (cgroup v1 blkio hierarchy at {BLKIO_ROOT})",
-                        dev.name
-                    ),
+                    format!("no cgroup limits {} ({})", dev.name, hierarchy_words()),
                     "{ctx}"
                 );
             } else {
@@ -364,6 +410,11 @@ fn every_scheduler_and_nomerges_level() {
 
             let tier = &v["tier"];
             let t = finding(&v, "tier");
+            if std::env::var("MERGETRACE_LAB").is_ok_and(|l| l == "1") {
+                // The lab's guests (6.1, 6.12) allow fentry: check must say so.
+                assert_eq!(tier["name"], "fentry", "in the lab; {ctx}");
+                assert!(t.starts_with("fentry tier available"), "{t}; {ctx}");
+            }
             match tier["name"].as_str() {
                 Some("fentry") => assert!(
                     tier["reason"]
@@ -474,10 +525,18 @@ fn names_every_throttled_cgroup_and_its_limit_kinds() {
             .unwrap_or_else(|| panic!("no throttle finding names {}: {v:#}", cg.path()))
     };
     let f = of(&iops);
+    let (source, binds) = if hierarchy().0 {
+        ("cgroup v2 io.max", "it and every cgroup below it")
+    } else {
+        (
+            "cgroup v1 blkio blkio.throttle.*_device",
+            "only its own bios (cgroup v1 throttling is flat: children are not limited)",
+        )
+    };
     assert_eq!(
         f["finding"],
         format!(
-            "cgroup {} (cgroup v1 blkio blkio.throttle.*_device) limits {}: wiops=1,000 bios/s — binds only its own bios (cgroup v1 throttling is flat: children are not limited)",
+            "cgroup {} ({source}) limits {}: wiops=1,000 bios/s — binds {binds}",
             iops.path(),
             dev.name
         )
