@@ -1,0 +1,677 @@
+//! The two tiers against each other. mergetrace counts with block tracepoints on every kernel
+//! (the tracepoint tier) and, where the kernel lets it attach fentry/fexit programs, adds
+//! exact throttle delays and merge attempts (the fentry tier). Here both run on the same I/O
+//! and must agree on every count they share; the fentry tier's own counts must hold the
+//! relations the kernel's code implies.
+//!
+//! Where fentry is refused (this host: the tests run as root, but the kernel's policy refuses
+//! fentry/fexit programs), every test asserts that instead — auto falls back to "tracepoint
+//! tier (fentry refused)", `--tier fentry` fails with one clear line — so nothing here skips.
+//! In the lab's guests (`cargo xtask lab -- kernel_tiers`, Debian 6.1 and 6.12) fentry must
+//! attach, and every comparison runs on the scratch virtio disk.
+//!
+//! How the tiers are compared: two tracers, one per tier (`--tier tracepoint`, `--tier
+//! fentry`), trace the *same* run concurrently (each loads its own programs and maps), so every
+//! shared count must be equal exactly, however nondeterministic the workload (elevator merges,
+//! which bios wait in blk-throttle). `tiers_agree_run_by_run` also runs one deterministic
+//! workload twice, once per tier alone, and compares those runs.
+//!
+//! The fentry relations checked, for write-only workloads of plain O_DIRECT bios (no
+//! REQ_NOMERGE / FUA / PREFLUSH, no discards), from block/blk-mq.c, blk-merge.c, elevator.c,
+//! mq-deadline.c of 6.1.192 and 6.12.117:
+//!
+//! - P1 `plug_merged == merged_by_path.plug`: `blk_attempt_plug_merge` returns true exactly
+//!   when `bio_attempt_back_merge` / `bio_attempt_front_merge` (each firing one
+//!   block_bio_backmerge / frontmerge tracepoint, with blk_attempt_plug_merge on the stack)
+//!   or a discard merge (none for writes) returned BIO_MERGE_OK.
+//! - P2 `plug_attempts == bios` when nomerges < 2, `== 0` when nomerges = 2:
+//!   `blk_mq_submit_bio` calls `blk_mq_attempt_bio_merge` once per bio, which calls
+//!   `blk_attempt_plug_merge` iff `!blk_queue_nomerges(q) && bio_mergeable(bio)`; a split's
+//!   front pieces carry REQ_NOMERGE and do not try, the last piece (the original bio) tries
+//!   once. So `plug_attempts - plug_merged` are the failed plug attempts.
+//! - E1 with an elevator that has `bio_merge` and calls `blk_mq_sched_try_merge` once
+//!   (mq-deadline `dd_bio_merge`, bfq `bfq_bio_merge`): every failed plug attempt calls
+//!   `elv_merge` exactly once, so `elevator_no_merge + elevator_front + elevator_back +
+//!   elevator_discard == plug_attempts - plug_merged`; with `none` or kyber (no elv_merge
+//!   caller) all four are 0.
+//! - E2 `merged_by_path.elevator_back <= elevator_back` and `merged_by_path.elevator_front <=
+//!   elevator_front`: after an ELEVATOR_BACK/FRONT_MERGE decision `blk_mq_sched_try_merge`
+//!   may still fail (`blk_mq_sched_allow_merge`, or `ll_back_merge_fn`'s size and segment
+//!   limits, which `elv_merge` does not check); the difference is failed elevator attempts.
+//!   `elevator_discard == 0` for writes.
+//!
+//! Throttle delays (fentry: measured per bio from `__blk_throtl_bio` queueing it to
+//! `submit_bio_noacct_nocheck` releasing it; tracepoint: estimated) are checked in
+//! `tiers_agree_under_io_max`, which says how.
+mod support;
+
+use std::process::Command;
+
+use serde_json::Value;
+use support::*;
+
+const BS: u64 = 4096;
+const MIB: u64 = 1 << 20;
+const DIRS: [&str; 4] = ["read", "write", "discard", "flush"];
+/// The counts both tiers report, per direction.
+const SHARED: [&str; 8] = [
+    "bios",
+    "bytes",
+    "merged",
+    "requests",
+    "request_bytes",
+    "splits",
+    "charged_ios",
+    "charged_bytes",
+];
+
+/// What the tiers do on this machine.
+enum Tiers {
+    /// fentry attaches: compare the tiers.
+    Both,
+    /// fentry is refused here (checked: auto falls back and says so; forcing it fails).
+    TracepointOnly,
+}
+
+/// Whether fentry can attach here. In the lab it must (the guests allow it); elsewhere, if it
+/// cannot, this asserts that mergetrace says so clearly, in both the auto and forced cases.
+fn tiers(dev: &BlockDev) -> Tiers {
+    if in_lab() {
+        return Tiers::Both;
+    }
+    let bin = env!("CARGO_BIN_EXE_mergetrace");
+    let forced = Command::new(bin)
+        .args([
+            "-d",
+            &dev.name,
+            "--json",
+            "--duration",
+            "1s",
+            "--tier",
+            "fentry",
+        ])
+        .output()
+        .expect("cannot run mergetrace");
+    if forced.status.success() {
+        return Tiers::Both;
+    }
+    let err = String::from_utf8_lossy(&forced.stderr);
+    assert!(
+        forced.stdout.is_empty(),
+        "--tier fentry failed but printed on stdout: {}",
+        String::from_utf8_lossy(&forced.stdout)
+    );
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "a refused --tier fentry must be one line: {err}"
+    );
+    assert!(
+        err.starts_with("mergetrace: error: the fentry tier was forced with --tier fentry: ")
+            && (err.contains("Operation not permitted") || err.contains("Permission denied")),
+        "--tier fentry refused without a clear error: {err}"
+    );
+    let auto = Tracer::on_tier(dev, "auto");
+    let banner = auto.banner();
+    let out = auto.stop();
+    assert!(
+        banner.ends_with("on the tracepoint tier (fentry refused)"),
+        "auto where fentry is refused: {banner:?}"
+    );
+    assert_eq!(out.total["tier"], "tracepoint", "{}", out.total);
+    Tiers::TracepointOnly
+}
+
+/// Starts one tracer per tier on `dev` (tracepoint first); `None` where fentry is refused.
+fn both_tracers(dev: &BlockDev) -> Option<(Tracer, Tracer)> {
+    match tiers(dev) {
+        Tiers::TracepointOnly => None,
+        Tiers::Both => {
+            let tp = Tracer::on_tier(dev, "tracepoint");
+            let fe = Tracer::on_tier(dev, "fentry");
+            assert!(
+                tp.banner()
+                    .ends_with("on the tracepoint tier (chosen with --tier tracepoint)"),
+                "{}",
+                tp.banner()
+            );
+            assert!(
+                fe.banner()
+                    .ends_with("on the fentry tier (chosen with --tier fentry)"),
+                "{}",
+                fe.banner()
+            );
+            Some((tp, fe))
+        }
+    }
+}
+
+/// Every count the tiers share, equal in one direction object.
+fn assert_dir_agrees(tp: &Value, fe: &Value, ctx: &str) {
+    for f in SHARED {
+        assert_eq!(
+            u(tp, f),
+            u(fe, f),
+            "{f}: tracepoint tier {tp} vs fentry tier {fe}; {ctx}"
+        );
+    }
+    for p in MERGE_PATHS {
+        assert_eq!(
+            path_count(tp, p),
+            path_count(fe, p),
+            "merged_by_path.{p}: tracepoint tier {tp} vs fentry tier {fe}; {ctx}"
+        );
+    }
+    assert_eq!(
+        u(&tp["throttled"], "bios"),
+        u(&fe["throttled"], "bios"),
+        "throttled.bios: tracepoint tier {tp} vs fentry tier {fe}; {ctx}"
+    );
+    // What only one tier has: merge attempts and measured delays on fentry (merge_attempts
+    // only in directions with activity: an idle direction has no counters at all).
+    assert!(tp.get("merge_attempts").is_none(), "{ctx}; {tp}");
+    if !is_idle(fe) {
+        assert!(fe["merge_attempts"].is_object(), "{ctx}; {fe}");
+    }
+    if u(&fe["throttled"], "bios") > 0 {
+        assert_eq!(tp["throttled"]["delay_estimated"], true, "{ctx}; {tp}");
+        assert_eq!(fe["throttled"]["delay_estimated"], false, "{ctx}; {fe}");
+        assert!(fe["throttled"]["delay_ns_total"].is_u64(), "{ctx}; {fe}");
+    }
+}
+
+/// The two tiers' totals agree: per device and per cgroup row, every direction (reads only in
+/// the lab: on the host udev may probe a loop device while one tracer is still attached).
+fn assert_tiers_agree(tp: &TraceOutput, fe: &TraceOutput, dev: &BlockDev, ctx: &str) {
+    assert_eq!(tp.lost_events(), 0, "tracepoint tier lost events; {ctx}");
+    assert_eq!(fe.lost_events(), 0, "fentry tier lost events; {ctx}");
+    assert_eq!(tp.total["tier"], "tracepoint", "{ctx}");
+    assert_eq!(fe.total["tier"], "fentry", "{ctx}");
+    let dirs: Vec<&str> = DIRS
+        .into_iter()
+        .filter(|d| *d != "read" || in_lab())
+        .collect();
+    for d in &dirs {
+        assert_dir_agrees(
+            &tp.device_total(dev)[d],
+            &fe.device_total(dev)[d],
+            &format!("{ctx}, device total, {d}"),
+        );
+    }
+    let rows = |o: &TraceOutput| -> Vec<String> {
+        o.device(dev)["cgroups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| dirs.iter().any(|d| !is_idle(&r[d])))
+            .map(|r| r["cgroup"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(rows(tp), rows(fe), "the tiers saw different cgroups; {ctx}");
+    for cg in rows(tp) {
+        for d in &dirs {
+            assert_dir_agrees(
+                &tp.cgroup_row(dev, &cg).unwrap()[d],
+                &fe.cgroup_row(dev, &cg).unwrap()[d],
+                &format!("{ctx}, cgroup {cg}, {d}"),
+            );
+        }
+    }
+}
+
+fn is_idle(d: &Value) -> bool {
+    u(d, "bios") == 0 && u(d, "requests") == 0 && u(d, "merged") == 0
+}
+
+/// The fentry relations P1, P2, E1, E2 (module docs) on one write direction object.
+fn assert_attempts_consistent(m: &Value, sched: &str, nomerges: u32, ctx: &str) {
+    let a = &m["merge_attempts"];
+    let (attempts, merged) = (u(a, "plug_attempts"), u(a, "plug_merged"));
+    let (no, front, back, discard) = (
+        u(a, "elevator_no_merge"),
+        u(a, "elevator_front"),
+        u(a, "elevator_back"),
+        u(a, "elevator_discard"),
+    );
+    eprintln!(
+        "{ctx}: merge_attempts {a}; merged_by_path {}; bios {}",
+        m["merged_by_path"], m["bios"]
+    );
+    // P1
+    assert_eq!(
+        merged,
+        path_count(m, "plug"),
+        "P1: plug_merged != merged_by_path.plug; {ctx}; {m}"
+    );
+    // P2
+    assert!(
+        merged <= attempts,
+        "P2: more plug merges than attempts; {ctx}; {a}"
+    );
+    let expected_attempts = if nomerges == 2 { 0 } else { u(m, "bios") };
+    assert_eq!(
+        attempts,
+        expected_attempts,
+        "P2: plug_attempts != {} (nomerges={nomerges}); {ctx}; {m}",
+        if nomerges == 2 { "0" } else { "bios" }
+    );
+    // E1
+    let decisions = no + front + back + discard;
+    match sched {
+        "mq-deadline" | "bfq" => assert_eq!(
+            decisions,
+            attempts - merged,
+            "E1: elv_merge decisions != failed plug attempts; {ctx}; {a}"
+        ),
+        "none" | "kyber" => assert_eq!(
+            decisions, 0,
+            "E1: elv_merge without an elevator; {ctx}; {a}"
+        ),
+        other => panic!("no expectation for scheduler {other}"),
+    }
+    // E2
+    assert!(
+        path_count(m, "elevator_back") <= back,
+        "E2: more elevator back merges than ELEVATOR_BACK_MERGE decisions; {ctx}; {m}"
+    );
+    assert!(
+        path_count(m, "elevator_front") <= front,
+        "E2: more elevator front merges than ELEVATOR_FRONT_MERGE decisions; {ctx}; {m}"
+    );
+    assert_eq!(discard, 0, "E2: a discard decision for writes; {ctx}; {a}");
+}
+
+/// The device's write totals against the diskstats delta (the anchor both tiers share).
+fn assert_writes_match(m: &Value, d: &DiskStats, ctx: &str) {
+    assert_eq!(
+        u(m, "requests"),
+        d.writes,
+        "requests != diskstats writes; {ctx}; {m}"
+    );
+    assert_eq!(
+        u(m, "merged"),
+        d.writes_merged,
+        "merged != diskstats merges; {ctx}; {m}"
+    );
+    assert_eq!(
+        u(m, "request_bytes") / 512,
+        d.sectors_written,
+        "sectors != diskstats; {ctx}; {m}"
+    );
+    assert_eq!(
+        u(m, "requests") + u(m, "merged"),
+        u(m, "bios") + u(m, "splits"),
+        "requests + merged != bios + splits; {ctx}; {m}"
+    );
+}
+
+/// Runs `work` on `disk` traced by both tiers at once; checks that they agree and returns
+/// (tracepoint output, fentry output, diskstats delta, work's result). `None` where fentry is
+/// refused (after `tiers` checked the refusal).
+fn traced_by_both<T>(
+    disk: &BlockDev,
+    work: impl FnOnce() -> T,
+    ctx: &str,
+) -> Option<(TraceOutput, TraceOutput, DiskStats, T)> {
+    let (tp, fe) = both_tracers(disk)?;
+    let before = disk.diskstats();
+    let r = work();
+    let after = disk.diskstats();
+    let (tp, fe) = (tp.stop(), fe.stop());
+    assert_tiers_agree(&tp, &fe, disk, ctx);
+    Some((tp, fe, after.since(&before), r))
+}
+
+/// fio 4 KiB sequential O_DIRECT writes, libaio.
+fn fio_writes(disk: &BlockDev, name: &str, size: u64, iodepth: u32, batch: u32) -> Fio {
+    Fio::sequential(name, disk, "write", size, batch).opt("iodepth", &iodepth.to_string())
+}
+
+// ---------------------------------------------------------------------------------------
+
+/// What each tier says about itself: the live view's banner and `check`.
+#[test]
+fn tiers_auto_and_forced_say_which_tier() {
+    require_root();
+    let disk = TestDisk::new(MIB);
+    match tiers(&disk) {
+        Tiers::TracepointOnly => {
+            // tiers() checked auto's fallback and the forced error; check agrees.
+            let check = check_tier(&disk);
+            assert_eq!(check["name"], "tracepoint", "{check}");
+            assert_eq!(
+                check["reason"], "fentry refused by this kernel's policy: tracepoint tier",
+                "{check}"
+            );
+        }
+        Tiers::Both => {
+            let auto = Tracer::on_tier(&disk, "auto");
+            let banner = auto.banner();
+            let out = auto.stop();
+            assert!(
+                banner.ends_with("on the fentry tier (fentry allowed)"),
+                "auto where fentry attaches: {banner:?}"
+            );
+            assert_eq!(out.total["tier"], "fentry", "{}", out.total);
+            let check = check_tier(&disk);
+            assert_eq!(check["name"], "fentry", "{check}");
+            assert!(
+                check["reason"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .starts_with("fentry tier available"),
+                "{check}"
+            );
+        }
+    }
+}
+
+/// `mergetrace check -d DEV --json`'s `tier` object.
+fn check_tier(disk: &BlockDev) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_mergetrace"))
+        .args(["check", "-d", &disk.name, "--json"])
+        .output()
+        .expect("cannot run mergetrace check");
+    assert!(
+        out.status.success(),
+        "mergetrace check failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("check --json is JSON");
+    v["tier"].clone()
+}
+
+/// One deterministic workload run twice, traced by one tier at a time: 4 KiB writes, 32 per
+/// io_submit and all 32 reaped before the next batch (so nothing else is in flight to merge
+/// with: exactly one request per batch), then 1 MiB writes split at max_sectors_kb 256 (three
+/// splits each, four unmergeable requests), under a write-iops limit that never binds (so
+/// blk-throttle charges every bio and split remainder, and delays none). Every shared count
+/// must be the same in both runs — and equal to the diskstats deltas of each run.
+#[test]
+fn tiers_agree_run_by_run() {
+    require_root();
+    let disk = TestDisk::new(32 * MIB);
+    disk.set_scheduler("mq-deadline");
+    disk.set_nomerges(0);
+    let _max_sectors = disk.set_queue_attr_restored("max_sectors_kb", "256");
+    udev_settle();
+    let cg = Cgroup::new();
+    cg.set_write_iops(&disk, 10_000_000);
+    let small = scaled(16 * MIB, 4 * MIB);
+    let large = scaled(16 * MIB, 8 * MIB);
+    let tiers_here: &[&str] = match tiers(&disk) {
+        Tiers::Both => &["tracepoint", "fentry"],
+        Tiers::TracepointOnly => &["tracepoint"],
+    };
+    let mut runs = Vec::new();
+    for tier in tiers_here {
+        let tracer = Tracer::on_tier(&disk, tier);
+        let before = disk.diskstats();
+        let stats_before = cg.throttle_stats(&disk);
+        fio_writes(&disk, "small", small, 32, 32)
+            .in_cgroup(&cg)
+            .run();
+        Fio::new("large", &disk.path)
+            .opt("rw", "write")
+            .opt("bs", "1M")
+            .opt("direct", "1")
+            .opt("ioengine", "libaio")
+            .opt("iodepth", "4")
+            .offset(small)
+            .size(large)
+            .in_cgroup(&cg)
+            .run();
+        let stats_after = cg.throttle_stats(&disk);
+        let d = disk.diskstats().since(&before);
+        let out = tracer.stop();
+        let ctx = format!("{tier} tier alone");
+        let w = out
+            .cgroup_row(&disk, &cg.path())
+            .unwrap_or_else(|| panic!("no row for {}; {ctx}", cg.path()))["write"]
+            .clone();
+        eprintln!("{ctx}: {w}; diskstats {d:?}");
+        assert_eq!(out.total["tier"], *tier, "{ctx}");
+        assert_eq!(out.lost_events(), 0, "{ctx}");
+        assert_writes_match(&out.device_total(&disk)["write"], &d, &ctx);
+        let (bios_small, bios_large) = (small / BS, large / MIB);
+        assert_eq!(u(&w, "bios"), bios_small + bios_large, "{ctx}; {w}");
+        assert_eq!(u(&w, "bytes"), small + large, "{ctx}; {w}");
+        assert_eq!(u(&w, "splits"), 3 * bios_large, "{ctx}; {w}");
+        assert_eq!(
+            u(&w, "requests"),
+            bios_small / 32 + 4 * bios_large,
+            "one request per batch of 32 and per 256 KiB piece; {ctx}; {w}"
+        );
+        assert_eq!(
+            u(&w, "charged_ios"),
+            u(&w, "bios") + u(&w, "splits"),
+            "{ctx}; {w}"
+        );
+        assert_eq!(u(&w, "charged_bytes"), small + large, "{ctx}; {w}");
+        assert_eq!(u(&w["throttled"], "bios"), 0, "{ctx}; {w}");
+        // blk-cgroup's own count: bios + split remainders (v1 and v2 alike, see support).
+        let (ios, bytes) = stats_after.write_since(&stats_before);
+        assert_eq!(
+            ios,
+            u(&w, "charged_ios"),
+            "io_serviced / io.stat wios; {ctx}; {w}"
+        );
+        assert_eq!(
+            bytes,
+            small + large,
+            "io_service_bytes / io.stat wbytes; {ctx}"
+        );
+        if *tier == "fentry" {
+            assert_attempts_consistent(&w, "mq-deadline", 0, &ctx);
+        }
+        runs.push(w);
+    }
+    if let [tp, fe] = &runs[..] {
+        assert_dir_agrees(tp, fe, "one run per tier");
+    }
+}
+
+/// 4 KiB sequential writes in batches of 32 under one plug, iodepth 64 (two batches in
+/// flight), for each scheduler and nomerges level: plug merges, and whatever the elevator or
+/// the software queue makes of the second batch in flight. Both tiers at once.
+fn plug_batches(sched: &str, nomerges: u32) {
+    require_root();
+    let size = scaled(32 * MIB, 8 * MIB);
+    let disk = TestDisk::new(size);
+    disk.set_scheduler(sched);
+    disk.set_nomerges(nomerges);
+    udev_settle();
+    let ctx = format!("fio batch 32, iodepth 64, {sched}, nomerges={nomerges}");
+    let Some((_tp, fe, d, report)) = traced_by_both(
+        &disk,
+        || fio_writes(&disk, "plug", size, 64, 32).run(),
+        &ctx,
+    ) else {
+        return;
+    };
+    let w = &fe.device_total(&disk)["write"];
+    assert_eq!(u(w, "bios"), fio_total_ios(&report, "write"), "{ctx}; {w}");
+    assert_writes_match(w, &d, &ctx);
+    assert_attempts_consistent(w, sched, nomerges, &ctx);
+    if nomerges == 2 {
+        assert_eq!(u(w, "merged"), 0, "{ctx}; {w}");
+    } else {
+        // 31 of every 32 bios merge in the plug: the first of each batch finds it empty.
+        let a = &w["merge_attempts"];
+        assert_eq!(u(a, "plug_merged"), u(w, "bios") / 32 * 31, "{ctx}; {a}");
+    }
+}
+
+#[test]
+fn tiers_agree_plug_batches_mq_deadline() {
+    plug_batches("mq-deadline", 0);
+}
+
+#[test]
+fn tiers_agree_plug_batches_none() {
+    plug_batches("none", 0);
+}
+
+#[test]
+fn tiers_agree_nomerges2_mq_deadline() {
+    plug_batches("mq-deadline", 2);
+}
+
+/// 4 KiB sequential writes submitted one at a time, iodepth 512: no plug batch, so bios meet
+/// the requests already queued in the scheduler (mq-deadline: elv_merge decisions, failed
+/// and successful; in the lab held there by I/O priority, see `TestDisk::run_queued_writer`)
+/// or in the software queue (none: only where the device is busy, so possibly none). Both
+/// tiers at once.
+fn deep_unbatched(sched: &str, nomerges: u32) {
+    require_root();
+    let size = scaled(32 * MIB, 8 * MIB);
+    let disk = TestDisk::new(size);
+    disk.set_scheduler(sched);
+    disk.set_nomerges(nomerges);
+    udev_settle();
+    let ctx = format!("fio iodepth 512 unbatched, {sched}, nomerges={nomerges}");
+    let Some((_tp, fe, d, report)) = traced_by_both(
+        &disk,
+        || disk.run_queued_writer(sched, fio_writes(&disk, "deep", size, 512, 1)),
+        &ctx,
+    ) else {
+        return;
+    };
+    let w = &fe.device_total(&disk)["write"];
+    assert_eq!(u(w, "bios"), fio_total_ios(&report, "write"), "{ctx}; {w}");
+    assert_writes_match(w, &d, &ctx);
+    assert_attempts_consistent(w, sched, nomerges, &ctx);
+    if sched == "mq-deadline" {
+        let a = &w["merge_attempts"];
+        assert!(
+            u(a, "elevator_back") > 0,
+            "no ELEVATOR_BACK_MERGE decision with 512 bios in flight; {ctx}; {a}"
+        );
+    }
+}
+
+#[test]
+fn tiers_agree_elevator_mq_deadline() {
+    deep_unbatched("mq-deadline", 0);
+}
+
+#[test]
+fn tiers_agree_elevator_mq_deadline_nomerges1() {
+    deep_unbatched("mq-deadline", 1);
+}
+
+#[test]
+fn tiers_agree_sw_queue_none() {
+    deep_unbatched("none", 0);
+}
+
+/// The article's throttle: 4 KiB sequential writes, iodepth 64, one at a time (fio keeps 64
+/// bios in flight), in a cgroup with a write-iops limit of 2000 (v2 `io.max wiops=2000`; v1
+/// `blkio.throttle.write_iops_device` on the host), both tiers at once. The tiers agree on the
+/// charges and on which bios waited; the fentry tier's measured delays must be what Little's
+/// law says for that queue.
+///
+/// blk-throttle does not queue every bio: within a slice (100 ms on this rotational disk) bios
+/// pass at once while the slice's budget lasts, the rest wait for the next dispatch and leave
+/// in a burst. (6.12, measured: 6,064 bios in 3 s, 1,920 of them waited — 30 bursts of 64 —
+/// for 81 ms on average.) So the relations are stated over *all* bios that passed the
+/// throttle, the unqueued ones having waited 0, and `delay_ns_total` D is the integral of the
+/// number of bios waiting in the throttle over time.
+///
+/// - L1 (Little's law, counts only). Mean wait over the bios, W = D / bios, equals L / X: the
+///   mean number waiting over the throughput. The limit binds (bios waited), so X is the
+///   limit; fio keeps `iodepth` bios in flight, so L <= iodepth, and since the device serves
+///   a request far faster than the 0.5 ms per bio the limit leaves, most of them are in the
+///   throttle: L >= (iodepth - 1) / 2 (half of them may be elsewhere: completing, in fio
+///   between reaping and resubmitting, at the device). Hence W in [(iodepth - 1) / (2 limit),
+///   iodepth / limit], checked with room for X down to limit / 2 (a slower start, the timer's
+///   granularity): [(iodepth - 1) / (2 limit), 2 iodepth / limit] = [15.75, 64] ms.
+/// - L2 (the queue the delays imply). L = D / T over fio's run time T (fio's own clock, the
+///   guest's CLOCK_MONOTONIC, which bpf_ktime_get_ns also reads) is the mean number of bios
+///   waiting; it can never exceed iodepth (at most 64 bios exist to wait), and by the closed
+///   loop it is at least (iodepth - 1) / 2. Checked: L in [(iodepth - 1) / 2, 1.05 iodepth].
+/// - the mean over the bios that waited, D / throttled.bios, is printed (81 ms on 6.12):
+///   Little's law for that sub-stream needs its own throughput, throttled.bios / T.
+///
+/// The tracepoint tier's estimate of the same delay (from the queue left behind at each
+/// release) is printed next to it, not checked: it assumes bios leave one at a time, and they
+/// leave in bursts — by the time the dispatch work submits a burst, `throtl_dispatch_tg` has
+/// already taken all of it off the group's queue, so every release sees 0 bios behind it and
+/// the estimate is releases / limit (measured: 0.96 s against 152-161 s measured by the
+/// fentry tier in the same run, on 6.1 and 6.12).
+#[test]
+fn tiers_agree_under_io_max() {
+    require_root();
+    const LIMIT: u64 = 2000;
+    const IODEPTH: u64 = 64;
+    const RUNTIME_S: u64 = 3;
+    let disk = TestDisk::new(64 * MIB);
+    disk.set_scheduler("mq-deadline");
+    disk.set_nomerges(0);
+    udev_settle();
+    let cg = Cgroup::new();
+    cg.set_write_iops(&disk, LIMIT);
+    let ctx = format!("wiops {LIMIT}, iodepth {IODEPTH}, {RUNTIME_S} s");
+    let before_stats = cg.throttle_stats(&disk);
+    let Some((tp, fe, d, report)) = traced_by_both(
+        &disk,
+        || {
+            fio_writes(&disk, "throttled", 64 * MIB, IODEPTH as u32, 1)
+                .opt("time_based", "1")
+                .opt("runtime", &RUNTIME_S.to_string())
+                .in_cgroup(&cg)
+                .run()
+        },
+        &ctx,
+    ) else {
+        return;
+    };
+    let (serviced, _) = cg.throttle_stats(&disk).write_since(&before_stats);
+    let row = |o: &TraceOutput| o.cgroup_row(&disk, &cg.path()).unwrap()["write"].clone();
+    let (wt, wf) = (row(&tp), row(&fe));
+    let ios = fio_total_ios(&report, "write");
+    let runtime_ms = report["jobs"][0]["write"]["runtime"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no jobs[0].write.runtime in fio's report"));
+    eprintln!(
+        "{ctx}: fio {ios} I/Os in {runtime_ms} ms; kernel count {serviced}; diskstats {d:?}\n\
+         tracepoint tier {wt}\nfentry tier {wf}"
+    );
+    assert_writes_match(&fe.device_total(&disk)["write"], &d, &ctx);
+    assert_eq!(u(&wf, "bios"), ios, "{ctx}; {wf}");
+    assert_eq!(u(&wf, "charged_ios"), ios, "{ctx}; {wf}");
+    assert_eq!(serviced, ios, "io_serviced / io.stat wios; {ctx}");
+    assert_attempts_consistent(&wf, "mq-deadline", 0, &ctx);
+
+    let waited = u(&wf["throttled"], "bios");
+    assert!(waited > 0, "no bio waited under wiops {LIMIT}; {ctx}; {wf}");
+    assert_eq!(wf["throttled"]["delay_estimated"], false, "{ctx}");
+    let total_ns = u(&wf["throttled"], "delay_ns_total");
+    let estimated_ns = u(&wt["throttled"], "delay_ns_total");
+    let w_ms = total_ns as f64 / ios as f64 / 1e6;
+    let (w_lo, w_hi) = (
+        (IODEPTH - 1) as f64 / (2 * LIMIT) as f64 * 1e3,
+        (2 * IODEPTH) as f64 / LIMIT as f64 * 1e3,
+    );
+    let queue = total_ns as f64 / (runtime_ms as f64 * 1e6);
+    let (q_lo, q_hi) = ((IODEPTH - 1) as f64 / 2.0, 1.05 * IODEPTH as f64);
+    eprintln!(
+        "{ctx}: {waited} of {ios} bios waited; fentry measured {:.3} s in all: mean {w_ms:.2} \
+         ms per bio (L1: {w_lo:.2}..{w_hi:.2}), {:.2} ms per bio that waited; mean queue \
+         {queue:.1} bios (L2: {q_lo:.1}..{q_hi:.1}); tracepoint tier's estimate {:.3} s",
+        total_ns as f64 / 1e9,
+        total_ns as f64 / waited as f64 / 1e6,
+        estimated_ns as f64 / 1e9,
+    );
+    assert!(
+        (w_lo..=w_hi).contains(&w_ms),
+        "L1: mean throttle delay per bio {w_ms:.2} ms is not within [(iodepth-1)/(2 limit), \
+         2 iodepth/limit] = [{w_lo:.2}, {w_hi:.2}] ms; {ctx}; {wf}"
+    );
+    assert!(
+        (q_lo..=q_hi).contains(&queue),
+        "L2: the measured delays imply {queue:.1} bios waiting on average over fio's \
+         {runtime_ms} ms, not within [(iodepth-1)/2, 1.05 iodepth] = [{q_lo:.1}, {q_hi:.1}]; \
+         {ctx}; {wf}"
+    );
+}
