@@ -167,6 +167,7 @@ impl Window {
     }
 
     /// Sum of all cgroups of one device and direction.
+    #[cfg(test)]
     pub fn device_total(&self, dev: u32, dir: Dir) -> Counts {
         let mut t = Counts::default();
         for (k, c) in &self.counts {
@@ -200,6 +201,7 @@ pub struct Aggregator {
 }
 
 impl Aggregator {
+    #[cfg(test)]
     pub fn new(start_ns: u64) -> Aggregator {
         Aggregator::with_meter_units(start_ns, &DEFAULT_METER_UNITS)
     }
@@ -220,6 +222,7 @@ impl Aggregator {
         self.total.apply(ev, &self.units);
     }
 
+    #[cfg(test)]
     pub fn apply_all<'a>(&mut self, evs: impl IntoIterator<Item = &'a Event>) {
         for ev in evs {
             self.apply(ev);
@@ -235,6 +238,7 @@ impl Aggregator {
     }
 
     /// Closes the current interval at `end_ns` and starts the next one there.
+    #[cfg(test)]
     pub fn take_interval(&mut self, end_ns: u64) -> Window {
         let next = Window {
             start_ns: end_ns,

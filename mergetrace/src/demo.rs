@@ -330,8 +330,8 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     kernel::check_privileges()?;
     // SAFETY: installing a handler that only stores to an atomic.
     unsafe {
-        libc::signal(libc::SIGINT, on_signal as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_signal as libc::sighandler_t);
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
     let (ios, throttle_secs) = if args.quick {
         (16_384u64, 3u64)

@@ -30,6 +30,7 @@ impl Device {
 }
 
 /// Splits the kernel's `dev_t` encoding.
+#[cfg(test)]
 pub fn split_kernel_dev(dev: u32) -> (u32, u32) {
     (dev >> 20, dev & 0xfffff)
 }

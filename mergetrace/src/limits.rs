@@ -100,6 +100,7 @@ impl Effective {
             LimitKind::Wiops => &mut self.wiops,
         }
     }
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         *self == Effective::default()
     }

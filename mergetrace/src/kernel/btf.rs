@@ -313,6 +313,7 @@ impl Btf {
     }
 
     /// Size in bytes of a struct.
+    #[cfg(test)]
     pub fn struct_size(&self, name: &str) -> Option<u32> {
         Some(self.get(self.find(KIND_STRUCT, name)?)?.size_or_type)
     }
@@ -336,10 +337,6 @@ impl Btf {
     pub fn has_tracepoint(&self, name: &str) -> bool {
         self.find(KIND_TYPEDEF, &format!("btf_trace_{name}"))
             .is_some()
-    }
-
-    pub fn type_count(&self) -> usize {
-        self.types.len()
     }
 }
 

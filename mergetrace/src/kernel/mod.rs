@@ -330,22 +330,6 @@ impl Session {
         self.ring.take()
     }
 
-    /// Reads every event waiting in the ring buffer, for callers that poll instead of running
-    /// a collector task (the demo). Returns how many were read; 0 if the ring was taken.
-    pub fn drain(&mut self, mut sink: impl FnMut(&mergetrace_common::Event)) -> usize {
-        let Some(ring) = self.ring.as_mut() else {
-            return 0;
-        };
-        let mut n = 0;
-        while let Some(item) = ring.next() {
-            if let Some(ev) = collector::decode(&item) {
-                sink(&ev);
-                n += 1;
-            }
-        }
-        n
-    }
-
     /// The in-kernel counters so far (summed over CPUs) and every loss so far: a running
     /// total of the whole run; `Window::since` gives intervals. Readable after `detach`.
     pub fn read_totals(&self) -> Result<Window> {
