@@ -44,6 +44,12 @@ pub struct LabArgs {
     /// Guest CPUs.
     #[arg(long, value_name = "N", default_value_t = 2)]
     smp: u32,
+    /// QEMU's TCG threading. `single` runs the guest's CPUs in turn on one host thread: the
+    /// kernel's live text patching (fentry attach/detach, static keys) is then always seen
+    /// whole by the other vCPU. `multi` (one host thread per vCPU) is faster but has crashed
+    /// guests mid-patch (README, "A hazard of the emulation").
+    #[arg(long, value_name = "MODE", default_value = "single", value_parser = ["single", "multi"])]
+    tcg: String,
     /// Size of the scratch disk /dev/vdb in MiB (a fresh sparse file per run).
     #[arg(long, value_name = "MIB", default_value_t = 1024)]
     disk: u64,
@@ -367,8 +373,8 @@ pub fn lab(args: LabArgs) -> Result<ExitCode> {
         fs::write(&script, guest_script(s.name, &body))?;
         let prep = t0.elapsed();
         eprintln!(
-            "lab: === {} ({}): booting ({} MiB, {} CPUs, TCG) ===",
-            s.name, k.release, args.mem, args.smp
+            "lab: === {} ({}): booting ({} MiB, {} CPUs, TCG thread={}) ===",
+            s.name, k.release, args.mem, args.smp, args.tcg
         );
         let r = vm::run(&vm::VmConfig {
             vmlinuz: &k.vmlinuz,
@@ -381,6 +387,7 @@ pub fn lab(args: LabArgs) -> Result<ExitCode> {
             run_dir: &run_dir,
             mem_mib: args.mem,
             smp: args.smp,
+            tcg_threads: &args.tcg,
             scratch_mib: args.disk,
             timeout: Duration::from_secs(args.timeout),
             echo: true,

@@ -25,6 +25,8 @@ pub struct VmConfig<'a> {
     pub run_dir: &'a Path,
     pub mem_mib: u64,
     pub smp: u32,
+    /// TCG threading: "single" or "multi".
+    pub tcg_threads: &'a str,
     /// Size of /dev/vdb, the scratch disk.
     pub scratch_mib: u64,
     pub timeout: Duration,
@@ -178,7 +180,12 @@ pub fn run(cfg: &VmConfig) -> Result<VmResult> {
         "none",
         "-no-reboot",
     ])
-    .args(["-accel", "tcg,thread=multi", "-cpu", "max"])
+    .args([
+        "-accel",
+        &format!("tcg,thread={}", cfg.tcg_threads),
+        "-cpu",
+        "max",
+    ])
     .args(["-smp", &cfg.smp.to_string(), "-m", &format!("{mem}M")])
     .args([
         "-object",
