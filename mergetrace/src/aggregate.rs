@@ -1,7 +1,9 @@
 //! The aggregator: events in, counters out. Pure and deterministic (no clock, no I/O, no
 //! kernel). The counting rule itself is `mergetrace_common::Counters::count`, which the eBPF
 //! programs also run in the kernel for the live view: live, offline and tests count alike.
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use foldhash::HashMap;
 
 use mergetrace_common::{count::dir, flags, kind, CountKey, Event, MeterUnits, UnplugKey};
 
@@ -191,11 +193,10 @@ pub fn meter_units(sizes: &[u64]) -> MeterUnits {
     m
 }
 
-/// Counts events (from a capture, or the ring buffer) into the current interval and the whole
-/// run side by side.
+/// Counts events (from a capture) into a running total of the whole run. Intervals are
+/// differences of running totals ([`Window::since`]), as in the live view.
 #[derive(Debug)]
 pub struct Aggregator {
-    interval: Window,
     total: Window,
     units: MeterUnits,
 }
@@ -207,18 +208,16 @@ impl Aggregator {
     }
 
     pub fn with_meter_units(start_ns: u64, units: &[u64]) -> Aggregator {
-        let mut a = Aggregator {
-            interval: Window::default(),
-            total: Window::default(),
+        Aggregator {
+            total: Window {
+                start_ns,
+                ..Window::default()
+            },
             units: meter_units(units),
-        };
-        a.interval.start_ns = start_ns;
-        a.total.start_ns = start_ns;
-        a
+        }
     }
 
     pub fn apply(&mut self, ev: &Event) {
-        self.interval.apply(ev, &self.units);
         self.total.apply(ev, &self.units);
     }
 
@@ -232,21 +231,8 @@ impl Aggregator {
     /// Records events the kernel side dropped.
     pub fn lost(&mut self, kind: u8, n: u64) {
         if n > 0 {
-            *self.interval.lost_by_kind.entry(kind).or_default() += n;
             *self.total.lost_by_kind.entry(kind).or_default() += n;
         }
-    }
-
-    /// Closes the current interval at `end_ns` and starts the next one there.
-    #[cfg(test)]
-    pub fn take_interval(&mut self, end_ns: u64) -> Window {
-        let next = Window {
-            start_ns: end_ns,
-            ..Window::default()
-        };
-        let mut done = std::mem::replace(&mut self.interval, next);
-        done.end_ns = end_ns;
-        done
     }
 
     /// The whole run so far, up to `end_ns`.
@@ -308,7 +294,7 @@ pub(crate) mod tests {
     fn a_batch_becomes_one_request() {
         let mut a = Aggregator::new(0);
         a.apply_all(&batch_of_32(21));
-        let w = a.take_interval(10);
+        let w = a.total(10);
         let c = w.counts[&Key {
             dev: 7 << 20 | 3,
             cgroup_id: 21,
@@ -329,11 +315,11 @@ pub(crate) mod tests {
     fn intervals_partition_the_total() {
         let mut a = Aggregator::new(0);
         a.apply_all(&batch_of_32(21));
-        let first = a.take_interval(5);
+        let first = a.total(5);
         a.apply_all(&batch_of_32(22));
         a.lost(kind::RQ_ISSUE, 3);
-        let second = a.take_interval(9);
         let total = a.total(9);
+        let second = total.since(&first);
         for dir in Dir::ALL {
             let mut sum = first.device_total(7 << 20 | 3, dir);
             sum.add(&second.device_total(7 << 20 | 3, dir));

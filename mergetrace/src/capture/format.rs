@@ -1,7 +1,7 @@
 //! The bytes of a capture file: preamble, chunk framing and the event codec. Pure (no I/O);
 //! docs/capture-format.md describes the same layout for people. Any change to what a byte
 //! means bumps [`FORMAT_VERSION`].
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 
 use mergetrace_common::Event;
 

@@ -3,11 +3,9 @@
 //! series per (device, cgroup, direction). The request size, bios-per-request and plug
 //! flush histograms are the snapshot's own (counted by the same rule as the live view);
 //! this module only shows them.
-use std::{
-    collections::{BTreeMap, HashMap},
-    fmt::Write as _,
-};
+use std::{collections::BTreeMap, fmt::Write as _};
 
+use foldhash::{HashMap, HashMapExt};
 use mergetrace_common::{kind, Event, MeterUnits};
 use serde::Serialize;
 

@@ -24,7 +24,9 @@
 //!
 //! What is exact and what is inferred is in [`Match`] and [`BioLink::ambiguous`]; see
 //! docs/report.md.
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use foldhash::HashMap;
 
 use mergetrace_common::{flags, kind, path, Event};
 
