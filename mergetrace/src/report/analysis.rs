@@ -474,6 +474,14 @@ pub fn render_text(snap: &Snapshot, d: &Distributions) -> String {
                     bar(e + s, max * 2, 40)
                 );
             }
+        } else if Dir::ALL.iter().any(|&dir| dev.total.get(dir).requests > 0) {
+            // Not an empty section by accident: some kernels flush without the tracepoint.
+            let _ = writeln!(
+                out,
+                "plug flushes, {}: none traced (block_unplug never fired; 6.1 and 6.6 flush a \
+                 single-queue plug with no I/O scheduler without it)",
+                dev.device
+            );
         }
     }
     if !d.latency.is_empty() {
@@ -675,8 +683,16 @@ mod tests {
         assert!(text.contains("bios per request, loop2 write"), "{text}");
         assert!(text.contains("32–63"), "{text}");
         assert!(text.contains("≤ 128 KiB"), "{text}");
-        assert!(text.contains("plug flushes, loop2"), "{text}");
+        assert!(text.contains("plug flushes, loop2 (requests"), "{text}");
         assert!(text.contains("per second, loop2 /cg2 write"), "{text}");
+        // A kernel whose flush path has no block_unplug (6.1, no scheduler): said, not omitted.
+        s.events.retain(|e| e.kind != kind::UNPLUG);
+        let (sn, d) = analyse(&s, None);
+        let text = render_text(&sn, &d);
+        assert!(
+            text.contains("plug flushes, loop2: none traced (block_unplug never fired"),
+            "{text}"
+        );
     }
 
     #[test]
