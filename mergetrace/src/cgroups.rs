@@ -161,6 +161,11 @@ impl Cgroups {
         }
     }
 
+    /// The path of `id` as of the last scan (no rescan, no check that it still exists).
+    pub fn path_of(&self, id: u64) -> Option<&str> {
+        self.by_id.get(&id).map(String::as_str)
+    }
+
     /// Every cgroup seen in the last scan: (id, path).
     pub fn all(&self) -> impl Iterator<Item = (u64, &str)> {
         self.by_id.iter().map(|(id, p)| (*id, p.as_str()))

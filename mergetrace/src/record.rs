@@ -2,6 +2,7 @@
 //! context needed to read it offline. The file is flushed every interval, so a crash or
 //! kill -9 loses at most the last interval; losses are recorded where they happened.
 use std::{
+    collections::{BTreeMap, HashSet},
     path::PathBuf,
     sync::{Arc, Mutex},
     time::Duration,
@@ -18,7 +19,8 @@ use tokio::{
 use crate::{
     aggregate,
     capture::{
-        CaptureWriter, Header, RecordedCgroup, RecordedDevice, RecordedLimits, WriterOptions,
+        CaptureWriter, Header, LateCgroups, RecordedCgroup, RecordedDevice, RecordedLimits,
+        WriterOptions,
     },
     cgroups::{Cgroups, Hierarchy},
     cli::{parse_duration, parse_size},
@@ -74,27 +76,99 @@ fn header(
             id,
             path: path.to_string(),
         });
-        let dir = cgroups.mount.join(path.trim_start_matches('/'));
-        for d in devices {
-            let own = limits::own_limits(cgroups.hierarchy, &dir, d.major, d.minor);
-            if !own.is_empty() {
-                h.limits
-                    .push(RecordedLimits::new(path, d.major, d.minor, &own));
-            }
-        }
+        h.limits.extend(own_limits(cgroups, path, devices));
     }
     h.meter_units = meter_units.to_vec();
     h
+}
+
+/// The limits the cgroup at `path` sets itself on each traced device.
+fn own_limits(
+    cgroups: &Cgroups,
+    path: &str,
+    devices: &[crate::device::Device],
+) -> Vec<RecordedLimits> {
+    let dir = cgroups.mount.join(path.trim_start_matches('/'));
+    devices
+        .iter()
+        .filter_map(|d| {
+            let own = limits::own_limits(cgroups.hierarchy, &dir, d.major, d.minor);
+            (!own.is_empty()).then(|| RecordedLimits::new(path, d.major, d.minor, &own))
+        })
+        .collect()
+}
+
+/// Cgroups created during the run: their events name an id the header does not have. Each
+/// interval they are looked up (one rescan of the hierarchy) and written in a `c` chunk; an
+/// id still unknown after [`LateNames::TRIES`] intervals (created and removed in between)
+/// stays "unknown cgroup id N" in the report.
+struct LateNames {
+    known: HashSet<u64>,
+    /// The previous event's cgroup: consecutive events mostly share one.
+    last: u64,
+    /// Unnamed id → intervals tried.
+    pending: BTreeMap<u64, u32>,
+}
+
+impl LateNames {
+    const TRIES: u32 = 3;
+
+    fn new(h: &Header) -> LateNames {
+        LateNames {
+            known: h.cgroups.iter().map(|c| c.id).chain([0]).collect(),
+            last: 0,
+            pending: BTreeMap::new(),
+        }
+    }
+
+    fn see(&mut self, batch: &[mergetrace_common::Event]) {
+        for ev in batch {
+            let id = ev.cgroup_id;
+            if id != self.last {
+                self.last = id;
+                if !self.known.contains(&id) {
+                    self.pending.entry(id).or_insert(0);
+                }
+            }
+        }
+    }
+
+    /// Names what it can of the pending ids.
+    fn resolve(&mut self, cgroups: &mut Cgroups, devices: &[crate::device::Device]) -> LateCgroups {
+        let mut late = LateCgroups::default();
+        if self.pending.is_empty() {
+            return late;
+        }
+        cgroups.rescan();
+        let pending = std::mem::take(&mut self.pending);
+        for (id, tries) in pending {
+            if let Some(path) = cgroups.path_of(id) {
+                late.cgroups.push(RecordedCgroup {
+                    id,
+                    path: path.to_string(),
+                });
+                late.limits.extend(own_limits(cgroups, path, devices));
+                self.known.insert(id);
+            } else if tries + 1 >= Self::TRIES {
+                self.known.insert(id); // gone before it could be named
+            } else {
+                self.pending.insert(id, tries + 1);
+            }
+        }
+        late
+    }
 }
 
 /// The capture being written and the first error writing it.
 struct Recording {
     writer: CaptureWriter<std::fs::File>,
     failure: Option<anyhow::Error>,
+    late: LateNames,
 }
 
 impl Recording {
     fn write(&mut self, batch: &[mergetrace_common::Event]) {
+        self.late.see(batch);
         if self.failure.is_none() {
             if let Err(e) = self.writer.write_events(batch) {
                 self.failure = Some(e);
@@ -102,11 +176,19 @@ impl Recording {
         }
     }
 
-    fn losses_and_flush(&mut self, losses: Vec<(u8, u64)>) {
+    /// Each interval: names of new cgroups, losses, then a flush.
+    fn interval(
+        &mut self,
+        losses: Vec<(u8, u64)>,
+        cgroups: &mut Cgroups,
+        devices: &[crate::device::Device],
+    ) {
         if self.failure.is_some() {
             return;
         }
+        let late = self.late.resolve(cgroups, devices);
         let step = (|| -> Result<()> {
+            self.writer.write_cgroups(&late)?;
             for (k, n) in losses {
                 self.writer.write_lost(k, n)?;
             }
@@ -125,7 +207,7 @@ pub async fn run(args: RecordArgs) -> Result<()> {
         anyhow::bail!("--ring-mib {} must be a power of two", args.ring_mib);
     }
     let devices = live::resolve_devices(&args.devices)?;
-    let cgroups = Cgroups::discover()?;
+    let mut cgroups = Cgroups::discover()?;
     // Fail on an unwritable or existing output before attaching anything.
     let probe_header = header("", &devices, &cgroups, &args.meter_unit);
     let mut session = kernel::Session::start(
@@ -161,6 +243,7 @@ pub async fn run(args: RecordArgs) -> Result<()> {
     // The writer is shared by the collector (events) and the ticker (losses, flushes); the
     // first write error stops the recording.
     let shared = Arc::new(Mutex::new(Recording {
+        late: LateNames::new(&h),
         writer,
         failure: None,
     }));
@@ -183,7 +266,7 @@ pub async fn run(args: RecordArgs) -> Result<()> {
         tokio::select! {
             _ = ticker.tick() => {
                 let mut rec = shared.lock().expect("recording lock");
-                rec.losses_and_flush(session.new_losses());
+                rec.interval(session.new_losses(), &mut cgroups, &devices);
                 if rec.failure.is_some() {
                     break;
                 }
@@ -197,13 +280,14 @@ pub async fn run(args: RecordArgs) -> Result<()> {
     session.detach();
     let _ = stop_tx.send(true);
     collector.await.context("collector task failed")??;
-    let Recording { writer, failure } = Arc::try_unwrap(shared)
+    let mut rec = Arc::try_unwrap(shared)
         .map_err(|_| anyhow::anyhow!("collector still holds the capture"))?
         .into_inner()
         .expect("recording lock");
-    let mut rec = Recording { writer, failure };
-    rec.losses_and_flush(session.new_losses());
-    let Recording { writer, failure } = rec;
+    rec.interval(session.new_losses(), &mut cgroups, &devices);
+    let Recording {
+        writer, failure, ..
+    } = rec;
     if let Some(e) = failure {
         // What reached the disk stays readable up to its last complete chunk.
         drop(writer);

@@ -624,3 +624,60 @@ fn capture_corrupt_is_one_line_error() {
     ]);
     assert_eq!(out.status.code(), Some(1));
 }
+
+/// A cgroup created after `record` started (a container started mid-capture) is named in the
+/// report, with its limit, rather than shown as "unknown cgroup id N": record writes its name
+/// in a `c` chunk once its events arrive.
+#[test]
+fn capture_names_cgroups_created_during_the_run() {
+    require_root();
+    let lo = LoopDevice::new(64 << 20);
+    let dir = tempfile::tempdir().unwrap();
+    let capture = dir.path().join("late.mtr");
+    let rec = Recorder::start(&lo, &capture);
+    // created now: not in the header
+    let late = Cgroup::new();
+    late.set_write_iops(&lo, 1_000_000);
+    let before = lo.diskstats();
+    let ios = 512u64;
+    run_workload(
+        &lo,
+        Some(&late),
+        &["--ios", &ios.to_string(), "--batch", "32"],
+    );
+    let disk = lo.diskstats().since(&before);
+    rec.stop();
+
+    let cap = capture.to_str().unwrap();
+    let (json, _) = ok(mergetrace(&["report", cap, "--json"]), "report --json");
+    let v: Value = serde_json::from_str(json.trim()).unwrap();
+    let dev = device_of(&v, &lo);
+    let rows = dev["cgroups"].as_array().unwrap();
+    let unknown: Vec<&Value> = rows
+        .iter()
+        .filter(|r| r["cgroup"].as_str().unwrap().starts_with("(unknown"))
+        .collect();
+    assert!(unknown.is_empty(), "unnamed cgroups: {unknown:?}");
+    let row = rows
+        .iter()
+        .find(|r| r["cgroup"] == late.path().as_str())
+        .unwrap_or_else(|| panic!("no row for {}: {rows:?}", late.path()));
+    let w = &row["write"];
+    assert_eq!(u(w, "bios"), ios, "{w}");
+    assert_eq!(u(&dev["total"]["write"], "requests"), disk.writes, "{dev}");
+    assert_eq!(
+        w["limits"]["wiops"]["limit"].as_u64(),
+        Some(1_000_000),
+        "the late cgroup's own limit: {w}"
+    );
+    assert_eq!(u(w, "charged_ios"), ios, "{w}");
+    // -c selects it by name, as for any other cgroup
+    let (json, _) = ok(
+        mergetrace(&["report", cap, "--json", "-c", &late.path()]),
+        "report -c",
+    );
+    let v: Value = serde_json::from_str(json.trim()).unwrap();
+    let rows = device_of(&v, &lo)["cgroups"].as_array().unwrap().clone();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["cgroup"], late.path().as_str());
+}

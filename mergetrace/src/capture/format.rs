@@ -30,6 +30,8 @@ pub mod chunk {
     pub const LOST: u8 = b'L';
     /// JSON [`super::super::Trailer`]; written on a clean close, always last.
     pub const END: u8 = b'Z';
+    /// Ancillary, JSON [`super::super::LateCgroups`]: cgroups that appeared during the run.
+    pub const CGROUPS: u8 = b'c';
 
     pub fn is_ancillary(t: u8) -> bool {
         t & 0x20 != 0
@@ -41,6 +43,7 @@ pub mod chunk {
             EVENTS => "events",
             LOST => "lost",
             END => "end",
+            CGROUPS => "cgroups",
             _ => "unknown",
         }
     }

@@ -70,6 +70,27 @@ pub struct RecordedQueue {
     pub rotational: Option<bool>,
 }
 
+/// The payload of a `c` chunk: cgroups first seen after the header was written (created
+/// during the run), named when their events arrived, with the limits they set then.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LateCgroups {
+    pub cgroups: Vec<RecordedCgroup>,
+    pub limits: Vec<RecordedLimits>,
+}
+
+impl Header {
+    /// Adds what a `c` chunk says; ids the header already names keep their first path.
+    pub fn add_late(&mut self, late: LateCgroups) {
+        for c in late.cgroups {
+            if !self.cgroups.iter().any(|k| k.id == c.id) {
+                self.cgroups.push(c);
+            }
+        }
+        self.limits.extend(late.limits);
+    }
+}
+
 /// One cgroup id and its path.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]

@@ -10,9 +10,9 @@
 //! - [`CaptureReader`]: `open` → records (iterator, or `next_into` to reuse a buffer);
 //!   [`read_all`] for a whole file.
 //! - [`HeaderLookup`]: a capture header as the snapshot's [`crate::snapshot::Lookup`].
-// Used by `record` / `report`, which are not wired up yet.
+// A whole reader/writer API, parts of which only the tests use (read_all, Capture, the
+// writer's counters), and codec mode constants that document the layout.
 #![allow(dead_code, unused_imports)]
-
 pub mod format;
 mod header;
 mod lookup;
@@ -25,7 +25,9 @@ mod tests;
 use mergetrace_common::Event;
 
 pub use format::{FORMAT_VERSION, MAGIC};
-pub use header::{Header, RecordedCgroup, RecordedDevice, RecordedLimits, RecordedQueue, Trailer};
+pub use header::{
+    Header, LateCgroups, RecordedCgroup, RecordedDevice, RecordedLimits, RecordedQueue, Trailer,
+};
 pub use lookup::HeaderLookup;
 pub use reader::{read_all, Capture, CaptureReader, Next};
 pub use writer::{CaptureSink, CaptureWriter, Summary, WriterOptions, CHUNK_EVENTS};

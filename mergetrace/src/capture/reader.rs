@@ -196,6 +196,7 @@ impl<R: Read> CaptureReader<R> {
         Ok(r)
     }
 
+    /// The header, with the cgroups of the `c` chunks read so far added to it.
     pub fn header(&self) -> &Header {
         &self.header
     }
@@ -317,6 +318,12 @@ impl<R: Read> CaptureReader<R> {
                     self.trailer = Some(t);
                     self.status = Status::Done;
                     return Ok(None);
+                }
+                chunk::CGROUPS => {
+                    let late = serde_json::from_slice(&self.payload).map_err(|e| {
+                        self.corrupt(payload_at, &format!("cgroups chunk is not valid JSON: {e}"))
+                    })?;
+                    self.header.add_late(late);
                 }
                 chunk::HEADER => return Err(self.corrupt(start, "a second header chunk")),
                 t if chunk::is_ancillary(t) => {} // a newer writer's optional chunk: skip

@@ -723,6 +723,75 @@ fn capture_unknown_chunk_types() {
     assert!(e.contains("second header"), "{e}");
 }
 
+/// A `c` chunk names cgroups created during the run: the reader adds them to its header
+/// (an id already named keeps its first path), the events and end totals are unchanged, and a
+/// damaged one is an error like any chunk.
+#[test]
+fn capture_late_cgroups_chunk_extends_the_header() {
+    let events = realistic_stream(4, 7);
+    let mut buf = Vec::new();
+    let mut w = CaptureWriter::from_sink(
+        &mut buf,
+        "mem.mtr",
+        &test_header(),
+        WriterOptions::default(),
+    )
+    .unwrap();
+    w.write_events(&events[..events.len() / 2]).unwrap();
+    let late = LateCgroups {
+        cgroups: vec![
+            RecordedCgroup {
+                id: 777,
+                path: "/late".into(),
+            },
+            RecordedCgroup {
+                id: 4242,
+                path: "/renamed".into(),
+            },
+        ],
+        limits: vec![RecordedLimits {
+            cgroup: "/late".into(),
+            major: 259,
+            minor: 0,
+            riops: Some(100),
+            ..RecordedLimits::default()
+        }],
+    };
+    w.write_cgroups(&late).unwrap();
+    w.write_cgroups(&LateCgroups::default()).unwrap(); // nothing to say: no chunk
+    w.write_events(&events[events.len() / 2..]).unwrap();
+    w.finish().unwrap();
+    let cap = read_mem(&buf).unwrap();
+    let got: Vec<Event> = cap.events().copied().collect();
+    assert_same(&got, &events);
+    let names: Vec<(u64, &str)> = cap
+        .header
+        .cgroups
+        .iter()
+        .map(|c| (c.id, c.path.as_str()))
+        .collect();
+    assert_eq!(names, [(1, "/"), (4242, "/mt"), (777, "/late")]);
+    assert_eq!(cap.header.limits.len(), 2);
+    assert_eq!(cap.header.limits[1].riops, Some(100));
+    assert_eq!(
+        chunk_offsets(&buf)
+            .iter()
+            .filter(|(_, t)| *t == chunk::CGROUPS)
+            .count(),
+        1
+    );
+    // valid checksum, invalid JSON: an error naming the chunk
+    let (at, _) = *chunk_offsets(&buf)
+        .iter()
+        .find(|(_, t)| *t == chunk::CGROUPS)
+        .unwrap();
+    let mut bad = buf.clone();
+    bad[at + CHUNK_HEADER_LEN] = b'!';
+    reseal(&mut bad, at);
+    let e = read_mem(&bad).unwrap_err().to_string();
+    assert!(e.contains("cgroups chunk is not valid JSON"), "{e}");
+}
+
 #[test]
 fn capture_newer_version_and_not_a_capture() {
     let (bytes, _) = small_capture();

@@ -16,7 +16,7 @@ use mergetrace_common::Event;
 
 use super::{
     format::{self, chunk, ChunkHeader, EventEncoder, CHUNK_HEADER_LEN, FORMAT_VERSION},
-    header::{Header, Trailer},
+    header::{Header, LateCgroups, Trailer},
 };
 
 /// Default events per chunk.
@@ -256,6 +256,22 @@ impl<W: CaptureSink> CaptureWriter<W> {
         }
         self.lost_total = self.lost_total.saturating_add(count);
         Ok(())
+    }
+
+    /// Names cgroups that appeared during the run (a `c` chunk, after the events so far).
+    /// Not counted in the end chunk's `chunks`: readers that do not know it skip it.
+    pub fn write_cgroups(&mut self, late: &LateCgroups) -> Result<()> {
+        self.check()?;
+        if late.cgroups.is_empty() && late.limits.is_empty() {
+            return Ok(());
+        }
+        self.write_pending()?;
+        let mut buf = vec![0; CHUNK_HEADER_LEN];
+        buf.extend_from_slice(
+            &serde_json::to_vec(late).context("cannot encode the cgroups chunk")?,
+        );
+        seal(&mut buf, chunk::CGROUPS, 0, 0);
+        self.write_bytes(&buf, "cgroup names")
     }
 
     /// Writes what is buffered (as a possibly short chunk) and flushes the sink.

@@ -82,11 +82,10 @@ pub fn load(
     mut each: impl FnMut(&Event),
 ) -> Result<Loaded> {
     let mut reader = CaptureReader::open(path)?;
-    let header = reader.header().clone();
-    let start = header.start_monotonic_ns;
+    let start = reader.header().start_monotonic_ns;
     let lo = start + from.map_or(0, |d| d.as_nanos() as u64);
     let hi = to.map_or(u64::MAX, |d| start + d.as_nanos() as u64);
-    let mut agg = Aggregator::with_meter_units(lo, &header.meter_units);
+    let mut agg = Aggregator::with_meter_units(lo, &reader.header().meter_units);
     let mut buf: Vec<Event> = Vec::with_capacity(8192);
     let mut last_ts = start;
     while let Some(next) = reader.next_into(&mut buf)? {
@@ -115,7 +114,8 @@ pub fn load(
         })
     });
     Ok(Loaded {
-        header,
+        // Read to the end: it names the cgroups created during the run too.
+        header: reader.header().clone(),
         window: agg.total(end),
         warning,
     })
