@@ -8,248 +8,27 @@
 //! device, backing file and cgroup is unique to this process and removed in `Drop`, also when
 //! a test panics. Run (or in the 6.1 / 6.12 guests: `cargo xtask lab -- kernel_check`):
 //!   cargo test --release -p mergetrace --test kernel_check
-use std::{
-    fs,
-    path::{Path, PathBuf},
-    process::{Command, Output},
-    sync::{
-        atomic::{AtomicUsize, Ordering},
-        Mutex,
-    },
-};
+mod support;
+
+use std::process::{Command, Output};
 
 use serde_json::Value;
+use support::*;
 
-const BLKIO_ROOT: &str = "/sys/fs/cgroup/blkio";
-static NEXT: AtomicUsize = AtomicUsize::new(1);
-/// `losetup -f` picks a free device, then binds it: serialise within this process.
-static LOSETUP: Mutex<()> = Mutex::new(());
-
-fn unique(what: &str) -> String {
-    format!(
-        "mt-check-{what}-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-fn require_root() {
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    assert_eq!(
-        euid, 0,
-        "kernel_check needs root (loop devices, sysfs queue settings, blkio cgroups): run \
-         `sudo -E cargo test --release -p mergetrace --test kernel_check`; it fails instead of \
-         skipping on purpose"
-    );
-    assert!(
-        Command::new("losetup").arg("--version").output().is_ok(),
-        "kernel_check needs `losetup` (util-linux) in PATH"
-    );
-}
-
-fn run_ok(cmd: &mut Command) -> String {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn write_sysfs(path: &Path, value: &str) {
-    fs::write(path, value)
-        .unwrap_or_else(|e| panic!("cannot write {value:?} to {}: {e}", path.display()));
-}
-
-/// A loop device over a file in /dev/shm; detached and deleted on drop, with the queue
-/// settings it had restored (loop devices are reused and keep their sysfs settings).
-struct LoopDevice {
-    dev: PathBuf,
-    name: String,
-    file: PathBuf,
-    saved: Vec<(PathBuf, String)>,
-}
-
-impl LoopDevice {
-    fn new(size: u64) -> LoopDevice {
-        let file = PathBuf::from(format!("/dev/shm/{}.img", unique("loop")));
-        let f = fs::File::create(&file)
-            .unwrap_or_else(|e| panic!("cannot create {}: {e}", file.display()));
-        f.set_len(size).unwrap();
-        drop(f);
-        let out = {
-            let _g = LOSETUP.lock().unwrap_or_else(|p| p.into_inner());
-            Command::new("losetup")
-                .args(["-f", "--show"])
-                .arg(&file)
-                .output()
-                .expect("cannot run losetup")
-        };
-        if !out.status.success() {
-            let _ = fs::remove_file(&file);
-            panic!(
-                "losetup -f --show {} failed: {}",
-                file.display(),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        let dev = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string());
-        let name = dev.file_name().unwrap().to_string_lossy().into_owned();
-        let mut d = LoopDevice {
-            dev,
-            name,
-            file,
-            saved: Vec::new(),
-        };
-        for attr in ["scheduler", "nomerges"] {
-            let p = d.queue(attr);
-            let v = fs::read_to_string(&p).unwrap_or_default();
-            let v = if attr == "scheduler" {
-                v.split_whitespace()
-                    .find_map(|w| w.strip_prefix('[').and_then(|w| w.strip_suffix(']')))
-                    .unwrap_or("none")
-                    .to_string()
-            } else {
-                v.trim().to_string()
-            };
-            d.saved.push((p, v));
-        }
-        let _ = Command::new("udevadm").arg("settle").status();
-        d
-    }
-
-    fn queue(&self, attr: &str) -> PathBuf {
-        PathBuf::from(format!("/sys/block/{}/queue/{attr}", self.name))
-    }
-
-    fn maj_min(&self) -> String {
-        fs::read_to_string(format!("/sys/block/{}/dev", self.name))
-            .unwrap()
-            .trim()
-            .to_string()
-    }
-
-    fn set(&self, scheduler: &str, nomerges: u8) {
-        write_sysfs(&self.queue("scheduler"), scheduler);
-        write_sysfs(&self.queue("nomerges"), &nomerges.to_string());
-        let active = fs::read_to_string(self.queue("scheduler")).unwrap();
-        assert!(
-            active.contains(&format!("[{scheduler}]")),
-            "{}: scheduler {scheduler} not active: {active}",
-            self.name
-        );
-    }
-
-    /// The device's /proc/diskstats numbers after the name.
-    fn diskstats(&self) -> Vec<u64> {
-        let text = fs::read_to_string("/proc/diskstats").unwrap();
-        text.lines()
-            .find_map(|l| {
-                let mut it = l.split_whitespace();
-                let (_, _, n) = (it.next()?, it.next()?, it.next()?);
-                (n == self.name).then(|| it.map(|v| v.parse().unwrap()).collect())
-            })
-            .unwrap_or_else(|| panic!("{} not in /proc/diskstats", self.name))
-    }
-}
-
-impl Drop for LoopDevice {
-    fn drop(&mut self) {
-        for (p, v) in &self.saved {
-            let _ = fs::write(p, v);
-        }
-        let _ = Command::new("losetup").arg("-d").arg(&self.dev).status();
-        let _ = fs::remove_file(&self.file);
-    }
-}
-
-/// The hierarchy blk-throttle's limits live in, as mergetrace picks it: the v1 blkio mount
-/// (this host), else cgroup v2 (the lab's guests). `(v2, mount)`.
-fn hierarchy() -> (bool, PathBuf) {
-    if Path::new(BLKIO_ROOT)
-        .join("blkio.throttle.write_iops_device")
-        .exists()
-    {
-        return (false, PathBuf::from(BLKIO_ROOT));
-    }
-    let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let root = mountinfo
-        .lines()
-        .filter_map(|l| l.split_once(" - "))
-        .find(|(_, right)| right.starts_with("cgroup2 "))
-        .and_then(|(left, _)| left.split(' ').nth(4))
-        .map(PathBuf::from)
-        .expect("kernel_check needs the cgroup v1 blkio hierarchy or cgroup v2");
-    (true, root)
+/// Sets the scheduler and nomerges (each checked after writing).
+fn set_queue(dev: &LoopDevice, scheduler: &str, nomerges: u32) {
+    dev.set_scheduler(scheduler);
+    dev.set_nomerges(nomerges);
 }
 
 /// How `check` names the hierarchy ("cgroup v1 blkio hierarchy at /sys/fs/cgroup/blkio").
 fn hierarchy_words() -> String {
-    let (v2, root) = hierarchy();
-    let name = if v2 { "cgroup v2" } else { "cgroup v1 blkio" };
+    let (version, root) = cgroup_hierarchy();
+    let name = match version {
+        CgroupVersion::V1 => "cgroup v1 blkio",
+        CgroupVersion::V2 => "cgroup v2",
+    };
     format!("{name} hierarchy at {}", root.display())
-}
-
-/// A cgroup of blk-throttle's hierarchy (v1 blkio or v2); removed on drop.
-struct Cgroup {
-    dir: PathBuf,
-    name: String,
-}
-
-impl Cgroup {
-    fn new() -> Cgroup {
-        let (v2, root) = hierarchy();
-        if v2 {
-            // Children have io.max only with io in the root's subtree_control.
-            let control = root.join("cgroup.subtree_control");
-            if !fs::read_to_string(&control)
-                .unwrap_or_default()
-                .contains("io")
-            {
-                write_sysfs(&control, "+io");
-            }
-        }
-        let name = unique("cg");
-        let dir = root.join(&name);
-        fs::create_dir(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
-        Cgroup { dir, name }
-    }
-
-    fn path(&self) -> String {
-        format!("/{}", self.name)
-    }
-
-    /// One limit, named by its v1 file: on v2 the matching `io.max` key.
-    fn set(&self, file: &str, dev: &LoopDevice, value: u64) {
-        if !hierarchy().0 {
-            write_sysfs(&self.dir.join(file), &format!("{} {value}", dev.maj_min()));
-            return;
-        }
-        let key = match file {
-            "blkio.throttle.read_iops_device" => "riops",
-            "blkio.throttle.write_iops_device" => "wiops",
-            "blkio.throttle.read_bps_device" => "rbps",
-            "blkio.throttle.write_bps_device" => "wbps",
-            other => panic!("no io.max key for {other}"),
-        };
-        write_sysfs(
-            &self.dir.join("io.max"),
-            &format!("{} {key}={value}", dev.maj_min()),
-        );
-    }
-}
-
-impl Drop for Cgroup {
-    fn drop(&mut self) {
-        // Limits go with the directory; no process was ever put in it.
-        if let Err(e) = fs::remove_dir(&self.dir) {
-            eprintln!("warning: cannot remove {}: {e}", self.dir.display());
-        }
-    }
 }
 
 fn mergetrace(args: &[&str]) -> Output {
@@ -313,8 +92,8 @@ fn every_scheduler_and_nomerges_level() {
     require_root();
     let dev = LoopDevice::new(32 << 20);
     for sched in ["none", "mq-deadline"] {
-        for nm in [0u8, 1, 2] {
-            dev.set(sched, nm);
+        for nm in [0u32, 1, 2] {
+            set_queue(&dev, sched, nm);
             let v = check_json(&dev);
             let ctx = format!("scheduler {sched}, nomerges {nm}: {v:#}");
             assert_eq!(v["queue"]["scheduler"]["active"], sched, "{ctx}");
@@ -446,11 +225,11 @@ fn every_scheduler_and_nomerges_level() {
 fn diskstats_arithmetic_matches_the_kernel_counters() {
     require_root();
     let dev = LoopDevice::new(32 << 20);
-    dev.set("none", 0);
+    set_queue(&dev, "none", 0);
     // 1 MiB of 4 KiB direct writes, one at a time (dd), then a buffered 1 MiB read back.
-    run_ok(Command::new("dd").args([
+    run_cmd(Command::new("dd").args([
         "if=/dev/zero",
-        &format!("of={}", dev.dev.display()),
+        &format!("of={}", dev.path.display()),
         "bs=4k",
         "count=256",
         "oflag=direct",
@@ -459,13 +238,19 @@ fn diskstats_arithmetic_matches_the_kernel_counters() {
     let before = dev.diskstats();
     let v = check_json(&dev);
     let after = dev.diskstats();
+    let rw = |d: &DiskStats| {
+        (
+            (d.reads, d.reads_merged, d.sectors_read, d.ms_reading),
+            (d.writes, d.writes_merged, d.sectors_written, d.ms_writing),
+        )
+    };
     assert_eq!(
-        before[..8],
-        after[..8],
+        rw(&before),
+        rw(&after),
         "the device's read/write counters moved while check ran (something else uses {})",
         dev.name
     );
-    let (writes, wmerged, wsectors) = (after[4], after[5], after[6]);
+    let (writes, wmerged, wsectors) = (after.writes, after.writes_merged, after.sectors_written);
     assert!(
         writes + wmerged >= 256,
         "dd's 256 writes are not in diskstats: {after:?}"
@@ -504,12 +289,12 @@ fn diskstats_arithmetic_matches_the_kernel_counters() {
 fn names_every_throttled_cgroup_and_its_limit_kinds() {
     require_root();
     let dev = LoopDevice::new(32 << 20);
-    dev.set("none", 0);
+    set_queue(&dev, "none", 0);
     let iops = Cgroup::new();
-    iops.set("blkio.throttle.write_iops_device", &dev, 1000);
+    iops.set_device_limit("blkio.throttle.write_iops_device", &dev, 1000);
     let both = Cgroup::new();
-    both.set("blkio.throttle.read_iops_device", &dev, 50);
-    both.set("blkio.throttle.write_bps_device", &dev, 8 << 20);
+    both.set_device_limit("blkio.throttle.read_iops_device", &dev, 50);
+    both.set_device_limit("blkio.throttle.write_bps_device", &dev, 8 << 20);
 
     let v = check_json(&dev);
     let t = findings(&v, "throttle");
@@ -525,7 +310,7 @@ fn names_every_throttled_cgroup_and_its_limit_kinds() {
             .unwrap_or_else(|| panic!("no throttle finding names {}: {v:#}", cg.path()))
     };
     let f = of(&iops);
-    let (source, binds) = if hierarchy().0 {
+    let (source, binds) = if cgroup_hierarchy().0 == CgroupVersion::V2 {
         ("cgroup v2 io.max", "it and every cgroup below it")
     } else {
         (

@@ -304,6 +304,8 @@ impl BlockDev {
 pub struct LoopDevice {
     dev: BlockDev,
     pub backing: PathBuf,
+    /// The settings it had when attached (a reused loop device keeps an earlier user's).
+    saved: QueueSettings,
 }
 
 impl Deref for LoopDevice {
@@ -314,7 +316,9 @@ impl Deref for LoopDevice {
 }
 
 impl LoopDevice {
-    /// A loop device of `size` bytes, udev settled, default queue settings.
+    /// A loop device of `size` bytes, udev settled, with a loop device's default queue
+    /// settings (scheduler none, nomerges 0, max_sectors_kb the hardware's), whatever an
+    /// earlier user of the device left; those are put back on drop.
     pub fn new(size: u64) -> LoopDevice {
         let backing = PathBuf::from(format!("/dev/shm/{}.img", unique_name()));
         {
@@ -361,11 +365,17 @@ impl LoopDevice {
                 size,
             },
             backing,
+            saved: QueueSettings::default(),
         };
         udev_settle();
         let opened = BlockDev::open(&lo.dev.name, size);
         lo.dev.major = opened.major;
         lo.dev.minor = opened.minor;
+        lo.saved = QueueSettings::of(&lo.dev);
+        let max_hw = fs::read_to_string(lo.queue("max_hw_sectors_kb")).expect("max_hw_sectors_kb");
+        lo.set_scheduler("none");
+        lo.set_nomerges(0);
+        lo.set_queue_attr("max_sectors_kb", max_hw.trim());
         lo
     }
 
@@ -378,6 +388,7 @@ impl LoopDevice {
 
 impl Drop for LoopDevice {
     fn drop(&mut self) {
+        self.saved.restore();
         // Detaching can briefly fail while something (udev's probe) still holds it open.
         for _ in 0..50 {
             let ok = Command::new("losetup")
@@ -406,8 +417,43 @@ impl Drop for LoopDevice {
 /// turns, since /proc/diskstats (and a scheduler switch) is per disk.
 static LAB_DISK_LOCK: Mutex<()> = Mutex::new(());
 
-/// Queue attributes a test may change on the lab's scratch disk; put back when it is done.
-const LAB_DISK_ATTRS: [&str; 3] = ["scheduler", "nomerges", "max_sectors_kb"];
+/// Queue attributes a test may change; put back when it is done.
+const QUEUE_ATTRS: [&str; 3] = ["scheduler", "nomerges", "max_sectors_kb"];
+
+/// A device's [`QUEUE_ATTRS`] as they were, to put back (loop devices are reused and keep
+/// their queue settings after a detach; the lab's disk is shared by the tests).
+#[derive(Debug, Default)]
+struct QueueSettings(Vec<(PathBuf, String)>);
+
+impl QueueSettings {
+    fn of(dev: &BlockDev) -> QueueSettings {
+        QueueSettings(
+            QUEUE_ATTRS
+                .iter()
+                .map(|a| {
+                    let p = dev.queue(a);
+                    let v = if *a == "scheduler" {
+                        dev.scheduler()
+                    } else {
+                        fs::read_to_string(&p)
+                            .unwrap_or_default()
+                            .trim()
+                            .to_string()
+                    };
+                    (p, v)
+                })
+                .collect(),
+        )
+    }
+
+    fn restore(&self) {
+        for (p, v) in self.0.iter().rev() {
+            if let Err(e) = fs::write(p, v) {
+                eprintln!("warning: could not restore {} to {v}: {e}", p.display());
+            }
+        }
+    }
+}
 
 /// The disk a kernel test writes to: a fresh loop device over /dev/shm on the host; in the
 /// lab the scratch virtio disk (`MERGETRACE_LAB_DISK`, /dev/vdb: virtio-blk, one queue,
@@ -421,7 +467,7 @@ pub enum TestDisk {
 /// The lab's scratch disk, held by one test.
 pub struct LabDisk {
     dev: BlockDev,
-    saved: Vec<(PathBuf, String)>,
+    saved: QueueSettings,
     _turn: MutexGuard<'static, ()>,
 }
 
@@ -458,21 +504,7 @@ impl TestDisk {
             bytes >= size,
             "the lab's scratch disk {path} has {bytes} bytes; the test needs {size} (cargo xtask lab --disk MIB)"
         );
-        let saved = LAB_DISK_ATTRS
-            .iter()
-            .map(|a| {
-                let p = dev.queue(a);
-                let v = if *a == "scheduler" {
-                    dev.scheduler()
-                } else {
-                    fs::read_to_string(&p)
-                        .unwrap_or_default()
-                        .trim()
-                        .to_string()
-                };
-                (p, v)
-            })
-            .collect();
+        let saved = QueueSettings::of(&dev);
         TestDisk::Lab(LabDisk {
             dev,
             saved,
@@ -572,11 +604,7 @@ impl TestDisk {
 impl Drop for LabDisk {
     fn drop(&mut self) {
         // Before the turn is handed on (fields drop after this body).
-        for (p, v) in self.saved.iter().rev() {
-            if let Err(e) = fs::write(p, v) {
-                eprintln!("warning: could not restore {} to {v}: {e}", p.display());
-            }
-        }
+        self.saved.restore();
     }
 }
 
