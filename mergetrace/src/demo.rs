@@ -52,7 +52,13 @@ struct ScratchDisk {
     backing: PathBuf,
     dev: Device,
     path: PathBuf,
+    /// Queue settings the loop device had (a reused one keeps an earlier user's): put back
+    /// before it is detached.
+    saved: Vec<(&'static str, String)>,
 }
+
+/// The queue settings the demo changes.
+const QUEUE_ATTRS: [&str; 3] = ["scheduler", "nomerges", "max_sectors_kb"];
 
 impl ScratchDisk {
     fn new(bytes: u64) -> Result<ScratchDisk> {
@@ -83,19 +89,57 @@ impl ScratchDisk {
             }
         };
         let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-        let disk = ScratchDisk {
-            backing,
-            dev: device::resolve(&path.display().to_string())?,
-            path,
+        let dev = match device::resolve(&path.display().to_string()) {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = Command::new("losetup").arg("-d").arg(&path).status();
+                let _ = std::fs::remove_file(&backing);
+                return Err(e);
+            }
         };
+        let mut disk = ScratchDisk {
+            backing,
+            dev,
+            path,
+            saved: Vec::new(),
+        };
+        // From here on Drop detaches it. Start from a loop device's defaults, whatever an
+        // earlier user left: the tables depend on them.
+        for attr in QUEUE_ATTRS {
+            let now = disk.read_queue(attr)?;
+            disk.saved.push((attr, now));
+        }
+        let max_hw = disk.read_queue("max_hw_sectors_kb")?;
+        disk.queue("max_sectors_kb", &max_hw)?;
+        disk.queue("nomerges", "0")?;
+        disk.queue("scheduler", "none")?;
         Ok(disk)
     }
 
-    fn queue(&self, attr: &str, value: &str) -> Result<()> {
-        let p = Path::new("/sys/block")
+    fn queue_file(&self, attr: &str) -> PathBuf {
+        Path::new("/sys/block")
             .join(&self.dev.name)
             .join("queue")
-            .join(attr);
+            .join(attr)
+    }
+
+    /// A queue attribute's value; for the scheduler, the active one.
+    fn read_queue(&self, attr: &str) -> Result<String> {
+        let p = self.queue_file(attr);
+        let v =
+            std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?;
+        Ok(match attr {
+            "scheduler" => v
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix('[').and_then(|w| w.strip_suffix(']')))
+                .unwrap_or("none")
+                .to_string(),
+            _ => v.trim().to_string(),
+        })
+    }
+
+    fn queue(&self, attr: &str, value: &str) -> Result<()> {
+        let p = self.queue_file(attr);
         std::fs::write(&p, value)
             .with_context(|| format!("cannot write {value} to {}", p.display()))
     }
@@ -103,6 +147,9 @@ impl ScratchDisk {
 
 impl Drop for ScratchDisk {
     fn drop(&mut self) {
+        for (attr, v) in self.saved.iter().rev() {
+            let _ = self.queue(attr, v);
+        }
         let _ = Command::new("losetup").arg("-d").arg(&self.path).status();
         let _ = std::fs::remove_file(&self.backing);
     }
