@@ -210,7 +210,8 @@ fn deep_unbatched(sched: &str, nomerges: u32) -> (TraceOutput, DiskStats, Value,
         .opt("size", &size().to_string());
     // In the lab, with the requests held in the scheduler as on a busy disk (see
     // `TestDisk::run_queued_writer`: the emulated virtio disk would take them all at once).
-    let (out, d, report) = traced(&lo, || lo.run_queued_writer(sched, writer));
+    let held = lo.hold_writes(sched); // before tracing: a kyber warm-up writes
+    let (out, d, report) = traced(&lo, || held.run(writer));
     let ctx = format!("fio iodepth 512 unbatched, {sched}, nomerges={nomerges}");
     let m = out.device_total(&lo)["write"].clone();
     print(&ctx, &m, &d);

@@ -530,9 +530,10 @@ fn deep_unbatched(sched: &str, nomerges: u32) {
     disk.set_nomerges(nomerges);
     udev_settle();
     let ctx = format!("fio iodepth 512 unbatched, {sched}, nomerges={nomerges}");
+    let held = disk.hold_writes(sched); // before tracing: a kyber warm-up writes
     let Some((_tp, fe, d, report)) = traced_by_both(
         &disk,
-        || disk.run_queued_writer(sched, fio_writes(&disk, "deep", size, 512, 1)),
+        || held.run(fio_writes(&disk, "deep", size, 512, 1)),
         &ctx,
     ) else {
         return;

@@ -550,24 +550,35 @@ impl TestDisk {
     ///   (`kyber_timer_fn`) then sees congestion and throttles the domains with good latencies
     ///   — the writes' token depth shrinks, so write requests wait in kyber's per-CPU lists
     ///   where the next bio merges (`blk_bio_list_merge`, the software-queue path). (Measured:
-    ///   604 to 1,976 merges of 2,048 bios on 6.1 and 6.12.) The targets are put back after.
+    ///   604 to 1,976 merges of 2,048 bios on 6.1 and 6.12 — and once, on 6.12, 0 of 4,096:
+    ///   the depth had not shrunk before every write was done. So 2 s of writes elsewhere on
+    ///   the disk come first, in [`TestDisk::hold_writes`].) The targets are put back after.
     /// - none: nothing (there is no scheduler to hold them; merges in the software queue need
     ///   a busy device).
     pub fn run_queued_writer(&self, sched: &str, writer: Fio) -> Value {
-        if !self.is_lab_disk() {
-            return writer.run();
-        }
-        let writer = match sched {
-            "mq-deadline" | "bfq" => writer.opt("prioclass", "3"),
-            "kyber" => writer,
-            _ => return writer.run(),
+        self.hold_writes(sched).run(writer)
+    }
+
+    /// Sets up what [`TestDisk::run_queued_writer`] describes and returns it, running, to run
+    /// the writer in later ([`HeldWrites::run`]): call it before a tracer starts, so that what
+    /// it needs (a kyber warm-up's writes) is not in the traced counts. Nothing to set up on
+    /// loop devices.
+    pub fn hold_writes(&self, sched: &str) -> HeldWrites {
+        let mut held = HeldWrites {
+            prioclass_idle: false,
+            reader: None,
+            _targets: None,
         };
-        let _targets = (sched == "kyber").then(|| {
-            [
+        if !self.is_lab_disk() || !["mq-deadline", "bfq", "kyber"].contains(&sched) {
+            return held;
+        }
+        held.prioclass_idle = sched != "kyber";
+        if sched == "kyber" {
+            held._targets = Some([
                 self.set_queue_attr_restored("iosched/read_lat_nsec", "1000"),
                 self.set_queue_attr_restored("iosched/write_lat_nsec", "10000000000"),
-            ]
-        });
+            ]);
+        }
         let cap = self.capacity();
         assert!(
             cap >= 2 * self.size,
@@ -575,29 +586,80 @@ impl TestDisk {
             self.size
         );
         let reads_before = self.diskstats().reads;
-        let reader = Fio::new("busy-reader", &self.path)
-            .opt("rw", "randread")
-            .opt("bs", "4k")
-            .opt("direct", "1")
-            .opt("ioengine", "libaio")
-            .opt("iodepth", "16")
-            .offset(cap / 2)
-            .size(cap / 4)
-            .opt("time_based", "1")
-            .opt("runtime", "3600")
-            // One process: waiting for it waits for its reads.
-            .opt("thread", "1")
-            .spawn();
-        // Start writing once the reader has requests going (10 s at most), and kyber's timer
-        // (every 100 ms) has seen their latencies.
+        held.reader = Some(
+            Fio::new("busy-reader", &self.path)
+                .opt("rw", "randread")
+                .opt("bs", "4k")
+                .opt("direct", "1")
+                .opt("ioengine", "libaio")
+                .opt("iodepth", "16")
+                .offset(cap / 2)
+                .size(cap / 4)
+                .opt("time_based", "1")
+                .opt("runtime", "3600")
+                // One process: waiting for it waits for its reads.
+                .opt("thread", "1")
+                .spawn(),
+        );
+        // Go on once the reader has requests going (10 s at most), and kyber's timer (every
+        // 100 ms) has seen their latencies.
         let deadline = Instant::now() + Duration::from_secs(10);
         while self.diskstats().reads == reads_before && Instant::now() < deadline {
             thread::sleep(Duration::from_millis(20));
         }
         thread::sleep(Duration::from_millis(500));
-        let report = writer.run();
-        reader.kill(); // its reads are done when this returns
+        if sched == "kyber" {
+            // kyber shrinks the write domain's depth only from a p99 of write latencies (500
+            // samples, or a second of them) taken while reads are late; without writes before
+            // the measured ones, all of those could be done first (seen on 6.12: 0 merges of
+            // 4,096). Writes for 2 s elsewhere on the disk leave the depth at 1-2 for the
+            // measured writer.
+            Fio::new("kyber-warm-up", &self.path)
+                .opt("rw", "randwrite")
+                .opt("bs", "4k")
+                .opt("direct", "1")
+                .opt("ioengine", "libaio")
+                .opt("iodepth", "64")
+                .offset(cap / 4)
+                .size(cap / 4)
+                .opt("time_based", "1")
+                .opt("runtime", "2")
+                .run();
+        }
+        held
+    }
+}
+
+/// A reader keeping the lab's disk busy (and scheduler targets) while it lives; see
+/// [`TestDisk::hold_writes`].
+pub struct HeldWrites {
+    prioclass_idle: bool,
+    reader: Option<FioRun>,
+    _targets: Option<[QueueAttrRestore; 2]>,
+}
+
+impl HeldWrites {
+    /// Runs `writer` to completion, in I/O priority class idle where that holds it back,
+    /// then stops the reader (its reads are done when this returns).
+    pub fn run(mut self, writer: Fio) -> Value {
+        let report = if self.prioclass_idle {
+            writer.opt("prioclass", "3").run()
+        } else {
+            writer.run()
+        };
+        if let Some(r) = self.reader.take() {
+            r.kill();
+        }
         report
+    }
+}
+
+impl Drop for HeldWrites {
+    /// Without `run` (a test panicked): stop the reader.
+    fn drop(&mut self) {
+        if let Some(r) = self.reader.take() {
+            r.kill();
+        }
     }
 }
 
