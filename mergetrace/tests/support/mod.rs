@@ -559,26 +559,53 @@ impl TestDisk {
         self.hold_writes(sched).run(writer)
     }
 
-    /// Sets up what [`TestDisk::run_queued_writer`] describes and returns it, running, to run
-    /// the writer in later ([`HeldWrites::run`]): call it before a tracer starts, so that what
-    /// it needs (a kyber warm-up's writes) is not in the traced counts. Nothing to set up on
-    /// loop devices.
-    pub fn hold_writes(&self, sched: &str) -> HeldWrites {
+    /// Sets up what [`TestDisk::run_queued_writer`] describes, to run the writer in later
+    /// ([`HeldWrites::run`]). Call it before a tracer starts: for kyber it writes for a while
+    /// (below), and those writes must not be in the traced counts. The busy reader runs only
+    /// inside `run`, so two tracers started one after the other see the same reads. Nothing to
+    /// set up on loop devices.
+    pub fn hold_writes(&self, sched: &str) -> HeldWrites<'_> {
         let mut held = HeldWrites {
+            disk: self,
+            busy_reader: false,
             prioclass_idle: false,
-            reader: None,
             _targets: None,
         };
         if !self.is_lab_disk() || !["mq-deadline", "bfq", "kyber"].contains(&sched) {
             return held;
         }
+        held.busy_reader = true;
         held.prioclass_idle = sched != "kyber";
         if sched == "kyber" {
             held._targets = Some([
                 self.set_queue_attr_restored("iosched/read_lat_nsec", "1000"),
                 self.set_queue_attr_restored("iosched/write_lat_nsec", "10000000000"),
             ]);
+            // kyber shrinks the write domain's depth only from a p99 of write latencies (500
+            // samples, or a second of them) taken while reads are late; without writes before
+            // the measured ones, all of those could be done first (seen on 6.12: 0 merges of
+            // 4,096). 2 s of writes elsewhere on the disk, with the reader busy, leave the depth
+            // at 1-2; it does not grow back while writes meet their 10 s target.
+            let reader = self.start_busy_reader();
+            Fio::new("kyber-warm-up", &self.path)
+                .opt("rw", "randwrite")
+                .opt("bs", "4k")
+                .opt("direct", "1")
+                .opt("ioengine", "libaio")
+                .opt("iodepth", "64")
+                .offset(self.capacity() / 4)
+                .size(self.capacity() / 4)
+                .opt("time_based", "1")
+                .opt("runtime", "2")
+                .run();
+            reader.kill();
         }
+        held
+    }
+
+    /// Random reads on the third quarter of the disk until killed, started once its requests
+    /// are going (10 s at most) and kyber's timer (every 100 ms) has seen their latencies.
+    fn start_busy_reader(&self) -> FioRun {
         let cap = self.capacity();
         assert!(
             cap >= 2 * self.size,
@@ -586,80 +613,51 @@ impl TestDisk {
             self.size
         );
         let reads_before = self.diskstats().reads;
-        held.reader = Some(
-            Fio::new("busy-reader", &self.path)
-                .opt("rw", "randread")
-                .opt("bs", "4k")
-                .opt("direct", "1")
-                .opt("ioengine", "libaio")
-                .opt("iodepth", "16")
-                .offset(cap / 2)
-                .size(cap / 4)
-                .opt("time_based", "1")
-                .opt("runtime", "3600")
-                // One process: waiting for it waits for its reads.
-                .opt("thread", "1")
-                .spawn(),
-        );
-        // Go on once the reader has requests going (10 s at most), and kyber's timer (every
-        // 100 ms) has seen their latencies.
+        let reader = Fio::new("busy-reader", &self.path)
+            .opt("rw", "randread")
+            .opt("bs", "4k")
+            .opt("direct", "1")
+            .opt("ioengine", "libaio")
+            .opt("iodepth", "16")
+            .offset(cap / 2)
+            .size(cap / 4)
+            .opt("time_based", "1")
+            .opt("runtime", "3600")
+            // One process: waiting for it waits for its reads.
+            .opt("thread", "1")
+            .spawn();
         let deadline = Instant::now() + Duration::from_secs(10);
         while self.diskstats().reads == reads_before && Instant::now() < deadline {
             thread::sleep(Duration::from_millis(20));
         }
         thread::sleep(Duration::from_millis(500));
-        if sched == "kyber" {
-            // kyber shrinks the write domain's depth only from a p99 of write latencies (500
-            // samples, or a second of them) taken while reads are late; without writes before
-            // the measured ones, all of those could be done first (seen on 6.12: 0 merges of
-            // 4,096). Writes for 2 s elsewhere on the disk leave the depth at 1-2 for the
-            // measured writer.
-            Fio::new("kyber-warm-up", &self.path)
-                .opt("rw", "randwrite")
-                .opt("bs", "4k")
-                .opt("direct", "1")
-                .opt("ioengine", "libaio")
-                .opt("iodepth", "64")
-                .offset(cap / 4)
-                .size(cap / 4)
-                .opt("time_based", "1")
-                .opt("runtime", "2")
-                .run();
-        }
-        held
+        reader
     }
 }
 
-/// A reader keeping the lab's disk busy (and scheduler targets) while it lives; see
-/// [`TestDisk::hold_writes`].
-pub struct HeldWrites {
+/// What holds the writes back on the lab's disk; see [`TestDisk::hold_writes`].
+pub struct HeldWrites<'a> {
+    disk: &'a TestDisk,
+    busy_reader: bool,
     prioclass_idle: bool,
-    reader: Option<FioRun>,
     _targets: Option<[QueueAttrRestore; 2]>,
 }
 
-impl HeldWrites {
-    /// Runs `writer` to completion, in I/O priority class idle where that holds it back,
-    /// then stops the reader (its reads are done when this returns).
-    pub fn run(mut self, writer: Fio) -> Value {
-        let report = if self.prioclass_idle {
-            writer.opt("prioclass", "3").run()
+impl HeldWrites<'_> {
+    /// Starts the busy reader, runs `writer` to completion (in I/O priority class idle where
+    /// that holds it back), stops the reader (its reads are done when this returns).
+    pub fn run(self, writer: Fio) -> Value {
+        let reader = self.busy_reader.then(|| self.disk.start_busy_reader());
+        let writer = if self.prioclass_idle {
+            writer.opt("prioclass", "3")
         } else {
-            writer.run()
+            writer
         };
-        if let Some(r) = self.reader.take() {
+        let report = writer.run();
+        if let Some(r) = reader {
             r.kill();
         }
         report
-    }
-}
-
-impl Drop for HeldWrites {
-    /// Without `run` (a test panicked): stop the reader.
-    fn drop(&mut self) {
-        if let Some(r) = self.reader.take() {
-            r.kill();
-        }
     }
 }
 
