@@ -631,7 +631,7 @@ pub fn findings(input: &CheckInput) -> Vec<Finding> {
         "fentry" => (format!("{}; {facts}", t.reason), None),
         "tracepoint" => (
             format!(
-                "{}; throttle delays are estimated and failed merge attempts are invisible; {facts}",
+                "{}; throttle delays are not measured and failed merge attempts are invisible; {facts}",
                 t.reason
             ),
             None,
@@ -1445,7 +1445,7 @@ mod tests {
         let t = by_topic(&f, "tier");
         assert_eq!(
             t.finding,
-            "fentry refused by this kernel's policy: tracepoint tier; throttle delays are estimated and failed merge attempts are invisible; BTF present, block tracepoints in BTF, CAP_SYS_ADMIN, tracefs not mounted (not needed: the tracepoints attach through BTF)"
+            "fentry refused by this kernel's policy: tracepoint tier; throttle delays are not measured and failed merge attempts are invisible; BTF present, block tracepoints in BTF, CAP_SYS_ADMIN, tracefs not mounted (not needed: the tracepoints attach through BTF)"
         );
         assert_eq!(f.last().unwrap().topic, "tier");
     }

@@ -149,29 +149,6 @@ pub fn verdict(
     (!parts.is_empty()).then(|| parts.join("; "))
 }
 
-/// Estimated total time that `releases` bios waited in the throttle queue (tracepoint tier;
-/// the fentry tier measures it). In a FIFO queue the bios a departing bio leaves behind are
-/// the ones that arrived while it waited, and a binding limit admits `rate_per_s` bios per
-/// second, so each waited about `(behind + 1) / rate`. `behind` is summed over releases.
-pub fn estimated_delay_ns(releases: u64, behind: u64, rate_per_s: Option<f64>) -> Option<u64> {
-    let rate = rate_per_s.filter(|r| *r > 0.0)?;
-    (releases > 0).then(|| ((behind + releases) as f64 / rate * 1e9) as u64)
-}
-
-/// Bios per second the tightest limit in force admits, for bios of `avg_bio_bytes`.
-pub fn admitted_rate(limits: &BTreeMap<&'static str, LimitUse>, avg_bio_bytes: f64) -> Option<f64> {
-    limits
-        .iter()
-        .map(|(name, u)| {
-            if name.ends_with("iops") || avg_bio_bytes <= 0.0 {
-                u.limit as f64
-            } else {
-                u.limit as f64 / avg_bio_bytes
-            }
-        })
-        .min_by(f64::total_cmp)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,30 +211,5 @@ mod tests {
         assert!(verdict(&BTreeMap::new(), 1, 1, 5)
             .unwrap()
             .contains("no limit is set now"));
-    }
-
-    #[test]
-    fn delay_estimate() {
-        // at wiops=2000, each released bio leaving 63 behind waited 64/2000 s = 32 ms
-        let total = estimated_delay_ns(2000, 2000 * 63, Some(2000.0)).unwrap();
-        assert_eq!(total, 2000 * 32_000_000);
-        assert_eq!(estimated_delay_ns(0, 0, Some(2000.0)), None);
-        assert_eq!(
-            estimated_delay_ns(5, 0, None),
-            None,
-            "no limit known: no estimate"
-        );
-        // the tightest limit decides: 100 MiB/s of 1 MiB bios is 100 bios/s, below wiops 2000
-        let mut lu = limit_use(&eff_wiops(2000), true, 0, 0, 1.0);
-        lu.insert(
-            "wbps",
-            LimitUse {
-                limit: 100 << 20,
-                cgroup: "/mt".into(),
-                used_pct: 0.0,
-            },
-        );
-        assert_eq!(admitted_rate(&lu, (1 << 20) as f64), Some(100.0));
-        assert_eq!(admitted_rate(&BTreeMap::new(), 4096.0), None);
     }
 }

@@ -10,9 +10,8 @@
 //!   and `(other)` (which would make both go backwards);
 //! - **monotonic counters**: every counter series is the running maximum of what the kernel
 //!   counters gave. The kernel's own counters only grow, but a few values are derived (requests
-//!   are issues minus requeues, discard merges are what is left after the traced paths, a
-//!   tracepoint-tier throttle delay is an estimate from the limits in force) and can dip while
-//!   I/O is in flight or a limit changes; a dip would look like a counter reset to Prometheus.
+//!   are issues minus requeues, discard merges are what is left after the traced paths) and
+//!   can dip while I/O is in flight; a dip would look like a counter reset to Prometheus.
 //!   A series, once exported, stays exported.
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -192,7 +191,7 @@ impl Row {
             charged_ios: st.charged_ios,
             charged_bytes: st.charged_bytes,
             throttled_bios: st.throttled.bios,
-            // Nothing waited: nothing to estimate, the delay is known to be 0.
+            // Nothing waited: the delay is known to be 0, on either tier.
             delay_ns: st
                 .throttled
                 .delay_ns_total
@@ -526,10 +525,10 @@ impl Collector for Exposition {
             |r| Some(r.throttled_bios),
         )?;
         counter(&mut enc, "mergetrace_throttle_delay_seconds",
-            "Time the throttled bios waited in blk-throttle's queue; mergetrace_throttle_delay_estimated says whether it is measured (fentry tier) or estimated (tracepoint tier).",
+            "Time the throttled bios waited in blk-throttle's queue, measured per bio (fentry tier); on the tracepoint tier only while it is known to be 0 (nothing waited), absent otherwise.",
             rows, |r| r.delay_ns.map(|ns| ns as f64 / 1e9))?;
         gauge(&mut enc, "mergetrace_throttle_delay_estimated",
-            "1 when mergetrace_throttle_delay_seconds_total of the same labels is an estimate from queue lengths and the limit in force (tracepoint tier), 0 when measured per bio (fentry tier).",
+            "1 when mergetrace_throttle_delay_seconds_total of the same labels is not measured per bio (tracepoint tier: present only as 0 while nothing waited), 0 when it is (fentry tier).",
             rows, |r| r.delay_ns.map(|_| r.delay_estimated as u64))?;
         {
             let mut m = enc.encode_descriptor(

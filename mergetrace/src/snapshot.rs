@@ -225,9 +225,13 @@ pub struct MergeAttempts {
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Throttled {
     pub bios: u64,
-    /// Total time they waited; `null` when it cannot be known.
+    /// Total time they waited (fentry tier); `null` when it cannot be known: always on the
+    /// tracepoint tier, which sees a throttled bio only when blk-throttle releases it.
     pub delay_ns_total: Option<u64>,
-    /// The delay is a Little's-law estimate from queue lengths (tracepoint tier), not measured.
+    /// `true` on the tracepoint tier: the delay is not measured there (`delay_ns_total` is
+    /// null). An estimate from the queue left behind at each release was tried and read 150x
+    /// too low: blk-throttle releases its queued bios in batches (the name is kept for the
+    /// JSON contract).
     pub delay_estimated: bool,
 }
 
@@ -258,9 +262,6 @@ pub struct DirStats {
     pub limits: BTreeMap<&'static str, LimitUse>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verdict: Option<String>,
-    /// Bios left in the throttle queue, summed over releases (input of the delay estimate).
-    #[serde(skip)]
-    pub queued_behind: u64,
 }
 
 impl DirStats {
@@ -268,7 +269,6 @@ impl DirStats {
         let back = c.back_merges_by_path;
         let all = c.bio_merges_by_path;
         DirStats {
-            queued_behind: c.throttle_queue_samples,
             charged_ios: c.charged_ios,
             charged_bytes: c.charged_bytes,
             throttled: Throttled {
@@ -361,7 +361,6 @@ impl DirStats {
         } else if self.merge_attempts.is_none() {
             self.merge_attempts = o.merge_attempts.clone();
         }
-        self.queued_behind += o.queued_behind;
         self.throttled.delay_estimated = o.throttled.delay_estimated;
         self.throttled.delay_ns_total =
             match (self.throttled.delay_ns_total, o.throttled.delay_ns_total) {
@@ -430,18 +429,6 @@ pub fn build(
                     st.requests,
                     st.throttled.bios,
                 );
-                if !opts.fentry {
-                    let avg_bio = if st.bios > 0 {
-                        st.bytes as f64 / st.bios as f64
-                    } else {
-                        0.0
-                    };
-                    st.throttled.delay_ns_total = meter::estimated_delay_ns(
-                        st.throttled.bios,
-                        st.queued_behind,
-                        meter::admitted_rate(&st.limits, avg_bio),
-                    );
-                }
             }
             for dir in Dir::ALL {
                 total.get_mut(dir).add(dirs.get(dir));
