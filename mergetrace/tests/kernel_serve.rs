@@ -402,7 +402,16 @@ fn stop_and_check_detached(server: Server, sig: libc::c_int) {
         stderr.contains("mergetrace: stopped; programs detached"),
         "stderr:\n{stderr}"
     );
-    let loaded_after = loaded_block_programs();
+    // The kernel frees programs after their last reference goes, not always before the
+    // process is reaped (seen once in CI): give it up to 10 s, as kernel_reliability does.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let loaded_after = loop {
+        let now = loaded_block_programs();
+        if ours.is_disjoint(&now) || Instant::now() > deadline {
+            break now;
+        }
+        thread::sleep(Duration::from_millis(100));
+    };
     let left: Vec<_> = ours.intersection(&loaded_after).collect();
     assert!(
         left.is_empty(),
