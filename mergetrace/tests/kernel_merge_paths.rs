@@ -196,7 +196,7 @@ fn front_merges_in_the_plug_mq_deadline() {
 /// batch), 64 MiB (16 MiB in the lab). The loop device has 128 tags, so requests wait in the
 /// scheduler (or the software queue) and the next contiguous bio merges into them there; the
 /// lab's virtio disk would take them all at once, so there they are held back in the
-/// scheduler by I/O priority or a real-time writer (`TestDisk::run_queued_writer`).
+/// scheduler by I/O priority or a real-time writer (`TestDisk::hold_writes`).
 fn deep_unbatched(sched: &str, nomerges: u32) -> (TraceOutput, DiskStats, Value, TestDisk) {
     let lo = device(sched, nomerges);
     let writer = Fio::new("deep", &lo.path)
@@ -209,7 +209,7 @@ fn deep_unbatched(sched: &str, nomerges: u32) -> (TraceOutput, DiskStats, Value,
         .opt("iodepth_batch_complete_min", "1")
         .opt("size", &size().to_string());
     // In the lab, with the requests held in the scheduler as on a busy disk (see
-    // `TestDisk::run_queued_writer`: the emulated virtio disk would take them all at once).
+    // `TestDisk::hold_writes`: the emulated virtio disk would take them all at once).
     let held = lo.hold_writes(sched); // before tracing: a kyber warm-up writes
     let (out, d, report) = traced(&lo, || held.run(writer));
     let ctx = format!("fio iodepth 512 unbatched, {sched}, nomerges={nomerges}");

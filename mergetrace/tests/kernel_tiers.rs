@@ -520,7 +520,7 @@ fn tiers_agree_nomerges2_mq_deadline() {
 
 /// 4 KiB sequential writes submitted one at a time, iodepth 512: no plug batch, so bios meet
 /// the requests already queued in the scheduler (mq-deadline: elv_merge decisions, failed
-/// and successful; in the lab held there by I/O priority, see `TestDisk::run_queued_writer`)
+/// and successful; in the lab held there by I/O priority, see `TestDisk::hold_writes`)
 /// or in the software queue (none: only where the device is busy, so possibly none). Both
 /// tiers at once.
 fn deep_unbatched(sched: &str, nomerges: u32) {

@@ -528,8 +528,11 @@ impl TestDisk {
             .unwrap_or(self.size)
     }
 
-    /// Runs `writer` (a fio job on this disk, below [`BlockDev::size`]) so that its requests
-    /// wait in the I/O scheduler `sched`, as they do on a busy disk, and returns fio's report.
+    /// Makes the requests of a writer (a fio job on this disk, below [`BlockDev::size`], run
+    /// with [`HeldWrites::run`]) wait in the I/O scheduler `sched`, as they do on a busy disk.
+    /// Call it before a tracer starts: for kyber it writes for a while (below), and those
+    /// writes must not be in the traced counts. The busy reader runs only inside `run`, so two
+    /// tracers started one after the other see the same reads.
     ///
     /// On the host's loop devices they do by themselves (128 tags served by one worker
     /// thread), and `writer` runs as it is. The lab's virtio disk takes every request at once:
@@ -537,7 +540,7 @@ impl TestDisk {
     /// (measured on 6.1 and 6.12: 0 merges of 2,048-4,096 bios at iodepth 512 with mq-deadline,
     /// bfq and kyber). There a best-effort reader keeps requests pending on another region of
     /// the disk while the writer runs (its reads are in the read direction, apart from the
-    /// writes the tests check; it is stopped, its reads done, before this returns), and the
+    /// writes the tests check; it is stopped, its reads done, before `run` returns), and the
     /// scheduler is made to hold the writes back behind them:
     /// - mq-deadline, bfq: the writer runs in I/O priority class idle (fio `prioclass=3`).
     ///   mq-deadline does not dispatch a lower priority while a higher one is pending
@@ -552,18 +555,9 @@ impl TestDisk {
     ///   where the next bio merges (`blk_bio_list_merge`, the software-queue path). (Measured:
     ///   604 to 1,976 merges of 2,048 bios on 6.1 and 6.12 — and once, on 6.12, 0 of 4,096:
     ///   the depth had not shrunk before every write was done. So 2 s of writes elsewhere on
-    ///   the disk come first, in [`TestDisk::hold_writes`].) The targets are put back after.
+    ///   the disk come first, here.) The targets are put back after.
     /// - none: nothing (there is no scheduler to hold them; merges in the software queue need
     ///   a busy device).
-    pub fn run_queued_writer(&self, sched: &str, writer: Fio) -> Value {
-        self.hold_writes(sched).run(writer)
-    }
-
-    /// Sets up what [`TestDisk::run_queued_writer`] describes, to run the writer in later
-    /// ([`HeldWrites::run`]). Call it before a tracer starts: for kyber it writes for a while
-    /// (below), and those writes must not be in the traced counts. The busy reader runs only
-    /// inside `run`, so two tracers started one after the other see the same reads. Nothing to
-    /// set up on loop devices.
     pub fn hold_writes(&self, sched: &str) -> HeldWrites<'_> {
         let mut held = HeldWrites {
             disk: self,
