@@ -1,7 +1,8 @@
 //! `cargo xtask lab`: runs the project's tests (or any shell command) inside Debian's 6.1
 //! and 6.12 cloud kernels, booted as QEMU TCG guests that see the host's root read-only over
-//! virtiofs (under a tmpfs overlay), with a fresh scratch disk /dev/vdb (virtio, mq-deadline)
-//! and cgroup v2 with the io controller. Tests are built on the host (compiling in a TCG
+//! virtiofs (under a tmpfs overlay), with a fresh scratch disk /dev/vdb (virtio, mq-deadline),
+//! a disk that requeues /dev/vdc (a small virtio ring without indirect descriptors) and
+//! cgroup v2 with the io controller. Tests are built on the host (compiling in a TCG
 //! guest is ~20× slower) and their executables run in the guest, at the same paths.
 //!
 //! Facts this relies on: shared/docs/kvm-lab.md. Pieces: [`kernel`] (fetch, unpack,
@@ -243,6 +244,7 @@ fn guest_script(series: &str, body: &str) -> String {
          export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n\
          export HOME=/root TERM=dumb LANG=C.UTF-8 RUST_BACKTRACE=1\n\
          export MERGETRACE_LAB=1 MERGETRACE_LAB_KERNEL={series} MERGETRACE_LAB_DISK=/dev/vdb\n\
+         export MERGETRACE_LAB_REQUEUE_DISK=/dev/vdc\n\
          {}\
          cd {} || exit 125\n\
          {body}\n",
@@ -456,6 +458,7 @@ pub fn lab(args: LabArgs) -> Result<ExitCode> {
             // The logs stay until the next lab run; the disk images go now.
             let _ = fs::remove_file(run_dir.join("aux.img"));
             let _ = fs::remove_file(run_dir.join("scratch.img"));
+            let _ = fs::remove_file(run_dir.join("requeue.img"));
             eprintln!(
                 "lab: logs in {} (until the next lab run)",
                 run_dir.display()

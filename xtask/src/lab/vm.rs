@@ -1,5 +1,5 @@
 //! One guest boot: virtiofsd sharing the host's root, QEMU (TCG) with the kernel, the lab's
-//! initramfs and two fresh sparse disks, the command's output followed live from ttyS1, a
+//! initramfs and three fresh sparse disks, the command's output followed live from ttyS1, a
 //! wall-clock timeout. Only the processes started here are ever killed, by their PIDs.
 use std::{
     fs,
@@ -79,6 +79,21 @@ fn die_with_parent(cmd: &mut Command) {
     }
 }
 
+/// Size of /dev/vdc, the requeue disk.
+const REQUEUE_DISK_MIB: u64 = 256;
+
+/// /dev/vdc: a virtio-blk disk whose driver runs out of ring space before it runs out of tags,
+/// so queue_rq returns BLK_STS_DEV_RESOURCE (virtblk_add_req: -ENOSPC) and the block layer
+/// requeues (`block:block_rq_requeue`) whenever a 6th one-segment request (or fewer larger
+/// ones) is dispatched while the others are in flight. Without indirect descriptors virtio_blk
+/// allots ring/2 = 8 tags to the 16-entry ring, but each request takes 2 + segments
+/// descriptors, so 5 one-segment requests fill it. One queue, so mq-deadline is the default
+/// scheduler (nr_requests 16, max_segments 14 = queue-size - 2). A queue-depth-1 workload
+/// (dd O_DIRECT of blocks up to max_sectors_kb) never requeues; fio at iodepth 32, or
+/// buffered writes and a sync, do.
+const REQUEUE_DEVICE: &str =
+    "virtio-blk-pci,drive=d2,num-queues=1,queue-size=16,indirect_desc=off,serial=mt-requeue";
+
 fn sparse_file(path: &Path, mib: u64) -> Result<()> {
     let f = fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
     f.set_len(mib << 20)
@@ -112,6 +127,8 @@ pub fn run(cfg: &VmConfig) -> Result<VmResult> {
     let scratch = dir.join("scratch.img");
     sparse_file(&aux, 64)?;
     sparse_file(&scratch, cfg.scratch_mib)?;
+    let requeue = dir.join("requeue.img");
+    sparse_file(&requeue, REQUEUE_DISK_MIB)?;
     let console_log = dir.join("console.log");
     let out_log = dir.join("out.log");
     let rc_log = dir.join("rc.log");
@@ -214,7 +231,10 @@ pub fn run(cfg: &VmConfig) -> Result<VmResult> {
     .args([
         "-device",
         "virtio-blk-pci,drive=d1,num-queues=1,serial=mt-scratch",
-    ]);
+    ])
+    // vdc: the requeue disk (after vda and vdb, which the tests rely on).
+    .args(["-drive", &drive(&requeue, "d2")?])
+    .args(["-device", REQUEUE_DEVICE]);
     let qemu_log = dir.join("qemu.log");
     q.stdin(Stdio::null())
         .stdout(fs::File::create(&qemu_log)?)
