@@ -48,6 +48,19 @@ pub struct UnplugKey {
     pub _pad: u32,
 }
 
+/// What the programs keep per traced disk (the value of the device filter map).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceState {
+    /// The cgroup whose bio most recently started a flush sequence (`REQ_PREFLUSH`/`REQ_FUA`)
+    /// on the disk. A flush request the flush machinery issues carries no bio, so it is
+    /// counted for this cgroup (0 until one is seen).
+    pub flush_cgroup: u64,
+    /// Non-zero once a request issued on the disk was handed back (requeued): from then on
+    /// the issue probe checks whether a request is issued again.
+    pub requeues_seen: u64,
+}
+
 /// Cloud-meter unit sizes in bytes (0 = unused slot), given to the programs at load.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -66,6 +79,10 @@ pub struct Counters {
     /// `block_split`: each split leaves a remainder that is submitted (and charged) again.
     pub splits: u64,
     pub getrq: u64,
+    /// `block_getrq` for an empty write bio (`REQ_PREFLUSH`/`REQ_FUA` without data): the flush
+    /// machinery completes its request without issuing it as a write (it issues a separate
+    /// flush request instead), and /proc/diskstats counts it as a completed write.
+    pub flush_only: u64,
     pub back_merges: u64,
     pub front_merges: u64,
     /// Bio merges by path, indexed by [`path`] value.
@@ -75,20 +92,22 @@ pub struct Counters {
     /// `block_rq_merge`: a request absorbed into another.
     pub rq_merges: u64,
     pub inserts: u64,
+    /// First issues of requests: the requests the device saw. A request handed back by the
+    /// driver and issued again counts once here (its later issues are `reissues`).
     pub issues: u64,
     pub issue_bytes: u64,
+    /// `block_rq_requeue`: requests the driver handed back (`BLK_STS_RESOURCE`).
     pub requeues: u64,
+    /// Issues of requests that had been issued and requeued before.
+    pub reissues: u64,
     pub completions: u64,
     pub completed_bytes: u64,
     /// blk-throttle charges (each bio and split remainder in a group with rules).
     pub charged_ios: u64,
     pub charged_bytes: u64,
-    /// Bios released by blk-throttle's dispatch work: they waited in the throttle queue.
+    /// Bios (and split remainders) released by blk-throttle's dispatch work: they waited in
+    /// the throttle queue.
     pub throttled_bios: u64,
-    /// Bios left in the group's throttle queue, summed over releases. Not a delay: blk-throttle
-    /// releases its queued bios in batches, so this is mostly 0 (measured: an estimate from it
-    /// read 0.96 s where fentry measured 147 s). Kept: it is part of the shared layout.
-    pub throttle_queue_samples: u64,
     /// fentry tier: `__blk_throtl_bio` calls and how many queued the bio.
     pub throttle_calls: u64,
     pub throttle_queued: u64,
@@ -153,6 +172,11 @@ impl Counters {
             ev.path
         } as usize
             & 3;
+        // A bio (or split remainder) seen while blk-throttle's dispatch work released it; the
+        // bio kinds are 1 (BIO_QUEUE) to 5 (GETRQ).
+        if ev.flags & flags::THROTTLE_RELEASED != 0 && ev.kind <= kind::GETRQ {
+            self.throttled_bios += 1;
+        }
         match ev.kind {
             kind::BIO_QUEUE => {
                 self.bios += 1;
@@ -162,10 +186,6 @@ impl Counters {
                 if iops_rule || bps_rule {
                     self.charged_ios += 1;
                     self.charged_bytes += if ev.op == 3 { 512 } else { ev.bytes as u64 };
-                }
-                if ev.flags & flags::THROTTLE_RELEASED != 0 {
-                    self.throttled_bios += 1;
-                    self.throttle_queue_samples += ev.aux as u64;
                 }
             }
             kind::SPLIT => {
@@ -185,13 +205,24 @@ impl Counters {
                 self.front_merges += 1;
                 self.bio_merges_by_path[p] += 1;
             }
-            kind::GETRQ => self.getrq += 1,
+            kind::GETRQ => {
+                self.getrq += 1;
+                // REQ_OP_WRITE without data: only a flush sequence sends one.
+                if ev.op == 1 && ev.bytes == 0 {
+                    self.flush_only += 1;
+                }
+            }
             kind::RQ_MERGE => self.rq_merges += 1,
             kind::RQ_INSERT => self.inserts += 1,
+            kind::RQ_ISSUE if ev.flags & flags::REISSUE != 0 => self.reissues += 1,
             kind::RQ_ISSUE => {
                 self.issues += 1;
                 self.issue_bytes += ev.bytes as u64;
-                self.request_size_hist[size_bucket(ev.bytes as u64) & (SIZE_BUCKETS - 1)] += 1;
+                // A flush request has no data: not a size.
+                if ev.bytes > 0 {
+                    self.request_size_hist[size_bucket(ev.bytes as u64) & (SIZE_BUCKETS - 1)] +=
+                        1;
+                }
                 // aux: bios chained in the request (0 for a flush without data).
                 if ev.aux > 0 {
                     let b = count_bucket(ev.aux as u64);
@@ -233,9 +264,15 @@ impl Counters {
         }
     }
 
-    /// Requests the device saw: issues, not counting re-issues after a requeue.
+    /// Requests the device saw: each counted once, however often it was requeued.
     pub fn requests(&self) -> u64 {
-        self.issues.saturating_sub(self.requeues)
+        self.issues
+    }
+
+    /// Bios (and split pieces) that reached a request: what merging compressed into
+    /// [`Counters::requests`]. Flush-only writes are left out: they never become one.
+    pub fn bios_to_requests(&self) -> u64 {
+        (self.bios + self.splits).saturating_sub(self.flush_only)
     }
 
     /// Discard merges have no tracepoint: every bio (and split remainder) either gets a new

@@ -6,7 +6,7 @@
 #![no_std]
 
 pub mod count;
-pub use count::{CountKey, Counters, MeterUnits, UnplugKey};
+pub use count::{CountKey, Counters, DeviceState, MeterUnits, UnplugKey};
 
 /// One block-layer event, as emitted by a probe. 56 bytes; fields not used by a kind are 0.
 #[repr(C)]
@@ -29,9 +29,7 @@ pub struct Event {
     /// Bytes of the bio or request (`bi_size`, `__data_len`).
     pub bytes: u32,
     /// Kind-specific: split: sector where the remainder starts; unplug: depth; issue: bios
-    /// chained in the request (counted up to [`MAX_CHAIN`]);
-    /// complete: bytes completed; bio queue released by the throttle: bios still waiting in
-    /// its group's throttle queue (for the tracepoint tier's delay estimate).
+    /// chained in the request (counted up to [`MAX_CHAIN`]); complete: bytes completed.
     pub aux: u32,
     /// One of [`kind`].
     pub kind: u8,
@@ -129,6 +127,12 @@ pub mod flags {
     pub const BPS_CHARGED: u8 = 1 << 3;
     /// Unplug: an explicit `blk_finish_plug`, not a flush from schedule.
     pub const UNPLUG_EXPLICIT: u8 = 1 << 4;
+    /// Bio kinds: the bio carries `REQ_PREFLUSH` or `REQ_FUA`, so it starts a flush sequence
+    /// (a data-less one is completed by the flush machinery without a write request).
+    pub const FLUSH_SEQ: u8 = 1 << 5;
+    /// Issue: the request was issued before and handed back by the driver (requeued); this
+    /// issue is the same request again, not a new one.
+    pub const REISSUE: u8 = 1 << 6;
 }
 
 /// Kernel struct offsets (bytes) and enum values, resolved by user space from the running
@@ -178,11 +182,14 @@ pub struct KernelOffsets {
     pub tg_td: u32,
     /// Length of `blkcg_gq.pd[]` (`BLKCG_MAX_POLS`).
     pub blkg_pd_count: u32,
-    /// Bios waiting in a group's throttle queue, per direction: `service_queue.nr_queued[2]`
-    /// (up to 6.15) or `nr_queued_bps[2]` + `nr_queued_iops[2]` (6.16+). `NONE` if absent.
-    pub tg_nr_queued_a: u32,
-    pub tg_nr_queued_b: u32,
-    pub _pad: u32,
+    /// `(1 << __REQ_PREFLUSH) | (1 << __REQ_FUA)`: the `blk_opf_t` bits that make a bio part of
+    /// a flush sequence (`op_is_flush`). The bit numbers move between versions.
+    pub req_flush_mask: u32,
+    /// `request.state` (`enum mq_rq_state`: 0 idle, 1 in flight, 2 complete).
+    pub rq_state: u32,
+    /// `request.start_time_ns` (set when the request is allocated): tells a requeued request
+    /// issued again from a new one that reuses its memory.
+    pub rq_start_time_ns: u32,
 }
 
 /// The longest bio chain the issue probe walks (a request's bios; loop devices allow 128
@@ -224,6 +231,7 @@ mod pod {
     unsafe impl aya::Pod for super::UnplugKey {}
     unsafe impl aya::Pod for super::MeterUnits {}
     unsafe impl aya::Pod for super::Modes {}
+    unsafe impl aya::Pod for super::DeviceState {}
 }
 
 #[cfg(test)]

@@ -14,8 +14,8 @@ use aya_ebpf::{
     EbpfContext,
 };
 use mergetrace_common::{
-    count::dir_of_op, flags, kind, path, CountKey, Counters, Event, KernelOffsets, KernelSymbols,
-    MeterUnits, Modes, UnplugKey, LOST_COUNTS_FULL, LOST_SLOTS, MAX_CHAIN,
+    count::dir_of_op, flags, kind, path, CountKey, Counters, DeviceState, Event, KernelOffsets,
+    KernelSymbols, MeterUnits, Modes, UnplugKey, LOST_COUNTS_FULL, LOST_SLOTS, MAX_CHAIN,
 };
 
 #[no_mangle]
@@ -46,17 +46,42 @@ static ZERO: PerCpuArray<Counters> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 24, 0);
 
-/// Whole disks to trace, in the kernel's `dev_t` encoding. Value unused.
+/// Whole disks to trace, in the kernel's `dev_t` encoding, with what the programs keep per disk.
 #[map]
-static DEVICES: HashMap<u32, u8> = HashMap::with_max_entries(256, 0);
+static DEVICES: HashMap<u32, DeviceState> = HashMap::with_max_entries(256, 0);
 
 /// Per CPU, per event kind: events the ring buffer had no room for.
 #[map]
 static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOST_SLOTS, 0);
 
-/// Per CPU: non-zero while blk-throttle's dispatch work item runs on this CPU.
+/// What one CPU knows while blk-throttle's dispatch work item runs on it (kthrotld is a
+/// per-CPU workqueue: the item runs to its end on one CPU). Every bio submitted then was
+/// released from the throttle queue, or is a piece of one: a bio's first release shows as its
+/// `block_bio_queue`, but a split remainder had that before it waited, so its release shows
+/// only as the first split, merge or new request of a bio none of these slots name.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Dispatch {
+    /// The work item running (0: none).
+    work: u64,
+    /// The last bio whose `block_bio_queue` fired in this run (already counted as released).
+    queued: u64,
+    /// The remainder of the last split in this run: resubmitted in this same run when it
+    /// passes the throttle at once, so not released again.
+    remainder: u64,
+    /// The front piece of that split: a new bio, not a released one.
+    front: u64,
+}
+
 #[map]
-static IN_THROTL_DISPATCH: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+static DISPATCH: PerCpuArray<Dispatch> = PerCpuArray::with_max_entries(1, 0);
+
+/// Requests handed back by the driver after they were issued: request address → its
+/// `start_time_ns`, so that its next issue is known as the same request again. LRU: a
+/// requeued request that is never issued again (its disk went away) cannot fill the map.
+#[map]
+static REQUEUED: LruHashMap<u64, u64> = LruHashMap::with_max_entries(4096, 0);
+
 
 /// fentry tier: bio address → when it entered `__blk_throtl_bio` (ns). LRU, so a bio that
 /// never comes back (cancelled with its disk) cannot fill the map.
@@ -126,9 +151,10 @@ fn disk_dev(disk: u64) -> u32 {
     ((major as u32) << 20) | (minor as u32 & 0xfffff)
 }
 
+/// The traced disk's state, or `None` if the disk is not traced.
 #[inline(always)]
-fn traced(dev: u32) -> bool {
-    unsafe { DEVICES.get(&dev) }.is_some()
+fn traced(dev: u32) -> Option<*mut DeviceState> {
+    DEVICES.get_ptr_mut(&dev)
 }
 
 /// The cgroup id (kernfs inode) a `struct blkcg_gq` belongs to; 0 for NULL.
@@ -231,9 +257,7 @@ fn bio_event(bio: u64, kind: u8) -> Option<Event> {
     let bdev: u64 = read(bio, off!(bio_bi_bdev));
     let disk: u64 = read(bdev, off!(bdev_bd_disk));
     let dev = disk_dev(disk);
-    if !traced(dev) {
-        return None;
-    }
+    traced(dev)?;
     let opf: u32 = read(bio, off!(bio_bi_opf));
     let blkg: u64 = read(bio, off!(bio_bi_blkg));
     Some(Event {
@@ -248,8 +272,24 @@ fn bio_event(bio: u64, kind: u8) -> Option<Event> {
         kind,
         op: (opf & 0xff) as u8,
         path: 0,
-        flags: 0,
+        flags: if opf & off!(req_flush_mask) != 0 {
+            flags::FLUSH_SEQ
+        } else {
+            0
+        },
     })
+}
+
+/// A request's start sector as the kernel's own block tracepoints report it
+/// (`blk_rq_trace_sector`): 0 where none was set, as for a flush request (`(sector_t)-1`).
+#[inline(always)]
+fn rq_trace_sector(rq: u64) -> u64 {
+    let sector: u64 = read(rq, off!(rq_sector));
+    if sector == u64::MAX {
+        0
+    } else {
+        sector
+    }
 }
 
 /// The common part of every request event; `None` if the request's disk is not traced.
@@ -261,19 +301,22 @@ fn rq_event(rq: u64, kind: u8) -> Option<Event> {
     let q: u64 = read(rq, off!(rq_q));
     let disk: u64 = read(q, off!(q_disk));
     let dev = disk_dev(disk);
-    if !traced(dev) {
-        return None;
-    }
+    let state = traced(dev)?;
     let cmd_flags: u32 = read(rq, off!(rq_cmd_flags));
     // A request never mixes cgroups (blk_cgroup_mergeable), so its first bio tells its cgroup.
     let first_bio: u64 = read(rq, off!(rq_bio));
-    let blkg: u64 = read(first_bio, off!(bio_bi_blkg));
+    let cgroup_id = if first_bio != 0 {
+        blkg_cgroup_id(read(first_bio, off!(bio_bi_blkg)))
+    } else {
+        // A flush request carries no bio: it is the flush of the cgroup that asked last.
+        unsafe { (*state).flush_cgroup }
+    };
     Some(Event {
         ts_ns: unsafe { bpf_ktime_get_ns() },
-        cgroup_id: blkg_cgroup_id(blkg),
+        cgroup_id,
         id: rq,
         aux64: first_bio,
-        sector: read(rq, off!(rq_sector)),
+        sector: rq_trace_sector(rq),
         dev,
         bytes: read(rq, off!(rq_data_len)),
         aux: 0,
@@ -332,36 +375,29 @@ fn bps_charged(bio: u64) -> bool {
     bi_flags & (1u16 << (off!(bio_bps_throttled_bit) & 15)) != 0
 }
 
-/// Bios still waiting in the group's throttle queue for direction `op`.
+/// This CPU's dispatch state while blk-throttle's dispatch work runs on it, else `None`.
 #[inline(always)]
-fn throttle_queue_len(tg: u64, op: u8) -> u32 {
-    let rw = (op & 1) as u32 * 4;
-    let mut n = 0u32;
-    let a = off!(tg_nr_queued_a);
-    if a != mergetrace_common::NONE {
-        n += read_probe::<u32>(tg, a + rw);
-    }
-    let b = off!(tg_nr_queued_b);
-    if b != mergetrace_common::NONE {
-        n += read_probe::<u32>(tg, b + rw);
-    }
-    n
+fn throttle_dispatch() -> Option<*mut Dispatch> {
+    let d = DISPATCH.get_ptr_mut(0)?;
+    (unsafe { (*d).work } != 0).then_some(d)
 }
 
+/// In the dispatch work: whether `bio` is a released split remainder, seen for the first time
+/// since its release (see [`Dispatch`]).
 #[inline(always)]
-fn in_throttle_dispatch() -> bool {
-    IN_THROTL_DISPATCH.get(0).is_some_and(|v| *v != 0)
+fn released_remainder(d: *mut Dispatch, bio: u64) -> bool {
+    let d = unsafe { &*d };
+    bio != d.queued && bio != d.remainder && bio != d.front
 }
 
 #[btf_tracepoint(function = "block_bio_queue")]
 pub fn block_bio_queue(ctx: BtfTracePointContext) -> u32 {
     let bio: u64 = ctx.arg(0);
     if let Some(mut ev) = bio_event(bio, kind::BIO_QUEUE) {
-        let tg = throttle_group(bio);
-        ev.flags = rule_flags(tg, ev.op);
-        if in_throttle_dispatch() {
+        ev.flags |= rule_flags(throttle_group(bio), ev.op);
+        if let Some(d) = throttle_dispatch() {
             ev.flags |= flags::THROTTLE_RELEASED;
-            ev.aux = throttle_queue_len(tg, ev.op);
+            unsafe { (*d).queued = bio };
         }
         emit(&ev);
     }
@@ -376,14 +412,35 @@ pub fn block_split(ctx: BtfTracePointContext) -> u32 {
     let new_sector: u64 = ctx.arg(1);
     if let Some(mut ev) = bio_event(split, kind::SPLIT) {
         ev.aux = new_sector as u32;
-        ev.aux64 = read(split, off!(bio_bi_private));
-        ev.flags = rule_flags(throttle_group(split), ev.op);
-        if bps_charged(ev.aux64) {
+        let remainder: u64 = read(split, off!(bio_bi_private));
+        ev.aux64 = remainder;
+        ev.flags |= rule_flags(throttle_group(split), ev.op);
+        if bps_charged(remainder) {
             ev.flags |= flags::BPS_CHARGED;
+        }
+        if let Some(d) = throttle_dispatch() {
+            if released_remainder(d, remainder) {
+                ev.flags |= flags::THROTTLE_RELEASED;
+            }
+            unsafe {
+                (*d).remainder = remainder;
+                (*d).front = split;
+            }
         }
         emit(&ev);
     }
     0
+}
+
+/// Flags a bio that reached a merge or a new request in the dispatch work as a released
+/// split remainder when it is one.
+#[inline(always)]
+fn mark_released(ev: &mut Event) {
+    if let Some(d) = throttle_dispatch() {
+        if released_remainder(d, ev.id) {
+            ev.flags |= flags::THROTTLE_RELEASED;
+        }
+    }
 }
 
 /// Which merge caller is on the kernel stack: the first frame inside one of the
@@ -422,6 +479,7 @@ fn bio_merge(ctx: &BtfTracePointContext, kind: u8) {
     let bio: u64 = ctx.arg(0);
     if let Some(mut ev) = bio_event(bio, kind) {
         ev.path = merge_path(ctx);
+        mark_released(&mut ev);
         emit(&ev);
     }
 }
@@ -440,7 +498,15 @@ pub fn block_bio_frontmerge(ctx: BtfTracePointContext) -> u32 {
 
 #[btf_tracepoint(function = "block_getrq")]
 pub fn block_getrq(ctx: BtfTracePointContext) -> u32 {
-    if let Some(ev) = bio_event(ctx.arg(0), kind::GETRQ) {
+    if let Some(mut ev) = bio_event(ctx.arg(0), kind::GETRQ) {
+        mark_released(&mut ev);
+        if ev.flags & flags::FLUSH_SEQ != 0 {
+            // This request starts a flush sequence: the flush request the flush machinery
+            // issues for it (without a bio) is counted for this cgroup.
+            if let Some(state) = traced(ev.dev) {
+                unsafe { (*state).flush_cgroup = ev.cgroup_id };
+            }
+        }
         emit(&ev);
     }
     0
@@ -481,14 +547,48 @@ pub fn block_rq_issue(ctx: BtfTracePointContext) -> u32 {
         // checks the rest of the program once instead of once per possible count (6.1 gave
         // up with E2BIG).
         ev.aux = forget(n as u64) as u32;
+        if reissued(ctx.arg(0), ev.dev) {
+            ev.flags |= flags::REISSUE;
+        }
         emit(&ev);
     }
     0
 }
 
+/// Whether the request being issued was issued before and requeued (and forgets it). Only
+/// disks that have requeued a request during the run pay for the lookup.
+#[inline(always)]
+fn reissued(rq: u64, dev: u32) -> bool {
+    let Some(state) = traced(dev) else {
+        return false;
+    };
+    if unsafe { (*state).requeues_seen } == 0 {
+        return false;
+    }
+    let Some(started) = (unsafe { REQUEUED.get(&rq) }).copied() else {
+        return false;
+    };
+    let _ = REQUEUED.remove(&rq);
+    // The same memory may hold a new request by now (the requeued one went away unissued).
+    read::<u64>(rq, off!(rq_start_time_ns)) == started
+}
+
+/// `block_rq_requeue(rq)`: a driver handed the request back. If it had been issued (started),
+/// its next issue is the same request again, not a new one: remember it.
 #[btf_tracepoint(function = "block_rq_requeue")]
 pub fn block_rq_requeue(ctx: BtfTracePointContext) -> u32 {
-    rq_simple(&ctx, kind::RQ_REQUEUE);
+    if let Some(ev) = rq_event(ctx.arg(0), kind::RQ_REQUEUE) {
+        let rq: u64 = ctx.arg(0);
+        // `__blk_mq_requeue_request` fires this before it sets the state back to idle.
+        let state: u32 = read(rq, off!(rq_state));
+        let started: u64 = read(rq, off!(rq_start_time_ns));
+        if state != 0 && REQUEUED.insert(&rq, &started, 0).is_ok() {
+            if let Some(disk) = traced(ev.dev) {
+                unsafe { (*disk).requeues_seen = 1 };
+            }
+        }
+        emit(&ev);
+    }
     0
 }
 
@@ -516,7 +616,7 @@ pub fn block_unplug(ctx: BtfTracePointContext) -> u32 {
     let explicit: u64 = ctx.arg(2);
     let disk: u64 = read(q, off!(q_disk));
     let dev = disk_dev(disk);
-    if !traced(dev) {
+    if traced(dev).is_none() {
         return 0;
     }
     let ev = Event {
@@ -543,8 +643,15 @@ pub fn workqueue_execute_start(ctx: BtfTracePointContext) -> u32 {
     let work: u64 = ctx.arg(0);
     let target = sym!(throtl_dispatch_fn);
     if target != 0 && read::<u64>(work, off!(work_func)) == target {
-        if let Some(mark) = IN_THROTL_DISPATCH.get_ptr_mut(0) {
-            unsafe { *mark = work };
+        if let Some(d) = DISPATCH.get_ptr_mut(0) {
+            unsafe {
+                *d = Dispatch {
+                    work,
+                    queued: 0,
+                    remainder: 0,
+                    front: 0,
+                }
+            };
         }
     }
     0
@@ -555,10 +662,10 @@ pub fn workqueue_execute_start(ctx: BtfTracePointContext) -> u32 {
 #[btf_tracepoint(function = "workqueue_execute_end")]
 pub fn workqueue_execute_end(ctx: BtfTracePointContext) -> u32 {
     let work: u64 = ctx.arg(0);
-    if let Some(mark) = IN_THROTL_DISPATCH.get_ptr_mut(0) {
+    if let Some(d) = DISPATCH.get_ptr_mut(0) {
         unsafe {
-            if *mark == work {
-                *mark = 0;
+            if (*d).work == work {
+                (*d).work = 0;
             }
         }
     }
@@ -587,7 +694,7 @@ pub fn throtl_bio_exit(ctx: FExitContext) -> u32 {
     let throttled: u64 = ctx.arg(1);
     if let Some(mut ev) = bio_event(ctx.arg(0), kind::THROTTLE_CHARGE) {
         ev.path = (throttled & 0xff != 0) as u8;
-        ev.flags = rule_flags(throttle_group(ctx.arg(0)), ev.op);
+        ev.flags |= rule_flags(throttle_group(ctx.arg(0)), ev.op);
         emit(&ev);
         if ev.path == 0 {
             let key: u64 = ctx.arg(0);

@@ -385,17 +385,80 @@ pub(crate) mod tests {
         a.apply(&s);
         a.apply(&ev(kind::GETRQ, 1, 5, 0));
         a.apply(&ev(kind::GETRQ, 1, 5, 0));
-        for _ in 0..3 {
+        for _ in 0..2 {
             a.apply(&ev(kind::RQ_ISSUE, 1, 5, 512 << 10));
         }
+        // The second request is handed back and issued again: still one request, its bytes,
+        // size and meter units counted once.
         a.apply(&ev(kind::RQ_REQUEUE, 1, 5, 512 << 10));
+        let mut again = ev(kind::RQ_ISSUE, 1, 5, 512 << 10);
+        again.flags = flags::REISSUE;
+        a.apply(&again);
         let c = a.total(1).device_total(7 << 20 | 3, Dir::Write);
         assert_eq!(
             (c.charged_ios, c.charged_bytes, c.throttled_bios),
             (2, 1 << 20, 1)
         );
-        assert_eq!(c.requests(), 2);
+        assert_eq!((c.requests(), c.requeues, c.reissues), (2, 1, 1));
+        assert_eq!(c.issue_bytes, 1 << 20);
+        assert_eq!(c.request_size_hist.iter().sum::<u64>(), 2);
+        assert_eq!(c.meter_units[0], 4, "two 512 KiB requests in 256 KiB units");
         assert_eq!(c.merged(Dir::Write.code()), 0);
+    }
+
+    #[test]
+    fn flush_only_writes_and_flush_requests() {
+        // fsync after a 4 KiB write: the data write, then an empty REQ_PREFLUSH write whose
+        // request the flush machinery completes without issuing it, and a flush request.
+        let mut a = Aggregator::new(0);
+        a.apply(&ev(kind::BIO_QUEUE, 1, 5, 4096));
+        a.apply(&ev(kind::GETRQ, 1, 5, 4096));
+        a.apply(&ev(kind::RQ_ISSUE, 1, 5, 4096));
+        let mut flush = ev(kind::BIO_QUEUE, 1, 5, 0);
+        flush.flags = flags::FLUSH_SEQ;
+        a.apply(&flush);
+        flush.kind = kind::GETRQ;
+        a.apply(&flush);
+        let mut flush_rq = ev(kind::RQ_ISSUE, 2, 5, 0);
+        flush_rq.sector = u64::MAX;
+        a.apply(&flush_rq);
+        let w = a.total(1);
+        let c = w.device_total(7 << 20 | 3, Dir::Write);
+        assert_eq!((c.bios, c.requests(), c.flush_only), (2, 1, 1));
+        // the identity: bios + splits = requests + merged + flush_only
+        assert_eq!(
+            c.bios + c.splits,
+            c.requests() + c.merged(Dir::Write.code()) + c.flush_only
+        );
+        assert_eq!(c.bios_to_requests(), 1, "the flush-only write is not compressed");
+        let f = w.device_total(7 << 20 | 3, Dir::Flush);
+        assert_eq!(f.requests(), 1);
+        assert_eq!(
+            f.request_size_hist.iter().sum::<u64>(),
+            0,
+            "a flush request has no size"
+        );
+    }
+
+    #[test]
+    fn released_split_remainders_count_as_throttled() {
+        // A bio released by the dispatch work (its bio_queue) and a split remainder released
+        // later (its first merge, new request or split in the dispatch work).
+        let mut a = Aggregator::new(0);
+        let mut q = ev(kind::BIO_QUEUE, 1, 5, 8192);
+        q.flags = flags::RULES_IOPS | flags::THROTTLE_RELEASED;
+        a.apply(&q);
+        for k in [kind::GETRQ, kind::BACK_MERGE, kind::SPLIT] {
+            let mut e = ev(k, 1, 5, 4096);
+            e.flags = flags::RULES_IOPS | flags::THROTTLE_RELEASED;
+            a.apply(&e);
+        }
+        // Request events never carry the flag's meaning.
+        let mut i = ev(kind::RQ_ISSUE, 1, 5, 4096);
+        i.flags = flags::THROTTLE_RELEASED;
+        a.apply(&i);
+        let c = a.total(1).device_total(7 << 20 | 3, Dir::Write);
+        assert_eq!(c.throttled_bios, 4);
     }
 
     #[test]

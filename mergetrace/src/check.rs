@@ -1009,6 +1009,9 @@ mod tests {
             rotational: false,
             logical_block_size: 512,
             hw_queues: 1,
+            max_segment_size: Some(65536),
+            chunk_sectors: Some(0),
+            discard_max_bytes: Some(4 << 30),
         }
     }
 

@@ -525,9 +525,14 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         );
         if let Some(v) = meter::verdict(
             &lu,
-            a.counts.bios + a.counts.splits,
-            a.counts.requests(),
-            a.counts.throttled_bios,
+            &meter::Activity {
+                bios: a.counts.bios - a.counts.flush_only.min(a.counts.bios),
+                splits: a.counts.splits,
+                requests: a.counts.requests(),
+                charged_ios: a.counts.charged_ios,
+                throttled_bios: a.counts.throttled_bios,
+                split_cause: None,
+            },
         ) {
             println!("verdict, {}: {v}", a.label);
         }

@@ -12,7 +12,8 @@ use tokio::{
 
 use crate::{
     aggregate::{self, Window},
-    cgroups::Cgroups,
+    cgroups::{Cgroups, Hierarchy},
+    limits::{self, LimitKind},
     cli::LiveArgs,
     device::{self, Device},
     kernel::{self, monotonic_ns},
@@ -32,7 +33,7 @@ pub fn resolve_devices(specs: &[String]) -> Result<Vec<Device>> {
 }
 
 /// The banner: what is traced, on which tier, and notes the user should read.
-pub fn banner(devices: &[Device], session: &kernel::Session) -> Vec<String> {
+pub fn banner(devices: &[Device], session: &kernel::Session, cgroups: &Cgroups) -> Vec<String> {
     let names: Vec<String> = devices
         .iter()
         .map(|d| format!("{} ({}:{})", d.name, d.major, d.minor))
@@ -47,9 +48,44 @@ pub fn banner(devices: &[Device], session: &kernel::Session) -> Vec<String> {
         if let Ok(q) = crate::queue::QueueSettings::read(d) {
             lines.push(configuration_line(&d.name, &q));
         }
+        lines.extend(v1_writeback_note(d, cgroups));
     }
     lines.extend(session.notes.iter().cloned());
     lines
+}
+
+/// On cgroup v1, write limits never see buffered writes: say so when a cgroup has one.
+pub fn v1_writeback_note(d: &Device, cgroups: &Cgroups) -> Option<String> {
+    if cgroups.hierarchy != Hierarchy::V1 {
+        return None;
+    }
+    let mut limited: Vec<&str> = cgroups
+        .all()
+        .map(|(_, path)| path)
+        .filter(|path| {
+            let dir = cgroups.mount.join(path.trim_start_matches('/'));
+            let own = limits::own_limits(Hierarchy::V1, &dir, d.major, d.minor);
+            own.get(LimitKind::Wiops).is_some() || own.get(LimitKind::Wbps).is_some()
+        })
+        .collect();
+    if limited.is_empty() {
+        return None;
+    }
+    limited.sort_unstable();
+    let more = limited.len().saturating_sub(3);
+    limited.truncate(3);
+    Some(format!(
+        "{}: cgroup v1 has no writeback attribution: buffered writes are submitted by the \
+         kernel's flusher as the root cgroup, so the write limits of {}{} count only direct and \
+         synchronous writes, and the writeback shows in the / row",
+        d.name,
+        limited.join(", "),
+        if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        }
+    ))
 }
 
 /// The per-device configuration line, as the article explains it: scheduler, what nomerges
@@ -102,7 +138,7 @@ pub async fn run(args: LiveArgs) -> Result<()> {
     )?;
     let start = monotonic_ns();
     let tier = session.tier.clone();
-    let banner = banner(&devices, &session);
+    let banner = banner(&devices, &session, &cgroups);
     // The first line on stderr says the probes are attached (scripts and tests wait for it).
     for line in &banner {
         eprintln!("mergetrace: {line}");

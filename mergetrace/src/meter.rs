@@ -88,16 +88,105 @@ fn human_rate(bytes_per_s: u64) -> String {
     }
 }
 
-/// The one-line verdict for a cgroup and direction, in the words of the article; `None` when
-/// no limit is in force and nothing was throttled.
-pub fn verdict(
-    limits: &BTreeMap<&'static str, LimitUse>,
-    bios: u64,
-    requests: u64,
-    throttled_bios: u64,
-) -> Option<String> {
+/// Queue limits that split bios (`/sys/block/NAME/queue`); `None` where unknown (a capture
+/// from an older mergetrace, a file that could not be read).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct SplitLimits {
+    pub max_sectors_kb: Option<u64>,
+    pub max_hw_sectors_kb: Option<u64>,
+    pub max_segments: Option<u64>,
+    pub max_segment_size: Option<u64>,
+    /// 0: no chunk boundary.
+    pub chunk_sectors: Option<u64>,
+    pub discard_max_bytes: Option<u64>,
+}
+
+/// Why bios were split, from the sizes of the pieces and the queue's limits.
+pub fn split_cause(limits: &SplitLimits, discard: bool, avg_request_bytes: f64) -> String {
+    if discard {
+        return match limits.discard_max_bytes {
+            Some(b) => format!("discard_max_bytes ({}) caps each discard", human_size(b)),
+            None => "the discard size limit (discard_max_bytes)".to_string(),
+        };
+    }
+    if let Some(kb) = limits.max_sectors_kb {
+        // Pieces of max_sectors_kb each, the last one shorter: the average is close to it.
+        if avg_request_bytes >= 0.75 * (kb * 1024) as f64 {
+            let lever = match limits.max_hw_sectors_kb {
+                Some(hw) if hw > kb => format!(
+                    "raise max_sectors_kb (the device allows up to {hw} KiB), or submit bios of at most {kb} KiB"
+                ),
+                _ => format!("{kb} KiB is the device's own limit: submit bios of at most {kb} KiB"),
+            };
+            return format!("max_sectors_kb ({kb} KiB) caps each request; {lever}");
+        }
+    }
+    if let Some(c) = limits.chunk_sectors.filter(|c| *c > 0) {
+        return format!(
+            "I/O crossing a chunk boundary (chunk_sectors {} KiB) is split: align I/O to the chunk",
+            c / 2
+        );
+    }
+    match (limits.max_segments, limits.max_segment_size) {
+        (Some(n), Some(sz)) => format!(
+            "bios with more than {n} segments (or segments over {}) are split: use fewer, larger, \
+             page-aligned buffers",
+            human_size(sz)
+        ),
+        _ => "the queue's size or segment limits".to_string(),
+    }
+}
+
+fn human_size(b: u64) -> String {
+    if b >= 1 << 30 && b % (1 << 30) == 0 {
+        format!("{} GiB", b >> 30)
+    } else if b >= 1 << 20 && b % (1 << 20) == 0 {
+        format!("{} MiB", b >> 20)
+    } else if b >= 1024 {
+        format!("{} KiB", b / 1024)
+    } else {
+        format!("{b} B")
+    }
+}
+
+/// What one cgroup and direction did, as the verdict needs it.
+#[derive(Debug, Clone, Default)]
+pub struct Activity {
+    /// Bios submitted, flush-only writes left out (they never reach a request).
+    pub bios: u64,
+    /// Split remainders: each a piece of its own.
+    pub splits: u64,
+    pub requests: u64,
+    pub charged_ios: u64,
+    pub throttled_bios: u64,
+    /// Why bios were split, when they were ([`split_cause`]).
+    pub split_cause: Option<String>,
+}
+
+/// How the device's requests compare with the bios: merged, split, or one for one.
+fn requests_vs_bios(a: &Activity) -> String {
+    if a.requests == 0 {
+        return "the device saw no requests".to_string();
+    }
+    let per_bio = a.requests as f64 / a.bios.max(1) as f64;
+    if a.splits > 0 && per_bio >= 1.05 {
+        return format!(
+            "bios are split: the device saw {per_bio:.1}× more requests than bios ({})",
+            a.split_cause.as_deref().unwrap_or("the queue's limits")
+        );
+    }
+    let fewer = a.bios as f64 / a.requests as f64;
+    if fewer >= 1.05 {
+        format!("the device saw {fewer:.1}× fewer requests")
+    } else {
+        "the device saw as many requests as bios".to_string()
+    }
+}
+
+/// The one-line verdict for a cgroup and direction; `None` when no limit is in force and
+/// nothing was throttled.
+pub fn verdict(limits: &BTreeMap<&'static str, LimitUse>, a: &Activity) -> Option<String> {
     let mut parts = Vec::new();
-    let fewer = (requests > 0).then(|| bios as f64 / requests as f64);
     // Bios that waited mean a limit bound at some point of the window, even if the average
     // use over the window is low (the workload may have run for part of it): the most-used
     // limit is the one that held them.
@@ -106,7 +195,8 @@ pub fn verdict(
         .max_by(|a, b| a.1.used_pct.total_cmp(&b.1.used_pct))
         .map(|(n, _)| *n);
     for (name, u) in limits {
-        let binding = u.used_pct >= BINDING_PCT || (throttled_bios > 0 && Some(*name) == most_used);
+        let binding =
+            u.used_pct >= BINDING_PCT || (a.throttled_bios > 0 && Some(*name) == most_used);
         let iops = name.ends_with("iops");
         let shown = if iops {
             u.limit.to_string()
@@ -123,16 +213,22 @@ pub fn verdict(
                 "{name} {shown}{inherited} is {:.0} % used: not binding",
                 u.used_pct
             ));
-        } else if iops {
-            let merging = match fewer {
-                Some(x) if x >= 1.05 => format!("the device saw {x:.1}× fewer requests"),
-                Some(_) => "the device saw as many requests as bios".to_string(),
-                None => "the device saw no requests".to_string(),
-            };
+        } else if iops && a.splits > 0 && a.requests > a.bios {
+            let share = a.splits.min(a.charged_ios) as f64 / a.charged_ios.max(1) as f64 * 100.0;
             parts.push(format!(
-                "{name} {shown}{inherited} is {:.0} % used by bios; {merging}; this limit counts before merging, \
+                "{name} {shown}{inherited} is {:.0} % used by bios and their split pieces; {}; \
+                 {share:.0} % of the {} ios charged were split pieces (each piece costs one io, \
+                 and a larger bio is only split further)",
+                u.used_pct,
+                requests_vs_bios(a),
+                a.charged_ios
+            ));
+        } else if iops {
+            parts.push(format!(
+                "{name} {shown}{inherited} is {:.0} % used by bios; {}; this limit counts before merging, \
                  so merging cannot raise your IOPS — submit larger bios",
-                u.used_pct
+                u.used_pct,
+                requests_vs_bios(a)
             ));
         } else {
             parts.push(format!(
@@ -141,9 +237,10 @@ pub fn verdict(
             ));
         }
     }
-    if parts.is_empty() && throttled_bios > 0 {
+    if parts.is_empty() && a.throttled_bios > 0 {
         parts.push(format!(
-            "{throttled_bios} bios waited in blk-throttle, but no limit is set now"
+            "{} bios waited in blk-throttle, but no limit is set now",
+            a.throttled_bios
         ));
     }
     (!parts.is_empty()).then(|| parts.join("; "))
@@ -170,26 +267,40 @@ mod tests {
         let lu = limit_use(&eff_wiops(2000), true, 30_048, 30_048 * 4096, 15.0);
         let used = lu["wiops"].used_pct;
         assert!((used - 100.16).abs() < 0.01, "{used}");
-        let v = verdict(&lu, 30_048, 943, 29_000).unwrap();
+        let act = |bios, requests| Activity {
+            bios,
+            requests,
+            charged_ios: bios,
+            throttled_bios: 29_000,
+            ..Activity::default()
+        };
+        let v = verdict(&lu, &act(30_048, 943)).unwrap();
         assert_eq!(
             v,
             "wiops 2000 (set on /mt) is 100 % used by bios; the device saw 31.9× fewer requests; this limit counts \
              before merging, so merging cannot raise your IOPS — submit larger bios"
         );
         // merging off: as many requests as bios
-        let v = verdict(&lu, 30_048, 30_048, 29_000).unwrap();
+        let v = verdict(&lu, &act(30_048, 30_048)).unwrap();
         assert!(v.contains("as many requests as bios"), "{v}");
     }
 
     #[test]
     fn idle_limits_and_bps_limits() {
         let lu = limit_use(&eff_wiops(2000), true, 100, 0, 1.0);
+        let act = |bios, requests, throttled_bios| Activity {
+            bios,
+            requests,
+            charged_ios: bios,
+            throttled_bios,
+            ..Activity::default()
+        };
         assert_eq!(
-            verdict(&lu, 100, 100, 0).unwrap(),
+            verdict(&lu, &act(100, 100, 0)).unwrap(),
             "wiops 2000 (set on /mt) is 5 % used: not binding"
         );
         // bios waited, so the limit bound for part of the window
-        assert!(verdict(&lu, 100, 100, 7)
+        assert!(verdict(&lu, &act(100, 100, 7))
             .unwrap()
             .starts_with("wiops 2000 (set on /mt) is 5 % used by bios;"));
         assert!(
@@ -204,12 +315,64 @@ mod tests {
             ..Default::default()
         };
         let lu = limit_use(&e, true, 2048, 8 << 20, 1.0);
-        assert!(verdict(&lu, 2048, 64, 10)
+        assert!(verdict(&lu, &act(2048, 64, 10))
             .unwrap()
             .contains("wbps 8.0 MiB/s (set on /mt) is 100 % used; merging does not change bytes"));
-        assert_eq!(verdict(&BTreeMap::new(), 1, 1, 0), None);
-        assert!(verdict(&BTreeMap::new(), 1, 1, 5)
+        assert_eq!(verdict(&BTreeMap::new(), &act(1, 1, 0)), None);
+        assert!(verdict(&BTreeMap::new(), &act(1, 1, 5))
             .unwrap()
             .contains("no limit is set now"));
+    }
+
+    #[test]
+    fn split_bios_under_an_iops_limit() {
+        // max_sectors_kb 8, 64 KiB direct writes, wiops 1000: 512 bios, 3,584 split pieces,
+        // 4,096 requests of 8 KiB, 4,096 ios charged.
+        let lu = limit_use(&eff_wiops(1000), true, 4096, 512 * 65536, 4.096);
+        let limits = SplitLimits {
+            max_sectors_kb: Some(8),
+            max_hw_sectors_kb: Some(1280),
+            max_segments: Some(128),
+            max_segment_size: Some(65536),
+            chunk_sectors: Some(0),
+            discard_max_bytes: Some(0),
+        };
+        let a = Activity {
+            bios: 512,
+            splits: 3584,
+            requests: 4096,
+            charged_ios: 4096,
+            throttled_bios: 3000,
+            split_cause: Some(split_cause(&limits, false, 8192.0)),
+        };
+        let v = verdict(&lu, &a).unwrap();
+        assert_eq!(
+            v,
+            "wiops 1000 (set on /mt) is 100 % used by bios and their split pieces; bios are split: \
+             the device saw 8.0× more requests than bios (max_sectors_kb (8 KiB) caps each request; \
+             raise max_sectors_kb (the device allows up to 1280 KiB), or submit bios of at most 8 KiB); \
+             88 % of the 4096 ios charged were split pieces (each piece costs one io, and a larger \
+             bio is only split further)"
+        );
+        assert!(!v.contains("as many requests as bios"));
+        // At the hardware limit the lever is the bio size.
+        let hw = SplitLimits {
+            max_hw_sectors_kb: Some(8),
+            ..limits
+        };
+        assert!(split_cause(&hw, false, 8192.0).contains("the device's own limit"));
+        // Pieces well below max_sectors_kb: the segment limits split them.
+        assert!(split_cause(&limits, false, 4096.0).starts_with("bios with more than 128 segments"));
+        let chunked = SplitLimits {
+            chunk_sectors: Some(256),
+            max_sectors_kb: Some(1280),
+            ..limits
+        };
+        assert!(split_cause(&chunked, false, 4096.0).contains("chunk_sectors 128 KiB"));
+        let discard = SplitLimits {
+            discard_max_bytes: Some(4 << 20),
+            ..limits
+        };
+        assert!(split_cause(&discard, true, 0.0).starts_with("discard_max_bytes (4 MiB)"));
     }
 }

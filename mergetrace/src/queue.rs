@@ -64,6 +64,10 @@ pub struct QueueSettings {
     pub logical_block_size: u64,
     /// Hardware queues: directories in `/sys/block/NAME/mq`; 0 for bio-based devices.
     pub hw_queues: u32,
+    /// Split limits besides `max_sectors_kb` and `max_segments` (`None`: file not readable).
+    pub max_segment_size: Option<u64>,
+    pub chunk_sectors: Option<u64>,
+    pub discard_max_bytes: Option<u64>,
 }
 
 /// Parses the scheduler line. Without brackets (a bio-based device may show just "none") the
@@ -141,7 +145,22 @@ impl QueueSettings {
             rotational: num("rotational")? != 0,
             logical_block_size: num("logical_block_size")?,
             hw_queues,
+            max_segment_size: read("max_segment_size").and_then(|t| parse_num(&t)),
+            chunk_sectors: read("chunk_sectors").and_then(|t| parse_num(&t)),
+            discard_max_bytes: read("discard_max_bytes").and_then(|t| parse_num(&t)),
         })
+    }
+
+    /// The limits that split bios, for the verdict.
+    pub fn split_limits(&self) -> crate::meter::SplitLimits {
+        crate::meter::SplitLimits {
+            max_sectors_kb: Some(self.max_sectors_kb),
+            max_hw_sectors_kb: Some(self.max_hw_sectors_kb),
+            max_segments: Some(self.max_segments),
+            max_segment_size: self.max_segment_size,
+            chunk_sectors: self.chunk_sectors,
+            discard_max_bytes: self.discard_max_bytes,
+        }
     }
 
     /// No request queue (no `mq` directory): bios go straight to the driver, nothing merges.
@@ -237,6 +256,9 @@ mod tests {
             rotational: false,
             logical_block_size: 512,
             hw_queues: 1,
+            max_segment_size: Some(65536),
+            chunk_sectors: Some(0),
+            discard_max_bytes: Some(4 << 30),
         }
     }
 
@@ -346,6 +368,8 @@ mod tests {
         write(&q, "nr_requests", "256\n");
         write(&q, "rotational", "1\n");
         write(&q, "logical_block_size", "512\n");
+        write(&q, "max_segment_size", "4294967295\n");
+        write(&q, "chunk_sectors", "0\n");
         let s = QueueSettings::read_dir(t.path()).unwrap();
         assert_eq!(
             s,
@@ -367,6 +391,9 @@ mod tests {
                 rotational: true,
                 logical_block_size: 512,
                 hw_queues: 4,
+                max_segment_size: Some(4294967295),
+                chunk_sectors: Some(0),
+                discard_max_bytes: None,
             }
         );
         assert!(!s.bio_based() && s.uses_elv_merge());

@@ -233,7 +233,7 @@ pub async fn run(args: RecordArgs) -> Result<()> {
             ..WriterOptions::default()
         },
     )?;
-    for line in live::banner(&devices, &session) {
+    for line in live::banner(&devices, &session, &cgroups) {
         eprintln!("mergetrace: {line}");
     }
     eprintln!("mergetrace: recording to {}", args.output.display());

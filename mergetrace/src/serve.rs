@@ -9,9 +9,9 @@
 //!   `cgroup="(other)"`. The choice is sticky, so a cgroup never moves between its own series
 //!   and `(other)` (which would make both go backwards);
 //! - **monotonic counters**: every counter series is the running maximum of what the kernel
-//!   counters gave. The kernel's own counters only grow, but a few values are derived (requests
-//!   are issues minus requeues, discard merges are what is left after the traced paths) and
-//!   can dip while I/O is in flight; a dip would look like a counter reset to Prometheus.
+//!   counters gave. The kernel's own counters only grow, but a value can be derived (discard
+//!   merges are what is left after the traced paths) and dip while I/O is in flight; a dip
+//!   would look like a counter reset to Prometheus.
 //!   A series, once exported, stays exported.
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -124,6 +124,8 @@ pub struct Row {
     pub requests: u64,
     pub request_bytes: u64,
     pub splits: u64,
+    pub flush_only: u64,
+    pub requeues: u64,
     pub charged_ios: u64,
     pub charged_bytes: u64,
     pub throttled_bios: u64,
@@ -188,6 +190,8 @@ impl Row {
             requests: st.requests,
             request_bytes: st.request_bytes,
             splits: st.splits,
+            flush_only: st.flush_only,
+            requeues: st.requeues,
             charged_ios: st.charged_ios,
             charged_bytes: st.charged_bytes,
             throttled_bios: st.throttled.bios,
@@ -234,6 +238,8 @@ impl Row {
         self.requests += o.requests;
         self.request_bytes += o.request_bytes;
         self.splits += o.splits;
+        self.flush_only += o.flush_only;
+        self.requeues += o.requeues;
         self.charged_ios += o.charged_ios;
         self.charged_bytes += o.charged_bytes;
         self.throttled_bios += o.throttled_bios;
@@ -267,6 +273,8 @@ impl Row {
         max(&mut self.requests, now.requests);
         max(&mut self.request_bytes, now.request_bytes);
         max(&mut self.splits, now.splits);
+        max(&mut self.flush_only, now.flush_only);
+        max(&mut self.requeues, now.requeues);
         max(&mut self.charged_ios, now.charged_ios);
         max(&mut self.charged_bytes, now.charged_bytes);
         max(&mut self.throttled_bios, now.throttled_bios);
@@ -493,9 +501,19 @@ impl Collector for Exposition {
         counter(
             &mut enc,
             "mergetrace_requests",
-            "Requests issued to the device.",
+            "Requests issued to the device, each once (a requeued request issued again is one request).",
             rows,
             |r| Some(r.requests),
+        )?;
+        counter(&mut enc, "mergetrace_flush_only_writes",
+            "Empty write bios with REQ_PREFLUSH/FUA (fsync, journal commits) completed by the flush machinery without a write request; /proc/diskstats counts them as writes.",
+            rows, |r| Some(r.flush_only))?;
+        counter(
+            &mut enc,
+            "mergetrace_requeues",
+            "Requests the driver handed back to be issued again.",
+            rows,
+            |r| Some(r.requeues),
         )?;
         counter(
             &mut enc,
@@ -616,6 +634,9 @@ impl Lookup for Names {
     fn limits(&mut self, cgroup: &str, dev: &Device) -> Effective {
         self.cgroups.limits(cgroup, dev)
     }
+    fn split_limits(&mut self, dev: &Device) -> crate::meter::SplitLimits {
+        self.cgroups.split_limits(dev)
+    }
 }
 
 struct Exporter {
@@ -727,7 +748,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         },
     )?;
     let start_ns = monotonic_ns();
-    for line in live::banner(&devices, &session) {
+    for line in live::banner(&devices, &session, &cgroups) {
         eprintln!("mergetrace: {line}");
     }
     let tier = session.tier.kind;

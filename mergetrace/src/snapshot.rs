@@ -10,7 +10,7 @@ use crate::{
     cgroups::{in_subtree, CgroupName},
     device::Device,
     limits::{self, Effective},
-    meter::{self, CloudMeter, LimitUse, Meters},
+    meter::{self, CloudMeter, LimitUse, Meters, SplitLimits},
 };
 
 /// What a snapshot needs to know besides the counts: cgroup names and the throttle limits in
@@ -18,11 +18,21 @@ use crate::{
 pub trait Lookup {
     fn cgroup_name(&mut self, id: u64) -> CgroupName;
     fn limits(&mut self, cgroup: &str, dev: &Device) -> Effective;
+    /// The device's queue limits that split bios (to say why bios were split); unknown by
+    /// default.
+    fn split_limits(&mut self, _dev: &Device) -> SplitLimits {
+        SplitLimits::default()
+    }
 }
 
 impl Lookup for crate::cgroups::Cgroups {
     fn cgroup_name(&mut self, id: u64) -> CgroupName {
         self.name(id)
+    }
+    fn split_limits(&mut self, dev: &Device) -> SplitLimits {
+        crate::queue::QueueSettings::read(dev)
+            .map(|q| q.split_limits())
+            .unwrap_or_default()
     }
     fn limits(&mut self, cgroup: &str, dev: &Device) -> Effective {
         if !cgroup.starts_with('/') {
@@ -119,6 +129,18 @@ pub struct Directions {
 }
 
 impl Directions {
+    /// All four directions without I/O, as the tier reports them (a delay that cannot be
+    /// known is `null` even where nothing waited).
+    pub fn empty(opts: &Options) -> Directions {
+        let none = |dir| DirStats::from_counts(&Counts::default(), dir, opts);
+        Directions {
+            read: none(Dir::Read),
+            write: none(Dir::Write),
+            discard: none(Dir::Discard),
+            flush: none(Dir::Flush),
+        }
+    }
+
     pub fn get(&self, dir: Dir) -> &DirStats {
         match dir {
             Dir::Read => &self.read,
@@ -242,10 +264,18 @@ pub struct DirStats {
     pub bytes: u64,
     /// Bios and requests merged into an existing request, on every path (diskstats "merges").
     pub merged: u64,
-    /// Requests issued to the device.
+    /// Requests issued to the device, each once (a requeued request issued again is still
+    /// one request).
     pub requests: u64,
     pub request_bytes: u64,
     pub splits: u64,
+    /// Write direction: empty write bios with `REQ_PREFLUSH`/`REQ_FUA` (fsync, journal
+    /// commits) that the flush machinery completed without a write request; it issued a flush
+    /// request (the `flush` direction) instead. /proc/diskstats counts them as completed
+    /// writes: its writes are `requests + flush_only`.
+    pub flush_only: u64,
+    /// Requests the driver handed back (`BLK_STS_RESOURCE`) to be issued again.
+    pub requeues: u64,
     pub merged_by_path: MergePaths,
     /// What blk-throttle charged: 1 io per bio and per split remainder, bytes once per bio
     /// (512 per discard), where the cgroup has a rule for the direction.
@@ -272,8 +302,13 @@ impl DirStats {
             charged_ios: c.charged_ios,
             charged_bytes: c.charged_bytes,
             throttled: Throttled {
-                bios: c.throttled_bios,
-                // fentry: measured; tracepoint: estimated by `build`, which knows the limits
+                // fentry: every release from the throttle queue, measured (split remainders
+                // included); tracepoint: bios and remainders seen in the dispatch work.
+                bios: if opts.fentry {
+                    c.throttle_releases
+                } else {
+                    c.throttled_bios
+                },
                 delay_ns_total: opts.fentry.then_some(c.throttle_delay_ns),
                 delay_estimated: !opts.fentry,
             },
@@ -307,6 +342,8 @@ impl DirStats {
             requests: c.requests(),
             request_bytes: c.issue_bytes,
             splits: c.splits,
+            flush_only: c.flush_only,
+            requeues: c.requeues,
             merged_by_path: MergePaths {
                 plug: all[path::PLUG as usize],
                 elevator_back: back[path::ELEVATOR as usize],
@@ -323,9 +360,15 @@ impl DirStats {
         self.bios == 0 && self.requests == 0 && self.merged == 0 && self.splits == 0
     }
 
+    /// Bios (and split pieces) that reached a request: what merging compressed. Flush-only
+    /// writes never become one, so they are left out.
+    pub fn bios_to_requests(&self) -> u64 {
+        (self.bios + self.splits).saturating_sub(self.flush_only)
+    }
+
     /// Bios per device request, if any requests.
     pub fn bios_per_request(&self) -> Option<f64> {
-        (self.requests > 0).then(|| (self.bios + self.splits) as f64 / self.requests as f64)
+        (self.requests > 0).then(|| self.bios_to_requests() as f64 / self.requests as f64)
     }
 
     /// Average request size in bytes, if any requests.
@@ -340,6 +383,8 @@ impl DirStats {
         self.requests += o.requests;
         self.request_bytes += o.request_bytes;
         self.splits += o.splits;
+        self.flush_only += o.flush_only;
+        self.requeues += o.requeues;
         let (a, b) = (&mut self.merged_by_path, &o.merged_by_path);
         a.plug += b.plug;
         a.elevator_back += b.elevator_back;
@@ -396,11 +441,14 @@ pub fn build(
         // cgroup id → directions
         let mut rows: BTreeMap<u64, Directions> = BTreeMap::new();
         for (k, c) in window.counts.iter().filter(|(k, _)| k.dev == dev) {
-            *rows.entry(k.cgroup_id).or_default().get_mut(k.dir) =
-                DirStats::from_counts(c, k.dir, opts);
+            *rows
+                .entry(k.cgroup_id)
+                .or_insert_with(|| Directions::empty(opts))
+                .get_mut(k.dir) = DirStats::from_counts(c, k.dir, opts);
         }
         let mut cgroups = Vec::new();
-        let mut total = Directions::default();
+        let mut total = Directions::empty(opts);
+        let mut split_limits: Option<SplitLimits> = None;
         for (id, mut dirs) in rows {
             if dirs.is_empty() {
                 continue;
@@ -423,11 +471,24 @@ pub fn build(
                 }
                 let write = dir != Dir::Read && dir != Dir::Flush;
                 st.limits = meter::limit_use(&eff, write, st.charged_ios, st.charged_bytes, secs);
+                let split_cause = (st.splits > 0).then(|| {
+                    let limits = *split_limits.get_or_insert_with(|| lookup.split_limits(d));
+                    meter::split_cause(
+                        &limits,
+                        dir == Dir::Discard,
+                        st.avg_request_bytes().unwrap_or(0.0),
+                    )
+                });
                 st.verdict = meter::verdict(
                     &st.limits,
-                    st.bios + st.splits,
-                    st.requests,
-                    st.throttled.bios,
+                    &meter::Activity {
+                        bios: st.bios - st.flush_only.min(st.bios),
+                        splits: st.splits,
+                        requests: st.requests,
+                        charged_ios: st.charged_ios,
+                        throttled_bios: st.throttled.bios,
+                        split_cause,
+                    },
                 );
             }
             for dir in Dir::ALL {

@@ -37,6 +37,9 @@ pub struct Header {
     pub limits: Vec<RecordedLimits>,
     /// Cloud-volume meter unit sizes (bytes) the run was asked to count.
     pub meter_units: Vec<u64>,
+    /// Issue events of requests issued again after a requeue carry `flags::REISSUE`
+    /// (mergetrace 0.2 on). Readers of older captures flag them from the requeue events.
+    pub reissues_flagged: bool,
     /// Fields this build does not know (from a newer writer of the same format version):
     /// kept so that reading and writing a header again does not lose them.
     #[serde(flatten)]
@@ -68,6 +71,29 @@ pub struct RecordedQueue {
     pub max_segments: Option<u64>,
     pub nr_requests: Option<u64>,
     pub rotational: Option<bool>,
+    /// The other limits that split bios (absent in captures of mergetrace 0.1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_hw_sectors_kb: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_segment_size: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chunk_sectors: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub discard_max_bytes: Option<u64>,
+}
+
+impl RecordedQueue {
+    /// The limits that split bios, for the verdict.
+    pub fn split_limits(&self) -> crate::meter::SplitLimits {
+        crate::meter::SplitLimits {
+            max_sectors_kb: self.max_sectors_kb,
+            max_hw_sectors_kb: self.max_hw_sectors_kb,
+            max_segments: self.max_segments,
+            max_segment_size: self.max_segment_size,
+            chunk_sectors: self.chunk_sectors,
+            discard_max_bytes: self.discard_max_bytes,
+        }
+    }
 }
 
 /// The payload of a `c` chunk: cgroups first seen after the header was written (created
@@ -166,6 +192,10 @@ impl RecordedQueue {
             max_segments: num("max_segments"),
             nr_requests: num("nr_requests"),
             rotational: num("rotational").map(|v| v != 0),
+            max_hw_sectors_kb: num("max_hw_sectors_kb"),
+            max_segment_size: num("max_segment_size"),
+            chunk_sectors: num("chunk_sectors"),
+            discard_max_bytes: num("discard_max_bytes"),
         }
     }
 }
@@ -194,6 +224,7 @@ impl Header {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_nanos() as u64)
                 .unwrap_or(0),
+            reissues_flagged: true,
             ..Header::default()
         }
     }

@@ -6,6 +6,7 @@ use crate::{
     cgroups::{CgroupName, Hierarchy},
     device::Device,
     limits::{self, Effective, Limits},
+    meter::SplitLimits,
     snapshot::Lookup,
 };
 
@@ -16,6 +17,8 @@ pub struct HeaderLookup {
     names: HashMap<u64, String>,
     /// (major, minor) → cgroup path → the limits it sets itself.
     own: HashMap<(u32, u32), HashMap<String, Limits>>,
+    /// (major, minor) → the queue limits that split bios, at the start.
+    split_limits: HashMap<(u32, u32), SplitLimits>,
 }
 
 impl HeaderLookup {
@@ -34,11 +37,23 @@ impl HeaderLookup {
             },
             names: h.cgroups.iter().map(|c| (c.id, c.path.clone())).collect(),
             own,
+            split_limits: h
+                .devices
+                .iter()
+                .map(|d| ((d.major, d.minor), d.queue.split_limits()))
+                .collect(),
         }
     }
 }
 
 impl Lookup for HeaderLookup {
+    fn split_limits(&mut self, dev: &Device) -> SplitLimits {
+        self.split_limits
+            .get(&(dev.major, dev.minor))
+            .copied()
+            .unwrap_or_default()
+    }
+
     fn cgroup_name(&mut self, id: u64) -> CgroupName {
         match (id, self.names.get(&id)) {
             (0, _) => CgroupName {

@@ -8,7 +8,7 @@ use std::{
 };
 
 use anyhow::{anyhow, bail, Context, Result};
-use mergetrace_common::Event;
+use mergetrace_common::{flags, kind, Event};
 
 use super::{
     format::{
@@ -56,6 +56,9 @@ pub struct CaptureReader<R: Read = BufReader<File>> {
     events: u64,
     lost_total: u64,
     chunks: u64,
+    /// Captures written before issue events said whether a request was issued again after a
+    /// requeue: the requests requeued since, by address, to flag their next issue here.
+    legacy_requeued: Option<foldhash::HashSet<u64>>,
 }
 
 /// A whole capture in memory.
@@ -165,6 +168,7 @@ impl<R: Read> CaptureReader<R> {
             events: 0,
             lost_total: 0,
             chunks: 0,
+            legacy_requeued: None,
         };
         let start = r.offset;
         let Some(h) = r.read_chunk()? else {
@@ -191,6 +195,9 @@ impl<R: Read> CaptureReader<R> {
                     header.format_version
                 ),
             ));
+        }
+        if !header.reissues_flagged {
+            r.legacy_requeued = Some(Default::default());
         }
         r.header = header;
         Ok(r)
@@ -280,6 +287,9 @@ impl<R: Read> CaptureReader<R> {
                     self.decoder
                         .decode(&self.payload, h.count, h.base_ts, events)
                         .map_err(|e| self.corrupt(payload_at + e.offset as u64, e.what))?;
+                    if let Some(requeued) = &mut self.legacy_requeued {
+                        legacy_fixups(requeued, events);
+                    }
                     self.events += events.len() as u64;
                     self.chunks += 1;
                     return Ok(Some(Next::Events));
@@ -407,6 +417,25 @@ impl<R: Read> Iterator for CaptureReader<R> {
             Ok(Some(Next::Lost { kind, count })) => Some(Ok(Record::Lost { kind, count })),
             Ok(None) => None,
             Err(e) => Some(Err(e)),
+        }
+    }
+}
+
+/// What the kernel side does since captures say so (`Header::reissues_flagged`), done on
+/// reading an older capture: an issue that follows a requeue of the same request is flagged
+/// [`flags::REISSUE`], and a request without a start sector (a flush) starts at 0, as the
+/// kernel's own tracepoints say, not at `(sector_t)-1`.
+fn legacy_fixups(requeued: &mut foldhash::HashSet<u64>, events: &mut [Event]) {
+    for ev in events {
+        if ev.kind >= kind::RQ_MERGE && ev.kind <= kind::RQ_REQUEUE && ev.sector == u64::MAX {
+            ev.sector = 0;
+        }
+        match ev.kind {
+            kind::RQ_REQUEUE => {
+                requeued.insert(ev.id);
+            }
+            kind::RQ_ISSUE if requeued.remove(&ev.id) => ev.flags |= flags::REISSUE,
+            _ => {}
         }
     }
 }

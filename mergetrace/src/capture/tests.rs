@@ -50,6 +50,7 @@ fn test_header() -> Header {
                 max_segments: Some(127),
                 nr_requests: Some(1023),
                 rotational: Some(false),
+                ..RecordedQueue::default()
             },
         }],
         cgroup_hierarchy: "v2".into(),
@@ -72,6 +73,7 @@ fn test_header() -> Header {
             ..RecordedLimits::default()
         }],
         meter_units: vec![16384, 262144],
+        reissues_flagged: true,
         ..Header::default()
     }
 }
@@ -1222,4 +1224,50 @@ fn capture_committed_inputs() {
         n += 1;
     }
     assert!(n >= 6, "{n} inputs");
+}
+
+#[test]
+fn capture_from_before_reissue_flags_gets_them_on_reading() {
+    // mergetrace 0.1 wrote issue events without `flags::REISSUE`: the reader flags the issue
+    // that follows a requeue of the same request, so such a capture counts requests once.
+    let ev = |kind: u8, id: u64, ts_ns: u64| Event {
+        kind,
+        id,
+        ts_ns,
+        op: 1,
+        bytes: 4096,
+        dev: 259 << 20,
+        ..Event::default()
+    };
+    let stream = vec![
+        ev(kind::RQ_ISSUE, 0xa0, 1),
+        ev(kind::RQ_ISSUE, 0xb0, 2),
+        ev(kind::RQ_REQUEUE, 0xa0, 3),
+        ev(kind::RQ_ISSUE, 0xa0, 4),
+        ev(kind::RQ_ISSUE, 0xa0, 5), // a new request in the same memory, after completion
+    ];
+    let header = Header {
+        reissues_flagged: false,
+        ..test_header()
+    };
+    let mut buf = Vec::new();
+    let opts = WriterOptions {
+        overwrite: false,
+        chunk_events: 64,
+    };
+    let mut w = CaptureWriter::from_sink(&mut buf, "old.mtr", &header, opts).unwrap();
+    w.write_events(&stream).unwrap();
+    w.finish().unwrap();
+    let got: Vec<u8> = read_mem(&buf)
+        .unwrap()
+        .events()
+        .map(|e| e.flags & flags::REISSUE)
+        .collect();
+    assert_eq!(got, [0, 0, 0, flags::REISSUE, 0]);
+    // A current capture is read as written.
+    let current = write_mem(&[Op::Events(stream.clone())], 64, true);
+    assert!(read_mem(&current)
+        .unwrap()
+        .events()
+        .all(|e| e.flags & flags::REISSUE == 0));
 }

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
-use mergetrace_common::{path, KernelOffsets, KernelSymbols, MERGE_CALLERS, NONE};
+use mergetrace_common::{path, KernelOffsets, KernelSymbols, MERGE_CALLERS};
 
 use super::btf::Btf;
 
@@ -22,15 +22,16 @@ pub fn resolve_offsets(btf: &Btf) -> Result<KernelOffsets> {
     let pd_count = btf
         .array_len("blkcg_gq", "pd")
         .context("blkcg_gq.pd is not an array in this kernel's BTF")?;
-    // One queue per direction up to 6.15; separate bps and iops queues from 6.16.
-    let sq = off("throtl_grp", "service_queue")?;
-    let (tg_nr_queued_a, tg_nr_queued_b) = match off("throtl_service_queue", "nr_queued") {
-        Ok(n) => (sq + n, NONE),
-        Err(_) => (
-            sq + off("throtl_service_queue", "nr_queued_bps")?,
-            sq + off("throtl_service_queue", "nr_queued_iops")?,
-        ),
+    let flag_bit = |name: &str| -> Result<u32> {
+        let bit = btf
+            .enum_value(name)
+            .with_context(|| format!("enum value {name} is not in this kernel's BTF"))?;
+        u32::try_from(bit)
+            .ok()
+            .filter(|b| *b < 32)
+            .with_context(|| format!("{name} = {bit} is not a bit of a 32-bit blk_opf_t"))
     };
+    let req_flush_mask = (1 << flag_bit("__REQ_PREFLUSH")?) | (1 << flag_bit("__REQ_FUA")?);
     Ok(KernelOffsets {
         ready: 1,
         bio_bi_opf: off("bio", "bi_opf")?,
@@ -63,9 +64,9 @@ pub fn resolve_offsets(btf: &Btf) -> Result<KernelOffsets> {
         q_td: off("request_queue", "td")?,
         tg_td: off("throtl_grp", "td")?,
         blkg_pd_count: pd_count,
-        tg_nr_queued_a,
-        tg_nr_queued_b,
-        _pad: 0,
+        req_flush_mask,
+        rq_state: off("request", "state")?,
+        rq_start_time_ns: off("request", "start_time_ns")?,
     })
 }
 
@@ -219,30 +220,16 @@ pub const HOOKS: &[Hook] = &[
         optional: Some("fentry tier: no elevator decisions"),
         ..hook("elevator decision (fexit)", HookKind::Fentry, "elv_merge")
     },
-    Hook {
-        until: Some((6, 15)),
-        ..hook(
-            "throttle queue length",
-            HookKind::Field,
-            "throtl_service_queue.nr_queued",
-        )
-    },
-    Hook {
-        since: (6, 16),
-        ..hook(
-            "throttle queue length",
-            HookKind::Field,
-            "throtl_service_queue.nr_queued_bps",
-        )
-    },
-    Hook {
-        since: (6, 16),
-        ..hook(
-            "throttle queue length",
-            HookKind::Field,
-            "throtl_service_queue.nr_queued_iops",
-        )
-    },
+    hook(
+        "requeued request issued again",
+        HookKind::Field,
+        "request.state",
+    ),
+    hook(
+        "requeued request issued again",
+        HookKind::Field,
+        "request.start_time_ns",
+    ),
     hook(
         "throttle rules",
         HookKind::Field,

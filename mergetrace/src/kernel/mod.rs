@@ -12,7 +12,9 @@ use aya::{
     programs::{BtfTracePoint, FEntry, FExit},
     Ebpf, EbpfLoader,
 };
-use mergetrace_common::{CountKey, Counters, MeterUnits, Modes, UnplugKey, LOST_SLOTS};
+use mergetrace_common::{
+    CountKey, Counters, DeviceState, MeterUnits, Modes, UnplugKey, LOST_SLOTS,
+};
 
 use crate::aggregate::Window;
 
@@ -242,10 +244,10 @@ impl Session {
             .context("cannot load mergetrace's eBPF object")?;
 
         {
-            let mut filter: BpfHashMap<_, u32, u8> =
+            let mut filter: BpfHashMap<_, u32, DeviceState> =
                 BpfHashMap::try_from(ebpf.map_mut("DEVICES").context("DEVICES map missing")?)?;
             for d in devices {
-                filter.insert(d.kernel_dev(), 1, 0)?;
+                filter.insert(d.kernel_dev(), DeviceState::default(), 0)?;
             }
         }
 

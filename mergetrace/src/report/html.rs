@@ -479,11 +479,11 @@ pub fn render(h: &Header, file: &Path, s: &Snapshot, d: &Distributions) -> Resul
          CHARGED: ios charged where a limit applies; MERGED: bios and requests merged (as \
          /proc/diskstats counts); REQS: requests the device saw.</p>\n",
     );
-    let verdicts = table::verdicts(s);
-    if !verdicts.is_empty() {
+    let remarks = table::remarks(s);
+    if !remarks.is_empty() {
         o.push_str("<h2>Verdicts</h2>\n");
-        for v in verdicts {
-            let _ = writeln!(o, "<div class=\"verdict\">{}</div>", esc(&v));
+        for r in remarks {
+            let _ = writeln!(o, "<div class=\"verdict\">{}</div>", esc(&r));
         }
     }
     for dev in &s.devices {

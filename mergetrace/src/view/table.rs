@@ -60,14 +60,33 @@ fn cells(device: &str, cgroup: &str, dir: Dir, s: &DirStats) -> Vec<String> {
     ]
 }
 
-/// One line per cgroup and direction that has a verdict: "loop3 /mt write: wiops 2000 is …".
-pub fn verdicts(s: &Snapshot) -> Vec<String> {
+/// The lines under the table: a `verdict:` per cgroup and direction that has one ("loop3 /mt
+/// write: wiops 2000 is …"), and a `note:` where flush-only writes or requeues make the
+/// table's columns differ from what /proc/diskstats shows.
+pub fn remarks(s: &Snapshot) -> Vec<String> {
     let mut out = Vec::new();
     for d in &s.devices {
         for c in &d.cgroups {
             for dir in Dir::ALL {
-                if let Some(v) = &c.dirs.get(dir).verdict {
-                    out.push(format!("{} {} {}: {v}", d.device, c.cgroup, dir.name()));
+                let st = c.dirs.get(dir);
+                let at = format!("{} {} {}", d.device, c.cgroup, dir.name());
+                if let Some(v) = &st.verdict {
+                    out.push(format!("verdict: {at}: {v}"));
+                }
+                if st.flush_only > 0 {
+                    out.push(format!(
+                        "note: {at}: {} of the bios were flush-only writes (fsync, journal \
+                         commits): the kernel sent flush requests instead of write requests; \
+                         /proc/diskstats counts them as writes",
+                        st.flush_only
+                    ));
+                }
+                if st.requeues > 0 {
+                    out.push(format!(
+                        "note: {at}: the driver handed back {} requests to be issued again (each \
+                         counted once)",
+                        st.requeues
+                    ));
                 }
             }
         }

@@ -23,8 +23,8 @@ impl<W: Write> TextView<W> {
             s.tier, s.lost_events
         )?;
         write!(self.out, "{}", table::render_text(&table::rows(s)))?;
-        for v in table::verdicts(s) {
-            writeln!(self.out, "verdict: {v}")?;
+        for r in table::remarks(s) {
+            writeln!(self.out, "{r}")?;
         }
         self.out.flush()?;
         Ok(())

@@ -70,8 +70,8 @@ impl TuiView {
                 ""
             }
         )));
-        for v in table::verdicts(s) {
-            head.push(Line::from(format!("verdict: {v}")));
+        for r in table::remarks(s) {
+            head.push(Line::from(r));
         }
         // Long lines (the configuration line, verdicts) wrap: size the box for that.
         let text_width = self
@@ -155,8 +155,8 @@ impl View for TuiView {
             s.tier, s.lost_events
         );
         print!("{}", table::render_text(&table::rows(s)));
-        for v in table::verdicts(s) {
-            println!("verdict: {v}");
+        for r in table::remarks(s) {
+            println!("{r}");
         }
         Ok(())
     }
