@@ -565,12 +565,16 @@ fn reissued(rq: u64, dev: u32) -> bool {
     if unsafe { (*state).requeues_seen } == 0 {
         return false;
     }
-    let Some(started) = (unsafe { REQUEUED.get(&rq) }).copied() else {
+    // Read before the lookup: once `rq` is a map key on the stack, the verifier no longer
+    // knows it as a typed pointer.
+    let start_time: u64 = read(rq, off!(rq_start_time_ns));
+    let key = rq;
+    let Some(started) = (unsafe { REQUEUED.get(&key) }).copied() else {
         return false;
     };
-    let _ = REQUEUED.remove(&rq);
+    let _ = REQUEUED.remove(&key);
     // The same memory may hold a new request by now (the requeued one went away unissued).
-    read::<u64>(rq, off!(rq_start_time_ns)) == started
+    start_time == started
 }
 
 /// `block_rq_requeue(rq)`: a driver handed the request back. If it had been issued (started),
