@@ -2,26 +2,14 @@
 //!
 //! Data path: `kernel` (probes → events) → `kernel::collector` → `aggregate` (pure) →
 //! `snapshot` (named rows) → `view` (TUI, text, JSON).
-mod aggregate;
 mod capture;
-mod cgroups;
-mod check;
 mod cli;
-mod demo;
-mod device;
-mod diskstats;
-mod export;
+mod commands;
 mod kernel;
-mod limits;
-mod live;
-mod meter;
-mod queue;
-mod record;
-mod report;
-mod serve;
-mod snapshot;
+mod model;
+mod offline;
+mod sys;
 mod view;
-mod workload;
 
 use clap::Parser;
 
@@ -32,23 +20,23 @@ fn run_workload(a: &cli::WorkloadArgs) -> anyhow::Result<()> {
         std::fs::write(cg.join("cgroup.procs"), std::process::id().to_string())
             .with_context(|| format!("cannot join cgroup {}", cg.display()))?;
     }
-    let w = workload::Workload {
+    let w = sys::workload::Workload {
         op: if a.op == "read" {
-            workload::Op::Read
+            sys::workload::Op::Read
         } else {
-            workload::Op::Write
+            sys::workload::Op::Write
         },
         block_bytes: a.bs as usize,
         ios: a.ios,
         batch: a.batch,
         order: if a.reverse {
-            workload::Order::Reverse
+            sys::workload::Order::Reverse
         } else {
-            workload::Order::Forward
+            sys::workload::Order::Forward
         },
         start: a.offset,
     };
-    let done = workload::run(&a.target, &w)?;
+    let done = sys::workload::run(&a.target, &w)?;
     println!(
         "{{\"ios\":{},\"bytes\":{},\"submit_calls\":{}}}",
         done.ios, done.bytes, done.submit_calls
@@ -94,14 +82,14 @@ fn main() {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            None => live::run(cli.live).await,
+            None => commands::live::run(cli.live).await,
             Some(cli::Command::Workload(w)) => run_workload(&w),
-            Some(cli::Command::Demo(d)) => demo::run(&d),
-            Some(cli::Command::Check(c)) => check::run(&c),
-            Some(cli::Command::Record(r)) => record::run(r).await,
-            Some(cli::Command::Report(r)) => report::run(&r),
-            Some(cli::Command::Export(e)) => export::run(&e),
-            Some(cli::Command::Serve(s)) => serve::run(s).await,
+            Some(cli::Command::Demo(d)) => commands::demo::run(&d),
+            Some(cli::Command::Check(c)) => commands::check::run(&c),
+            Some(cli::Command::Record(r)) => commands::record::run(r).await,
+            Some(cli::Command::Report(r)) => commands::report::run(&r),
+            Some(cli::Command::Export(e)) => commands::export::run(&e),
+            Some(cli::Command::Serve(s)) => commands::serve::run(s).await,
         }
     });
     if let Err(e) = result {

@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, path::Path};
 use serde::{Deserialize, Serialize};
 
 use super::format::FORMAT_VERSION;
-use crate::limits::Limits;
+use crate::model::limits::Limits;
 
 /// The header chunk.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -84,8 +84,8 @@ pub struct RecordedQueue {
 
 impl RecordedQueue {
     /// The limits that split bios, for the verdict.
-    pub fn split_limits(&self) -> crate::meter::SplitLimits {
-        crate::meter::SplitLimits {
+    pub fn split_limits(&self) -> crate::model::meter::SplitLimits {
+        crate::model::meter::SplitLimits {
             max_sectors_kb: self.max_sectors_kb,
             max_hw_sectors_kb: self.max_hw_sectors_kb,
             max_segments: self.max_segments,
@@ -162,8 +162,8 @@ impl RecordedLimits {
     }
 }
 
-impl From<&crate::device::Device> for RecordedDevice {
-    fn from(d: &crate::device::Device) -> Self {
+impl From<&crate::sys::device::Device> for RecordedDevice {
+    fn from(d: &crate::sys::device::Device) -> Self {
         RecordedDevice {
             name: d.name.clone(),
             major: d.major,

@@ -3,11 +3,11 @@
 use std::collections::HashMap;
 
 use crate::{
-    cgroups::{CgroupName, Hierarchy},
-    device::Device,
-    limits::{self, Effective, Limits},
-    meter::SplitLimits,
-    snapshot::Lookup,
+    model::limits::{self, Effective, Limits},
+    model::meter::SplitLimits,
+    model::snapshot::Lookup,
+    sys::cgroups::{CgroupName, Hierarchy},
+    sys::device::Device,
 };
 
 use super::header::Header;
@@ -89,7 +89,7 @@ impl Lookup for HeaderLookup {
 mod tests {
     use super::*;
     use crate::capture::{RecordedCgroup, RecordedLimits};
-    use crate::limits::Limit;
+    use crate::model::limits::Limit;
 
     #[test]
     fn capture_header_lookup_names_and_inherited_limits() {

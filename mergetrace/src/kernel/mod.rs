@@ -16,9 +16,9 @@ use mergetrace_common::{
     CountKey, Counters, DeviceState, MeterUnits, Modes, UnplugKey, LOST_SLOTS,
 };
 
-use crate::aggregate::Window;
+use crate::model::aggregate::Window;
 
-use crate::device::Device;
+use crate::sys::device::Device;
 
 /// The eBPF object built by build.rs from mergetrace-ebpf.
 static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/mergetrace"));
@@ -379,7 +379,7 @@ impl Session {
     }
 
     /// Runs and kernel time of every loaded program so far (meaningful with `Options::stats`).
-    pub fn program_stats(&self) -> Vec<crate::snapshot::ProgramStat> {
+    pub fn program_stats(&self) -> Vec<crate::model::snapshot::ProgramStat> {
         let Some(ebpf) = &self.ebpf else {
             return Vec::new();
         };
@@ -389,7 +389,7 @@ impl Session {
             let runs = info.run_count();
             let ns = info.run_time().as_nanos() as u64;
             if runs > 0 {
-                out.push(crate::snapshot::ProgramStat {
+                out.push(crate::model::snapshot::ProgramStat {
                     program: name.to_string(),
                     runs,
                     run_time_ns: ns,

@@ -4,7 +4,7 @@ use std::io::Write;
 use anyhow::Result;
 
 use super::View;
-use crate::snapshot::Snapshot;
+use crate::model::snapshot::Snapshot;
 
 pub struct JsonView<W: Write> {
     out: W,

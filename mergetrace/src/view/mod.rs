@@ -1,4 +1,6 @@
 //! Ways to show snapshots: NDJSON, plain text tables, and a terminal UI.
+pub mod export;
+pub mod html;
 pub mod json;
 pub mod table;
 pub mod text;
@@ -6,7 +8,7 @@ pub mod tui;
 
 use anyhow::Result;
 
-use crate::snapshot::Snapshot;
+use crate::model::snapshot::Snapshot;
 
 pub trait View {
     /// One interval's numbers.

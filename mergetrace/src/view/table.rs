@@ -1,8 +1,8 @@
 //! The rows both the text view and the TUI show: one per (device, cgroup, direction) with
 //! activity, then a device total per direction.
 use crate::{
-    aggregate::Dir,
-    snapshot::{DirStats, Snapshot},
+    model::aggregate::Dir,
+    model::snapshot::{DirStats, Snapshot},
 };
 
 pub const HEADER: [&str; 12] = [

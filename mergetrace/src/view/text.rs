@@ -4,7 +4,7 @@ use std::io::Write;
 use anyhow::Result;
 
 use super::{table, View};
-use crate::snapshot::Snapshot;
+use crate::model::snapshot::Snapshot;
 
 pub struct TextView<W: Write> {
     out: W,

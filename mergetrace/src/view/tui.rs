@@ -18,7 +18,7 @@ use ratatui::{
 };
 
 use super::{table, View};
-use crate::snapshot::Snapshot;
+use crate::model::snapshot::Snapshot;
 
 pub struct TuiView {
     terminal: Terminal<CrosstermBackend<Stdout>>,

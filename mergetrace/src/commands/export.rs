@@ -13,12 +13,10 @@ use mergetrace_common::Event;
 
 use crate::{
     cli::parse_duration,
-    report::{self, names::Names},
+    commands::report,
+    offline::names::Names,
+    view::export::{blktrace, events, perfetto},
 };
-
-pub mod blktrace;
-pub mod events;
-pub mod perfetto;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {

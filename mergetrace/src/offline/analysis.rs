@@ -10,9 +10,9 @@ use mergetrace_common::{kind, Event, MeterUnits};
 use serde::Serialize;
 
 use crate::{
-    aggregate::{self, Counts, Dir},
-    cgroups::in_subtree,
-    snapshot::{Histograms, Snapshot, UnplugSnapshot},
+    model::aggregate::{self, Counts, Dir},
+    model::snapshot::{Histograms, Snapshot, UnplugSnapshot},
+    sys::cgroups::in_subtree,
 };
 
 const NS_PER_S: u64 = 1_000_000_000;
@@ -558,10 +558,10 @@ pub fn shown(path: &str, subtree: Option<&str>) -> bool {
 mod tests {
     use super::*;
     use crate::{
-        aggregate::Aggregator,
-        device::Device,
-        report::synth::{Synth, START_NS},
-        snapshot::{self, Lookup, SnapshotKind},
+        model::aggregate::Aggregator,
+        model::snapshot::{self, Lookup, SnapshotKind},
+        offline::synth::{Synth, START_NS},
+        sys::device::Device,
     };
     use mergetrace_common::path;
 
@@ -569,13 +569,13 @@ mod tests {
 
     struct Names;
     impl Lookup for Names {
-        fn cgroup_name(&mut self, id: u64) -> crate::cgroups::CgroupName {
-            crate::cgroups::CgroupName {
+        fn cgroup_name(&mut self, id: u64) -> crate::sys::cgroups::CgroupName {
+            crate::sys::cgroups::CgroupName {
                 path: format!("/cg{id}"),
                 gone: false,
             }
         }
-        fn limits(&mut self, _: &str, _: &Device) -> crate::limits::Effective {
+        fn limits(&mut self, _: &str, _: &Device) -> crate::model::limits::Effective {
             Default::default()
         }
     }

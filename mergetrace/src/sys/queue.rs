@@ -19,7 +19,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use crate::device::Device;
+use crate::sys::device::Device;
 
 /// `BLK_MAX_REQUEST_COUNT` (block/blk.h): plug flush at this many requests.
 pub const BLK_MAX_REQUEST_COUNT: u32 = 32;
@@ -152,8 +152,8 @@ impl QueueSettings {
     }
 
     /// The limits that split bios, for the verdict.
-    pub fn split_limits(&self) -> crate::meter::SplitLimits {
-        crate::meter::SplitLimits {
+    pub fn split_limits(&self) -> crate::model::meter::SplitLimits {
+        crate::model::meter::SplitLimits {
             max_sectors_kb: Some(self.max_sectors_kb),
             max_hw_sectors_kb: Some(self.max_hw_sectors_kb),
             max_segments: Some(self.max_segments),

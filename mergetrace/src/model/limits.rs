@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::cgroups::Hierarchy;
+use crate::sys::cgroups::Hierarchy;
 
 /// The four limits of one cgroup on one device; `None` = no limit ("max").
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]

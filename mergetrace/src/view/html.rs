@@ -10,13 +10,13 @@ use plotters::{
     style::text_anchor::{HPos, Pos, VPos},
 };
 
-use super::analysis::{
+use crate::offline::analysis::{
     count_buckets, count_label, size_buckets, size_label, unplug_rows, Distributions, Series,
 };
 use crate::{
-    aggregate::Dir,
     capture::Header,
-    snapshot::{DeviceSnapshot, Histograms, Snapshot},
+    model::aggregate::Dir,
+    model::snapshot::{DeviceSnapshot, Histograms, Snapshot},
     view::table,
 };
 

@@ -942,7 +942,7 @@ pub fn summary(s: &Stats) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::synth::Synth;
+    use crate::offline::synth::Synth;
 
     const DEV: u32 = 7 << 20 | 2;
 
@@ -1197,7 +1197,7 @@ mod tests {
     fn lineage_renders_text_and_json() {
         let (_, l) = one_batch(false);
         let h = crate::capture::Header {
-            start_monotonic_ns: crate::report::synth::START_NS,
+            start_monotonic_ns: crate::offline::synth::START_NS,
             devices: vec![crate::capture::RecordedDevice {
                 name: "loop2".into(),
                 major: 7,

@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use mergetrace_common::{flags, kind};
 
 use crate::{
-    aggregate::Dir,
     capture::{Header, HeaderLookup},
-    snapshot::Lookup,
+    model::aggregate::Dir,
+    model::snapshot::Lookup,
 };
 
 pub struct Names {

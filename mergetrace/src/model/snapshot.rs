@@ -6,11 +6,11 @@ use mergetrace_common::{kind, path};
 use serde::Serialize;
 
 use crate::{
-    aggregate::{Counts, Dir, Window},
-    cgroups::{in_subtree, CgroupName},
-    device::Device,
-    limits::{self, Effective},
-    meter::{self, CloudMeter, LimitUse, Meters, SplitLimits},
+    model::aggregate::{Counts, Dir, Window},
+    model::limits::{self, Effective},
+    model::meter::{self, CloudMeter, LimitUse, Meters, SplitLimits},
+    sys::cgroups::{in_subtree, CgroupName},
+    sys::device::Device,
 };
 
 /// What a snapshot needs to know besides the counts: cgroup names and the throttle limits in
@@ -25,12 +25,12 @@ pub trait Lookup {
     }
 }
 
-impl Lookup for crate::cgroups::Cgroups {
+impl Lookup for crate::sys::cgroups::Cgroups {
     fn cgroup_name(&mut self, id: u64) -> CgroupName {
         self.name(id)
     }
     fn split_limits(&mut self, dev: &Device) -> SplitLimits {
-        crate::queue::QueueSettings::read(dev)
+        crate::sys::queue::QueueSettings::read(dev)
             .map(|q| q.split_limits())
             .unwrap_or_default()
     }
@@ -538,14 +538,14 @@ pub fn build(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::aggregate::{tests::batch_of_32, Aggregator};
+    use crate::model::aggregate::{tests::batch_of_32, Aggregator};
 
     struct Fixed;
     impl Lookup for Fixed {
         fn limits(&mut self, cgroup: &str, _dev: &Device) -> Effective {
             if cgroup == "/mt" {
                 Effective {
-                    wiops: Some(crate::limits::Limit {
+                    wiops: Some(crate::model::limits::Limit {
                         limit: 16,
                         cgroup: "/mt".into(),
                     }),

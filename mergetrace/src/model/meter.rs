@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::limits::{Effective, LimitKind};
+use crate::model::limits::{Effective, LimitKind};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Meters {
@@ -249,7 +249,7 @@ pub fn verdict(limits: &BTreeMap<&'static str, LimitUse>, a: &Activity) -> Optio
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limits::Limit;
+    use crate::model::limits::Limit;
 
     fn eff_wiops(v: u64) -> Effective {
         Effective {

@@ -5,7 +5,7 @@ use std::io::Write;
 use anyhow::Result;
 use mergetrace_common::{kind, Event};
 
-use crate::report::names::{addr, dir_name, flag_names, maj_min, merge_path, op_name, Names};
+use crate::offline::names::{addr, dir_name, flag_names, maj_min, merge_path, op_name, Names};
 
 /// Column names, in order (CSV header; JSONL keys).
 pub const COLUMNS: [&str; 19] = [
@@ -132,7 +132,7 @@ mod tests {
     use super::*;
     use crate::{
         capture::{Header, RecordedCgroup, RecordedDevice},
-        report::synth::{Synth, START_NS},
+        offline::synth::{Synth, START_NS},
     };
     use mergetrace_common::path;
 

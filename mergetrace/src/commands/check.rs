@@ -11,13 +11,13 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde::Serialize;
 
-use crate::diskstats::{find_diskstats, DiskStats};
+use crate::sys::diskstats::{find_diskstats, DiskStats};
 use crate::{
-    cgroups::{self, Hierarchy},
-    device::{self, Device},
     kernel::btf::{Btf, KIND_FUNC},
-    limits::{self, LimitKind, Limits},
-    queue::{QueueSettings, BLK_MAX_REQUEST_COUNT_MULTIPLE_QUEUES, PAGE_SIZE},
+    model::limits::{self, LimitKind, Limits},
+    sys::cgroups::{self, Hierarchy},
+    sys::device::{self, Device},
+    sys::queue::{QueueSettings, BLK_MAX_REQUEST_COUNT_MULTIPLE_QUEUES, PAGE_SIZE},
 };
 
 #[derive(Args, Debug, Clone)]
@@ -980,8 +980,8 @@ pub fn fentry_allowed(btf: &Btf) -> Result<bool, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::diskstats::parse_diskstats_line;
-    use crate::queue::parse_scheduler;
+    use crate::sys::diskstats::parse_diskstats_line;
+    use crate::sys::queue::parse_scheduler;
     use clap::Parser;
 
     /// The article's line, with the fields it elides filled with zeros.

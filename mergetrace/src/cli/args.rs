@@ -21,22 +21,22 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Record every event of a run to a capture file, for `report` and `export`.
-    Record(crate::record::RecordArgs),
+    Record(crate::commands::record::RecordArgs),
     /// Read a capture: the same per-cgroup tables as the live view, and distributions.
-    Report(crate::report::ReportArgs),
+    Report(crate::commands::report::ReportArgs),
     /// Convert a capture for other tools: Perfetto/Chrome trace JSON, blktrace binary
     /// (for blkparse, btt), CSV or JSON lines.
-    Export(crate::export::ExportArgs),
+    Export(crate::commands::export::ExportArgs),
     /// The article's checklist for one device, without tracing: scheduler and what nomerges
     /// does here, merge rate and request size since boot, merge ceilings, throttled cgroups,
     /// and which tier mergetrace can run.
-    Check(crate::check::CheckArgs),
+    Check(crate::commands::check::CheckArgs),
     /// The article's lab, built in: a loop device in /dev/shm, a built-in workload, the
     /// tables, and a self-check against /proc/diskstats. Needs root; cleans up after itself.
-    Demo(crate::demo::DemoArgs),
+    Demo(crate::commands::demo::DemoArgs),
     /// The fleet view: count in the kernel continuously and serve the running totals on
     /// /metrics in the Prometheus text format (loopback by default). Needs root.
-    Serve(crate::serve::ServeArgs),
+    Serve(crate::commands::serve::ServeArgs),
     /// Run the built-in O_DIRECT workload (used by `demo` and the tests; no fio needed).
     #[command(hide = true, name = "__workload")]
     Workload(WorkloadArgs),

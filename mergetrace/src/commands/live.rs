@@ -11,13 +11,13 @@ use tokio::{
 };
 
 use crate::{
-    aggregate::{self, Window},
-    cgroups::{Cgroups, Hierarchy},
-    limits::{self, LimitKind},
     cli::LiveArgs,
-    device::{self, Device},
     kernel::{self, monotonic_ns},
-    snapshot::{self, SnapshotKind},
+    model::aggregate::{self, Window},
+    model::limits::{self, LimitKind},
+    model::snapshot::{self, SnapshotKind},
+    sys::cgroups::{Cgroups, Hierarchy},
+    sys::device::{self, Device},
     view::{json::JsonView, text::TextView, tui::TuiView, View},
 };
 
@@ -45,7 +45,7 @@ pub fn banner(devices: &[Device], session: &kernel::Session, cgroups: &Cgroups) 
     )];
     for d in devices {
         lines.extend(d.notes.iter().cloned());
-        if let Ok(q) = crate::queue::QueueSettings::read(d) {
+        if let Ok(q) = crate::sys::queue::QueueSettings::read(d) {
             lines.push(configuration_line(&d.name, &q));
         }
         lines.extend(v1_writeback_note(d, cgroups));
@@ -90,7 +90,7 @@ pub fn v1_writeback_note(d: &Device, cgroups: &Cgroups) -> Option<String> {
 
 /// The per-device configuration line, as the article explains it: scheduler, what nomerges
 /// does on this path, the merge ceiling, and when the plug flushes.
-pub fn configuration_line(name: &str, q: &crate::queue::QueueSettings) -> String {
+pub fn configuration_line(name: &str, q: &crate::sys::queue::QueueSettings) -> String {
     if q.bio_based() {
         return format!("{name}: {}", q.explain_nomerges());
     }

@@ -17,15 +17,16 @@ use tokio::{
 };
 
 use crate::{
-    aggregate,
     capture::{
         CaptureWriter, Header, LateCgroups, RecordedCgroup, RecordedDevice, RecordedLimits,
         WriterOptions,
     },
-    cgroups::{Cgroups, Hierarchy},
     cli::{parse_duration, parse_size},
+    commands::live,
     kernel::{self, collector, TierChoice},
-    limits, live,
+    model::aggregate,
+    model::limits,
+    sys::cgroups::{Cgroups, Hierarchy},
 };
 
 #[derive(Args, Debug, Clone)]
@@ -58,7 +59,7 @@ pub struct RecordArgs {
 /// The header: this host, the devices, every cgroup's id and path, the limits each sets.
 fn header(
     tier: &str,
-    devices: &[crate::device::Device],
+    devices: &[crate::sys::device::Device],
     cgroups: &Cgroups,
     meter_units: &[u64],
 ) -> Header {
@@ -86,7 +87,7 @@ fn header(
 fn own_limits(
     cgroups: &Cgroups,
     path: &str,
-    devices: &[crate::device::Device],
+    devices: &[crate::sys::device::Device],
 ) -> Vec<RecordedLimits> {
     let dir = cgroups.mount.join(path.trim_start_matches('/'));
     devices
@@ -134,7 +135,11 @@ impl LateNames {
     }
 
     /// Names what it can of the pending ids.
-    fn resolve(&mut self, cgroups: &mut Cgroups, devices: &[crate::device::Device]) -> LateCgroups {
+    fn resolve(
+        &mut self,
+        cgroups: &mut Cgroups,
+        devices: &[crate::sys::device::Device],
+    ) -> LateCgroups {
         let mut late = LateCgroups::default();
         if self.pending.is_empty() {
             return late;
@@ -181,7 +186,7 @@ impl Recording {
         &mut self,
         losses: Vec<(u8, u64)>,
         cgroups: &mut Cgroups,
-        devices: &[crate::device::Device],
+        devices: &[crate::sys::device::Device],
     ) {
         if self.failure.is_some() {
             return;

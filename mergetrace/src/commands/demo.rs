@@ -14,13 +14,13 @@ use clap::Args;
 use mergetrace_common::Modes;
 
 use crate::{
-    aggregate::{self, Counts, Dir, Key},
-    cgroups::{Cgroups, Hierarchy},
-    device::{self, Device},
-    diskstats::DiskStats,
     kernel::{self, Session, TierChoice},
-    limits::{Effective, Limit},
-    meter,
+    model::aggregate::{self, Counts, Dir, Key},
+    model::limits::{Effective, Limit},
+    model::meter,
+    sys::cgroups::{Cgroups, Hierarchy},
+    sys::device::{self, Device},
+    sys::diskstats::DiskStats,
 };
 
 #[derive(Args, Debug, Clone)]

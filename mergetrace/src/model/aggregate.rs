@@ -430,7 +430,11 @@ pub(crate) mod tests {
             c.bios + c.splits,
             c.requests() + c.merged(Dir::Write.code()) + c.flush_only
         );
-        assert_eq!(c.bios_to_requests(), 1, "the flush-only write is not compressed");
+        assert_eq!(
+            c.bios_to_requests(),
+            1,
+            "the flush-only write is not compressed"
+        );
         let f = w.device_total(7 << 20 | 3, Dir::Flush);
         assert_eq!(f.requests(), 1);
         assert_eq!(

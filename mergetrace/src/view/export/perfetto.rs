@@ -10,7 +10,7 @@
 //!   ("… #2"), because a thread's slices must nest;
 //! - per device a "block layer" thread with plug flushes and request merges as instants;
 //! - flows ("s" → "f", `bp: "e"`, one id per bio) from each bio's slice to the slice of the
-//!   request that carried it, from [`crate::report::lineage`].
+//!   request that carried it, from [`crate::offline::lineage`].
 //!
 //! Times are µs since the capture's start (`ts`, `dur`), with ns precision.
 use std::{collections::HashMap, io::Write, path::Path};
@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 
 use crate::{
     capture::Header,
-    report::{
+    offline::{
         lineage::{self, size},
         names::{addr, maj_min, op_name, Names},
     },
@@ -384,7 +384,7 @@ pub fn write(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::synth::{Synth, START_NS};
+    use crate::offline::synth::{Synth, START_NS};
     use mergetrace_common::path;
     use std::collections::BTreeMap;
 

@@ -6,19 +6,12 @@ use anyhow::{Context as _, Result};
 use clap::Args;
 use mergetrace_common::Event;
 
-pub mod analysis;
-mod html;
-pub mod lineage;
-pub mod names;
-#[cfg(test)]
-pub mod synth;
-
 use crate::{
-    aggregate::{Aggregator, Window},
     capture::{CaptureReader, Header, HeaderLookup, Next},
     cli::parse_duration,
-    device::Device,
-    snapshot::{self, Snapshot, SnapshotKind},
+    model::aggregate::{Aggregator, Window},
+    model::snapshot::{self, Snapshot, SnapshotKind},
+    sys::device::Device,
     view::{text::TextView, View},
 };
 
@@ -160,7 +153,7 @@ fn subtree_of(cgroup: Option<&str>) -> Option<String> {
 struct WithDistributions<'a> {
     #[serde(flatten)]
     snapshot: &'a Snapshot,
-    distributions: &'a analysis::Distributions,
+    distributions: &'a crate::offline::analysis::Distributions,
 }
 
 /// A reader that closed the pipe early (`report … | head`) is not an error.
@@ -190,7 +183,8 @@ pub fn run(args: &ReportArgs) -> Result<()> {
 
 fn run_report(args: &ReportArgs) -> Result<()> {
     let header = header_of(&args.file)?;
-    let mut an = analysis::Analysis::new(header.start_monotonic_ns, &header.meter_units);
+    let mut an =
+        crate::offline::analysis::Analysis::new(header.start_monotonic_ns, &header.meter_units);
     let loaded = load(&args.file, args.from, args.to, |ev| an.apply(ev))?;
     if let Some(w) = &loaded.warning {
         eprintln!("mergetrace: warning: {w}");
@@ -199,7 +193,7 @@ fn run_report(args: &ReportArgs) -> Result<()> {
     let s = snapshot(&loaded, subtree.as_deref());
     let dist = an.finish(&s, loaded.window.end_ns);
     if let Some(out) = &args.html {
-        let page = html::render(&loaded.header, &args.file, &s, &dist)?;
+        let page = crate::view::html::render(&loaded.header, &args.file, &s, &dist)?;
         std::fs::write(out, page).with_context(|| format!("cannot write {}", out.display()))?;
         eprintln!("mergetrace: wrote {}", out.display());
         return Ok(());
@@ -227,7 +221,7 @@ fn run_report(args: &ReportArgs) -> Result<()> {
         )?;
         TextView::new(std::io::stdout()).total(&s)?;
         let mut out = std::io::stdout().lock();
-        out.write_all(analysis::render_text(&s, &dist).as_bytes())?;
+        out.write_all(crate::offline::analysis::render_text(&s, &dist).as_bytes())?;
         out.flush()?;
         Ok(())
     }
@@ -238,15 +232,15 @@ fn run_lineage(args: &ReportArgs) -> Result<()> {
     let subtree = subtree_of(args.cgroup.as_deref());
     // With a cgroup filter the limit applies after filtering.
     let mut tracker = match (args.limit, &subtree) {
-        (Some(n), None) => lineage::Tracker::with_limit(n),
-        _ => lineage::Tracker::new(),
+        (Some(n), None) => crate::offline::lineage::Tracker::with_limit(n),
+        _ => crate::offline::lineage::Tracker::new(),
     };
     let loaded = load(&args.file, args.from, args.to, |ev| tracker.apply(ev))?;
     if let Some(w) = &loaded.warning {
         eprintln!("mergetrace: warning: {w}");
     }
     let lin = tracker.finish();
-    let mut names = names::Names::new(&loaded.header);
+    let mut names = crate::offline::names::Names::new(&loaded.header);
     let mut out = std::io::stdout().lock();
     let mut shown = 0usize;
     for r in &lin.requests {
@@ -254,19 +248,23 @@ fn run_lineage(args: &ReportArgs) -> Result<()> {
             break;
         }
         if let Some(sub) = &subtree {
-            if !analysis::shown(names.cgroup(r.cgroup_id), Some(sub)) {
+            if !crate::offline::analysis::shown(names.cgroup(r.cgroup_id), Some(sub)) {
                 continue;
             }
         }
         shown += 1;
         if args.json {
-            serde_json::to_writer(&mut out, &lineage::to_json(r, &mut names))?;
+            serde_json::to_writer(&mut out, &crate::offline::lineage::to_json(r, &mut names))?;
             writeln!(out)?;
         } else {
-            write!(out, "{}", lineage::render_text(r, &mut names))?;
+            write!(
+                out,
+                "{}",
+                crate::offline::lineage::render_text(r, &mut names)
+            )?;
         }
     }
-    let summary = lineage::summary(&lin.stats);
+    let summary = crate::offline::lineage::summary(&lin.stats);
     if args.json {
         eprintln!("mergetrace: {summary}");
     } else {
@@ -286,7 +284,7 @@ mod tests {
     use super::*;
     use crate::{
         capture::{CaptureWriter, RecordedDevice, WriterOptions},
-        report::synth::{Synth, START_NS},
+        offline::synth::{Synth, START_NS},
     };
     use mergetrace_common::path;
 
@@ -314,7 +312,7 @@ mod tests {
         w.write_events(&s.events).unwrap();
         w.finish().unwrap();
 
-        let mut an = analysis::Analysis::new(START_NS, &[]);
+        let mut an = crate::offline::analysis::Analysis::new(START_NS, &[]);
         let loaded = load(&file, None, None, |ev| an.apply(ev)).unwrap();
         let snap = snapshot(&loaded, None);
         let dist = an.finish(&snap, loaded.window.end_ns);

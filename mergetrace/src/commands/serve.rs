@@ -41,13 +41,13 @@ use prometheus_client::{
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
-    aggregate::{self, Dir},
-    cgroups::{CgroupName, Cgroups},
-    device::Device,
+    commands::live,
     kernel::{self, monotonic_ns, TierChoice},
-    limits::Effective,
-    live,
-    snapshot::{self, DirStats, Lookup, Snapshot, SnapshotKind},
+    model::aggregate::{self, Dir},
+    model::limits::Effective,
+    model::snapshot::{self, DirStats, Lookup, Snapshot, SnapshotKind},
+    sys::cgroups::{CgroupName, Cgroups},
+    sys::device::Device,
 };
 
 /// The `cgroup` label of everything beyond `--max-cgroups`.
@@ -634,7 +634,7 @@ impl Lookup for Names {
     fn limits(&mut self, cgroup: &str, dev: &Device) -> Effective {
         self.cgroups.limits(cgroup, dev)
     }
-    fn split_limits(&mut self, dev: &Device) -> crate::meter::SplitLimits {
+    fn split_limits(&mut self, dev: &Device) -> crate::model::meter::SplitLimits {
         self.cgroups.split_limits(dev)
     }
 }
@@ -806,7 +806,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::{CgroupSnapshot, DeviceSnapshot, Directions};
+    use crate::model::snapshot::{CgroupSnapshot, DeviceSnapshot, Directions};
 
     fn write_stats(bios: u64, requests: u64) -> DirStats {
         let mut st = DirStats {
@@ -1026,7 +1026,7 @@ mod tests {
         st.throttled.delay_estimated = true;
         st.limits.insert(
             "wiops",
-            crate::meter::LimitUse {
+            crate::model::meter::LimitUse {
                 limit: 500,
                 cgroup: "/mt".into(),
                 used_pct: 1.0,
@@ -1034,13 +1034,13 @@ mod tests {
         );
         st.limits.insert(
             "wbps",
-            crate::meter::LimitUse {
+            crate::model::meter::LimitUse {
                 limit: 1 << 20,
                 cgroup: "/".into(),
                 used_pct: 1.0,
             },
         );
-        st.meters.cloud = vec![crate::meter::CloudMeter {
+        st.meters.cloud = vec![crate::model::meter::CloudMeter {
             unit_bytes: 262144,
             units: 1,
         }];
@@ -1090,7 +1090,7 @@ mod tests {
         let mut s2 = snapshot(&[("/a", write_stats(1, 1)), ("/mt", write_stats(1, 1))]);
         s2.devices[0].cgroups[1].dirs.write.limits.insert(
             "wiops",
-            crate::meter::LimitUse {
+            crate::model::meter::LimitUse {
                 limit: 5,
                 cgroup: "/mt".into(),
                 used_pct: 0.0,

@@ -1,0 +1,4 @@
+pub mod aggregate;
+pub mod limits;
+pub mod meter;
+pub mod snapshot;

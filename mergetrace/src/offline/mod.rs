@@ -1,0 +1,5 @@
+pub mod analysis;
+pub mod lineage;
+pub mod names;
+#[cfg(test)]
+pub mod synth;

@@ -1,0 +1,3 @@
+pub mod blktrace;
+pub mod events;
+pub mod perfetto;
