@@ -1,73 +1,49 @@
-//! mergetrace: where does your I/O meter sit — before or after merging?
-//!
-//! Data path: `kernel` (probes → events) → `kernel::collector` → `aggregate` (pure) →
-//! `snapshot` (named rows) → `view` (TUI, text, JSON).
-mod capture;
-mod cli;
-mod commands;
-mod kernel;
-mod model;
-mod offline;
-mod sys;
-mod view;
+//! The `mergetrace` command: parses the command line and runs the command it names. Everything
+//! else is the library (lib.rs).
+use clap::{Parser, Subcommand};
+use mergetrace::{cli, commands};
 
-use clap::Parser;
-
-/// `__workload`: join the cgroup if asked, run, print what was done as JSON.
-fn run_workload(a: &cli::WorkloadArgs) -> anyhow::Result<()> {
-    use anyhow::Context;
-    if let Some(cg) = &a.cgroup {
-        std::fs::write(cg.join("cgroup.procs"), std::process::id().to_string())
-            .with_context(|| format!("cannot join cgroup {}", cg.display()))?;
-    }
-    let w = sys::workload::Workload {
-        op: if a.op == "read" {
-            sys::workload::Op::Read
-        } else {
-            sys::workload::Op::Write
-        },
-        block_bytes: a.bs as usize,
-        ios: a.ios,
-        batch: a.batch,
-        order: if a.reverse {
-            sys::workload::Order::Reverse
-        } else {
-            sys::workload::Order::Forward
-        },
-        start: a.offset,
-    };
-    let done = sys::workload::run(&a.target, &w)?;
-    println!(
-        "{{\"ios\":{},\"bytes\":{},\"submit_calls\":{}}}",
-        done.ios, done.bytes, done.submit_calls
-    );
-    Ok(())
+#[derive(Parser, Debug)]
+#[command(
+    name = "mergetrace",
+    version,
+    about = "Per-cgroup view of what blk-throttle charged, what merged (and how), and what the device saw",
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
+struct Cli {
+    #[command(flatten)]
+    live: commands::live::LiveArgs,
+    #[command(subcommand)]
+    command: Option<Command>,
 }
 
-/// The error and its causes on one line. Verifier logs and other multi-line causes keep only
-/// their first line (set RUST_LOG=debug for the whole chain).
-fn one_line(e: &anyhow::Error) -> String {
-    log::debug!("{e:?}");
-    let mut parts: Vec<String> = Vec::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        let first = text.lines().next().unwrap_or_default().trim();
-        let first = first
-            .split(". Verifier output:")
-            .next()
-            .unwrap_or(first)
-            .trim()
-            .to_string();
-        // aya repeats its cause in its own message: skip a part already said.
-        if !first.is_empty() && !parts.iter().any(|p| p.contains(&first)) {
-            parts.push(first);
-        }
-    }
-    parts.join(": ")
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Record every event of a run to a capture file, for `report` and `export`.
+    Record(commands::record::RecordArgs),
+    /// Read a capture: the same per-cgroup tables as the live view, and distributions.
+    Report(commands::report::ReportArgs),
+    /// Convert a capture for other tools: Perfetto/Chrome trace JSON, blktrace binary
+    /// (for blkparse, btt), CSV or JSON lines.
+    Export(commands::export::ExportArgs),
+    /// The article's checklist for one device, without tracing: scheduler and what nomerges
+    /// does here, merge rate and request size since boot, merge ceilings, throttled cgroups,
+    /// and which tier mergetrace can run.
+    Check(commands::check::CheckArgs),
+    /// The article's lab, built in: a loop device in /dev/shm, a built-in workload, the
+    /// tables, and a self-check against /proc/diskstats. Needs root; cleans up after itself.
+    Demo(commands::demo::DemoArgs),
+    /// The fleet view: count in the kernel continuously and serve the running totals on
+    /// /metrics in the Prometheus text format (loopback by default). Needs root.
+    Serve(commands::serve::ServeArgs),
+    /// Run the built-in O_DIRECT workload (used by `demo` and the tests; no fio needed).
+    #[command(hide = true, name = "__workload")]
+    Workload(commands::workload::WorkloadArgs),
 }
 
 fn main() {
-    let cli = cli::Cli::parse();
+    let cli = Cli::parse();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -83,17 +59,90 @@ fn main() {
     let result = runtime.block_on(async {
         match cli.command {
             None => commands::live::run(cli.live).await,
-            Some(cli::Command::Workload(w)) => run_workload(&w),
-            Some(cli::Command::Demo(d)) => commands::demo::run(&d),
-            Some(cli::Command::Check(c)) => commands::check::run(&c),
-            Some(cli::Command::Record(r)) => commands::record::run(r).await,
-            Some(cli::Command::Report(r)) => commands::report::run(&r),
-            Some(cli::Command::Export(e)) => commands::export::run(&e),
-            Some(cli::Command::Serve(s)) => commands::serve::run(s).await,
+            Some(Command::Workload(w)) => commands::workload::run(&w),
+            Some(Command::Demo(d)) => commands::demo::run(&d),
+            Some(Command::Check(c)) => commands::check::run(&c),
+            Some(Command::Record(r)) => commands::record::run(r).await,
+            Some(Command::Report(r)) => commands::report::run(&r),
+            Some(Command::Export(e)) => commands::export::run(&e),
+            Some(Command::Serve(s)) => commands::serve::run(s).await,
         }
     });
     if let Err(e) = result {
-        eprintln!("mergetrace: error: {}", one_line(&e));
+        eprintln!("mergetrace: error: {}", cli::error_line(&e));
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn parses_live_flags() {
+        let c = Cli::try_parse_from([
+            "mergetrace",
+            "-d",
+            "vda",
+            "-d",
+            "7:3",
+            "-i",
+            "500ms",
+            "--json",
+            "--duration",
+            "10s",
+            "-c",
+            "/mt",
+        ])
+        .unwrap();
+        assert_eq!(c.live.trace.devices, ["vda", "7:3"]);
+        assert_eq!(c.live.run.interval, Duration::from_millis(500));
+        assert_eq!(c.live.run.duration, Some(Duration::from_secs(10)));
+        assert!(c.live.json);
+        assert_eq!(c.live.subtree.cgroup.as_deref(), Some("/mt"));
+    }
+
+    #[test]
+    fn rejects_bad_values() {
+        assert!(Cli::try_parse_from(["mergetrace", "-d", "vda", "-i", "0s"]).is_err());
+        assert!(Cli::try_parse_from(["mergetrace", "-d", "vda", "-i", "soon"]).is_err());
+        assert!(Cli::try_parse_from(["mergetrace", "-d", "vda", "--json", "--text"]).is_err());
+        assert!(Cli::try_parse_from(["mergetrace", "-d", "vda", "--ring-mib", "3"]).is_err());
+        assert!(Cli::try_parse_from(["mergetrace"]).is_err());
+        assert!(Cli::try_parse_from(["mergetrace", "-d", "vda", "--meter-unit", "0"]).is_err());
+    }
+
+    #[test]
+    fn the_shared_flags_mean_the_same_everywhere() {
+        let live = Cli::try_parse_from(["mergetrace", "-d", "vda"])
+            .unwrap()
+            .live;
+        let Some(Command::Record(rec)) =
+            Cli::try_parse_from(["mergetrace", "record", "-d", "vda", "-o", "x.mtr"])
+                .unwrap()
+                .command
+        else {
+            panic!("not record")
+        };
+        assert_eq!(live.run.ring_mib, rec.run.ring_mib);
+        assert_eq!(live.trace.meter_unit, vec![256 << 10, 1 << 20]);
+        assert_eq!(live.trace.meter_unit, rec.trace.meter_unit);
+        for sub in [&["record", "-o", "x.mtr"][..], &[][..]] {
+            let mut argv = vec!["mergetrace"];
+            argv.extend_from_slice(sub);
+            argv.extend(["-d", "vda", "--ring-mib", "2048"]);
+            assert!(Cli::try_parse_from(&argv).is_err(), "{argv:?}");
+        }
+        let c = Cli::try_parse_from(["mergetrace", "-d", "vda", "--meter-unit", "128k,1m"]);
+        assert_eq!(c.unwrap().live.trace.meter_unit, vec![128 << 10, 1 << 20]);
     }
 }

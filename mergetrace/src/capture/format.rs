@@ -14,10 +14,8 @@ pub const PREAMBLE_LEN: usize = 12;
 /// Every chunk starts with this many bytes (see [`ChunkHeader`]).
 pub const CHUNK_HEADER_LEN: usize = 28;
 /// No chunk payload is larger: a reader refuses bigger ones as corrupt, writers never come
-/// close (an event is at most [`MAX_EVENT_LEN`] bytes, a chunk at most 65,536 events).
+/// close (an event encodes to at most 72 bytes, a chunk holds at most 65,536 events).
 pub const MAX_PAYLOAD: u32 = 16 << 20;
-/// The longest an encoded event can be.
-pub const MAX_EVENT_LEN: usize = 1 + 1 + 1 + 3 + 10 + (1 + 5) + (1 + 10) + 10 + 10 + 5 + 5 + 10;
 
 /// Chunk types. Bit 0x20 set (lower-case ASCII letters) = ancillary: a reader that does not
 /// know the type skips it. Clear = critical: a reader that does not know it must stop.
@@ -156,10 +154,6 @@ impl<'a> Cursor<'a> {
         Cursor { buf, pos: 0 }
     }
 
-    pub fn pos(&self) -> usize {
-        self.pos
-    }
-
     pub fn at_end(&self) -> bool {
         self.pos >= self.buf.len()
     }
@@ -236,8 +230,7 @@ const ID_PREV: u8 = 0;
 const ID_XOR_SLOT: u8 = 1;
 /// id = prev.id ^ varint
 const ID_XOR_PREV: u8 = 2;
-/// id = prev.aux64 ^ varint
-const ID_XOR_PREV_AUX64: u8 = 3;
+// 3: id = prev.aux64 ^ varint
 
 /// sector = prev.sector
 const SEC_PREV: u8 = 0;
@@ -245,8 +238,7 @@ const SEC_PREV: u8 = 0;
 const SEC_SEQ: u8 = 1;
 /// sector = prev.sector + zigzag varint
 const SEC_DELTA_PREV: u8 = 2;
-/// sector = slot.sector + zigzag varint
-const SEC_DELTA_SLOT: u8 = 3;
+// 3: sector = slot.sector + zigzag varint
 
 /// bytes / aux: 0 = slot's, 1 = varint follows.
 const VAL_SLOT: u8 = 0;
@@ -258,8 +250,7 @@ const A64_SLOT: u8 = 0;
 const A64_XOR_ID: u8 = 1;
 /// aux64 = prev.id ^ varint
 const A64_XOR_PREV_ID: u8 = 2;
-/// aux64 = slot.aux64 ^ varint
-const A64_XOR_SLOT: u8 = 3;
+// 3: aux64 = slot.aux64 ^ varint
 
 const NO: u32 = 1 << 16; // cost of an option that cannot encode the value
 
@@ -673,6 +664,9 @@ pub fn decode_lost(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The longest an encoded event can be (the bound `MAX_PAYLOAD` is sized from).
+    const MAX_EVENT_LEN: usize = 1 + 1 + 1 + 3 + 10 + (1 + 5) + (1 + 10) + 10 + 10 + 5 + 5 + 10;
 
     #[test]
     fn capture_varints() {

@@ -1,7 +1,7 @@
 //! What a capture records besides events: the run's context at its start (header chunk) and
 //! its totals at a clean close (end chunk). Both are JSON, so they describe themselves; a
 //! reader ignores fields it does not know and defaults fields that are missing.
-use std::{collections::BTreeMap, path::Path};
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -175,39 +175,6 @@ impl From<&crate::sys::device::Device> for RecordedDevice {
     }
 }
 
-impl RecordedQueue {
-    /// Reads `DIR/queue/*` of a `/sys/block/NAME` directory; unreadable files stay `None`.
-    pub fn read(block_dir: &Path) -> RecordedQueue {
-        let q = block_dir.join("queue");
-        let text = |f: &str| {
-            std::fs::read_to_string(q.join(f))
-                .ok()
-                .map(|s| s.trim().to_string())
-        };
-        let num = |f: &str| text(f).and_then(|s| s.parse::<u64>().ok());
-        RecordedQueue {
-            scheduler: text("scheduler").map(|s| active_scheduler(&s)),
-            nomerges: num("nomerges"),
-            max_sectors_kb: num("max_sectors_kb"),
-            max_segments: num("max_segments"),
-            nr_requests: num("nr_requests"),
-            rotational: num("rotational").map(|v| v != 0),
-            max_hw_sectors_kb: num("max_hw_sectors_kb"),
-            max_segment_size: num("max_segment_size"),
-            chunk_sectors: num("chunk_sectors"),
-            discard_max_bytes: num("discard_max_bytes"),
-        }
-    }
-}
-
-/// `mq-deadline kyber [bfq] none` → `bfq`; a file without brackets as it is.
-fn active_scheduler(s: &str) -> String {
-    s.split_whitespace()
-        .find_map(|w| w.strip_prefix('[').and_then(|w| w.strip_suffix(']')))
-        .unwrap_or(s)
-        .to_string()
-}
-
 impl Header {
     /// A header with this host's facts filled in (versions, kernel release, start times) and
     /// everything about devices and cgroups left for the caller.
@@ -227,14 +194,6 @@ impl Header {
             reissues_flagged: true,
             ..Header::default()
         }
-    }
-
-    /// The device with kernel `dev_t` encoding `dev` (`major << 20 | minor`).
-    pub fn device(&self, dev: u32) -> Option<&RecordedDevice> {
-        let (major, minor) = (dev >> 20, dev & 0xfffff);
-        self.devices
-            .iter()
-            .find(|d| d.major == major && d.minor == minor)
     }
 }
 
@@ -296,24 +255,5 @@ mod tests {
         // An old writer's header without most fields still reads.
         let old: Header = serde_json::from_str(r#"{"format_version":1,"tier":"fentry"}"#).unwrap();
         assert_eq!(old.tier, "fentry");
-        assert_eq!(h.device(7 << 20 | 3).unwrap().name, "loop3");
-    }
-
-    #[test]
-    fn capture_queue_settings_from_sysfs() {
-        let t = tempfile::tempdir().unwrap();
-        let q = t.path().join("queue");
-        std::fs::create_dir_all(&q).unwrap();
-        std::fs::write(q.join("scheduler"), "mq-deadline kyber [bfq] none\n").unwrap();
-        std::fs::write(q.join("nomerges"), "2\n").unwrap();
-        std::fs::write(q.join("rotational"), "1\n").unwrap();
-        std::fs::write(q.join("nr_requests"), "garbage\n").unwrap();
-        let r = RecordedQueue::read(t.path());
-        assert_eq!(r.scheduler.as_deref(), Some("bfq"));
-        assert_eq!(r.nomerges, Some(2));
-        assert_eq!(r.rotational, Some(true));
-        assert_eq!(r.nr_requests, None);
-        assert_eq!(r.max_sectors_kb, None);
-        assert_eq!(active_scheduler("none"), "none");
     }
 }

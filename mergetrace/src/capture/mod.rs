@@ -10,9 +10,6 @@
 //! - [`CaptureReader`]: `open` → records (iterator, or `next_into` to reuse a buffer);
 //!   [`read_all`] for a whole file.
 //! - [`HeaderLookup`]: a capture header as the snapshot's [`crate::model::snapshot::Lookup`].
-// A whole reader/writer API, parts of which only the tests use (read_all, Capture, the
-// writer's counters), and codec mode constants that document the layout.
-#![allow(dead_code, unused_imports)]
 pub mod format;
 mod header;
 mod lookup;

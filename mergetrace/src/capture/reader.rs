@@ -43,7 +43,6 @@ pub struct CaptureReader<R: Read = BufReader<File>> {
     src: R,
     name: String,
     header: Header,
-    version: u16,
     /// Bytes consumed: the offset of the next chunk.
     offset: u64,
     payload: Vec<u8>,
@@ -156,7 +155,6 @@ impl<R: Read> CaptureReader<R> {
             src,
             name,
             header: Header::default(),
-            version,
             offset: PREAMBLE_LEN as u64,
             payload: Vec::new(),
             decoder: EventDecoder::default(),
@@ -206,15 +204,6 @@ impl<R: Read> CaptureReader<R> {
     /// The header, with the cgroups of the `c` chunks read so far added to it.
     pub fn header(&self) -> &Header {
         &self.header
-    }
-
-    /// Format version of the file.
-    pub fn version(&self) -> u16 {
-        self.version
-    }
-
-    pub fn name(&self) -> &str {
-        &self.name
     }
 
     /// Bytes read: the offset of the next chunk.

@@ -206,21 +206,6 @@ impl<W: CaptureSink> CaptureWriter<W> {
         Ok(w)
     }
 
-    /// The name errors use.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Bytes written so far.
-    pub fn bytes_written(&self) -> u64 {
-        self.offset
-    }
-
-    /// Events accepted so far (written or buffered).
-    pub fn events(&self) -> u64 {
-        self.events
-    }
-
     /// Buffers events; writes a chunk whenever one is full.
     pub fn write_events(&mut self, events: &[Event]) -> Result<()> {
         self.check()?;

@@ -4,7 +4,6 @@ use std::{
     fs::File,
     io::{BufWriter, Write},
     path::{Path, PathBuf},
-    time::Duration,
 };
 
 use anyhow::{Context, Result};
@@ -12,7 +11,7 @@ use clap::{Args, ValueEnum};
 use mergetrace_common::Event;
 
 use crate::{
-    cli::parse_duration,
+    cli::args::SpanArgs,
     commands::report,
     offline::names::Names,
     view::export::{blktrace, events, perfetto},
@@ -42,12 +41,8 @@ pub struct ExportArgs {
     /// read with `blkparse -i OUT`.
     #[arg(short = 'o', long, value_name = "OUT")]
     pub output: PathBuf,
-    /// Only events from this long after the start of the capture (e.g. 5s).
-    #[arg(long, value_parser = parse_duration, value_name = "T")]
-    pub from: Option<Duration>,
-    /// Only events up to this long after the start of the capture.
-    #[arg(long, value_parser = parse_duration, value_name = "T")]
-    pub to: Option<Duration>,
+    #[command(flatten)]
+    pub span: SpanArgs,
 }
 
 /// A file, or standard output for "-".
@@ -65,7 +60,9 @@ pub fn run(args: &ExportArgs) -> Result<()> {
 
 fn export(args: &ExportArgs) -> Result<()> {
     let mut events: Vec<Event> = Vec::new();
-    let loaded = report::load(&args.file, args.from, args.to, |ev| events.push(*ev))?;
+    let loaded = report::load(&args.file, args.span.from, args.span.to, |ev| {
+        events.push(*ev)
+    })?;
     if let Some(w) = &loaded.warning {
         eprintln!("mergetrace: warning: {w}");
     }

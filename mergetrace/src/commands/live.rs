@@ -4,6 +4,7 @@
 use std::{io::IsTerminal, sync::Arc};
 
 use anyhow::Result;
+use clap::Args;
 use mergetrace_common::Modes;
 use tokio::{
     signal::unix::{signal, SignalKind},
@@ -11,7 +12,7 @@ use tokio::{
 };
 
 use crate::{
-    cli::LiveArgs,
+    cli::args::{RunArgs, SubtreeArg, TraceArgs},
     kernel::{self, monotonic_ns},
     model::aggregate::{self, Window},
     model::limits::{self, LimitKind},
@@ -20,6 +21,26 @@ use crate::{
     sys::device::{self, Device},
     view::{json::JsonView, text::TextView, tui::TuiView, View},
 };
+
+/// The live view's flags (the command line without a subcommand).
+#[derive(Args, Debug, Clone)]
+pub struct LiveArgs {
+    #[command(flatten)]
+    pub trace: TraceArgs,
+    #[command(flatten)]
+    pub run: RunArgs,
+    #[command(flatten)]
+    pub subtree: SubtreeArg,
+    /// Print NDJSON: one object per interval, then one for the whole run.
+    #[arg(long)]
+    pub json: bool,
+    /// Plain text even on a terminal.
+    #[arg(long, conflicts_with = "json")]
+    pub text: bool,
+    /// Report each eBPF program's kernel time per run at the end (BPF run-time statistics).
+    #[arg(long)]
+    pub stats: bool,
+}
 
 pub fn resolve_devices(specs: &[String]) -> Result<Vec<Device>> {
     let mut out: Vec<Device> = Vec::new();
@@ -115,19 +136,20 @@ pub async fn run(args: LiveArgs) -> Result<()> {
     // Before anything is attached: a signal during start-up must stop the run cleanly too.
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
-    let devices = resolve_devices(&args.devices)?;
+    let devices = resolve_devices(&args.trace.devices)?;
     let mut cgroups = Cgroups::discover()?;
     let subtree = args
+        .subtree
         .cgroup
         .as_deref()
         .map(|c| cgroups.normalize(c))
         .transpose()?;
-    let meter_units = args.meter_units();
+    let meter_units = args.trace.meter_unit.clone();
     let session = kernel::Session::start(
         &devices,
         &kernel::Options {
-            ring_bytes: args.ring_mib << 20,
-            tier: args.tier,
+            ring_bytes: args.run.ring_mib << 20,
+            tier: args.trace.tier,
             modes: Modes {
                 aggregate: 1,
                 emit: 0,
@@ -160,8 +182,8 @@ pub async fn run(args: LiveArgs) -> Result<()> {
         subtree: subtree.as_deref(),
     };
 
-    let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
-    let mut ticker = tokio::time::interval(args.interval);
+    let deadline = args.run.duration.map(|d| tokio::time::Instant::now() + d);
+    let mut ticker = tokio::time::interval(args.run.interval);
     ticker.tick().await; // the first tick is immediate
     let mut previous = Window {
         start_ns: start,

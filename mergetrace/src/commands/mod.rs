@@ -1,3 +1,5 @@
+//! One module per subcommand. Each is a leaf: it imports the library and [`crate::cli::args`],
+//! never another command.
 pub mod check;
 pub mod demo;
 pub mod export;
@@ -5,3 +7,4 @@ pub mod live;
 pub mod record;
 pub mod report;
 pub mod serve;
+pub mod workload;

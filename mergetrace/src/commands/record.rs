@@ -5,7 +5,6 @@ use std::{
     collections::{BTreeMap, HashSet},
     path::PathBuf,
     sync::{Arc, Mutex},
-    time::Duration,
 };
 
 use anyhow::{Context, Result};
@@ -21,9 +20,9 @@ use crate::{
         CaptureWriter, Header, LateCgroups, RecordedCgroup, RecordedDevice, RecordedLimits,
         WriterOptions,
     },
-    cli::{parse_duration, parse_size},
+    cli::args::{RunArgs, TraceArgs, RING_MIB_MAX},
     commands::live,
-    kernel::{self, collector, TierChoice},
+    kernel::{self, collector},
     model::aggregate,
     model::limits,
     sys::cgroups::{Cgroups, Hierarchy},
@@ -31,29 +30,16 @@ use crate::{
 
 #[derive(Args, Debug, Clone)]
 pub struct RecordArgs {
-    /// Block device to trace (name, /dev/NAME or MAJ:MIN). Repeatable.
-    #[arg(short = 'd', long = "device", required = true, value_name = "DEV")]
-    pub devices: Vec<String>,
+    #[command(flatten)]
+    pub trace: TraceArgs,
     /// The capture file to write (created with permissions 0600).
     #[arg(short = 'o', long, value_name = "FILE")]
     pub output: PathBuf,
     /// Replace the output file if it exists.
     #[arg(long)]
     pub force: bool,
-    /// Stop after this long (e.g. 30s); otherwise run until Ctrl-C or SIGTERM.
-    #[arg(long, value_parser = parse_duration)]
-    pub duration: Option<Duration>,
-    /// How often to flush the file (and record losses).
-    #[arg(short = 'i', long, default_value = "1s", value_parser = parse_duration)]
-    pub interval: Duration,
-    #[arg(long, value_enum, default_value = "auto")]
-    pub tier: TierChoice,
-    /// Ring buffer size in MiB (a power of two).
-    #[arg(long, default_value_t = 64, value_name = "MIB")]
-    pub ring_mib: u32,
-    /// Cloud-volume meter unit sizes recorded for the report (e.g. 256k,1m).
-    #[arg(long, default_value = "256k,1m", value_delimiter = ',', value_parser = parse_size, num_args = 1..=4)]
-    pub meter_unit: Vec<u64>,
+    #[command(flatten)]
+    pub run: RunArgs,
 }
 
 /// The header: this host, the devices, every cgroup's id and path, the limits each sets.
@@ -208,23 +194,20 @@ impl Recording {
 pub async fn run(args: RecordArgs) -> Result<()> {
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
-    if !args.ring_mib.is_power_of_two() {
-        anyhow::bail!("--ring-mib {} must be a power of two", args.ring_mib);
-    }
-    let devices = live::resolve_devices(&args.devices)?;
+    let devices = live::resolve_devices(&args.trace.devices)?;
     let mut cgroups = Cgroups::discover()?;
     // Fail on an unwritable or existing output before attaching anything.
-    let probe_header = header("", &devices, &cgroups, &args.meter_unit);
+    let probe_header = header("", &devices, &cgroups, &args.trace.meter_unit);
     let mut session = kernel::Session::start(
         &devices,
         &kernel::Options {
-            ring_bytes: args.ring_mib << 20,
-            tier: args.tier,
+            ring_bytes: args.run.ring_mib << 20,
+            tier: args.trace.tier,
             modes: Modes {
                 aggregate: 0,
                 emit: 1,
             },
-            meter_units: aggregate::meter_units(&args.meter_unit),
+            meter_units: aggregate::meter_units(&args.trace.meter_unit),
             stats: false,
         },
     )?;
@@ -258,8 +241,8 @@ pub async fn run(args: RecordArgs) -> Result<()> {
             shared.lock().expect("recording lock").write(batch)
         }))
     };
-    let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
-    let mut ticker = tokio::time::interval(args.interval);
+    let deadline = args.run.duration.map(|d| tokio::time::Instant::now() + d);
+    let mut ticker = tokio::time::interval(args.run.interval);
     ticker.tick().await;
     loop {
         let until_deadline = async {
@@ -314,7 +297,7 @@ pub async fn run(args: RecordArgs) -> Result<()> {
         eprintln!(
             "mergetrace: warning: {} events were lost (ring buffer full); try --ring-mib {}",
             summary.lost,
-            args.ring_mib * 4
+            (args.run.ring_mib * 4).min(RING_MIB_MAX)
         );
     }
     Ok(())

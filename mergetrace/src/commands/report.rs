@@ -8,7 +8,7 @@ use mergetrace_common::Event;
 
 use crate::{
     capture::{CaptureReader, Header, HeaderLookup, Next},
-    cli::parse_duration,
+    cli::args::SpanArgs,
     model::aggregate::{Aggregator, Window},
     model::snapshot::{self, Snapshot, SnapshotKind},
     sys::device::Device,
@@ -26,12 +26,8 @@ pub struct ReportArgs {
     /// Only this cgroup and its descendants (path relative to the cgroup mount).
     #[arg(short = 'c', long, value_name = "PATH")]
     pub cgroup: Option<String>,
-    /// Only events from this long after the start of the capture (e.g. 5s).
-    #[arg(long, value_parser = parse_duration, value_name = "T")]
-    pub from: Option<Duration>,
-    /// Only events up to this long after the start of the capture.
-    #[arg(long, value_parser = parse_duration, value_name = "T")]
-    pub to: Option<Duration>,
+    #[command(flatten)]
+    pub span: SpanArgs,
     /// Request by request: which bios ended in each request the device saw, and how each
     /// joined it (see docs/report.md for what is exact and what is inferred).
     #[arg(long)]
@@ -185,7 +181,7 @@ fn run_report(args: &ReportArgs) -> Result<()> {
     let header = header_of(&args.file)?;
     let mut an =
         crate::offline::analysis::Analysis::new(header.start_monotonic_ns, &header.meter_units);
-    let loaded = load(&args.file, args.from, args.to, |ev| an.apply(ev))?;
+    let loaded = load(&args.file, args.span.from, args.span.to, |ev| an.apply(ev))?;
     if let Some(w) = &loaded.warning {
         eprintln!("mergetrace: warning: {w}");
     }
@@ -235,7 +231,9 @@ fn run_lineage(args: &ReportArgs) -> Result<()> {
         (Some(n), None) => crate::offline::lineage::Tracker::with_limit(n),
         _ => crate::offline::lineage::Tracker::new(),
     };
-    let loaded = load(&args.file, args.from, args.to, |ev| tracker.apply(ev))?;
+    let loaded = load(&args.file, args.span.from, args.span.to, |ev| {
+        tracker.apply(ev)
+    })?;
     if let Some(w) = &loaded.warning {
         eprintln!("mergetrace: warning: {w}");
     }

@@ -41,8 +41,9 @@ use prometheus_client::{
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
+    cli::args::{SubtreeArg, TraceArgs},
     commands::live,
-    kernel::{self, monotonic_ns, TierChoice},
+    kernel::{self, monotonic_ns},
     model::aggregate::{self, Dir},
     model::limits::Effective,
     model::snapshot::{self, DirStats, Lookup, Snapshot, SnapshotKind},
@@ -58,24 +59,14 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// Block device to trace: a name (vda), /dev/NAME or MAJ:MIN. Repeatable. A partition
-    /// maps to its disk.
-    #[arg(short = 'd', long = "device", required = true, value_name = "DEV")]
-    pub devices: Vec<String>,
+    #[command(flatten)]
+    pub trace: TraceArgs,
     /// Address to serve /metrics on. Loopback by default; any other address is an explicit
     /// choice (a warning says so), e.g. 0.0.0.0:9435 for a Prometheus on another host.
     #[arg(long, default_value = "127.0.0.1:9435", value_name = "ADDR")]
     pub listen: SocketAddr,
-    /// Only this cgroup and its descendants (path relative to the cgroup mount, e.g. /mt).
-    #[arg(short = 'c', long, value_name = "PATH")]
-    pub cgroup: Option<String>,
-    /// Which probes to use: fentry where the kernel allows it (auto), or force one tier.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub tier: TierChoice,
-    /// Cloud-volume meter unit sizes: each device request counts ceil(size / unit), at least 1.
-    /// Comma-separated, up to 4 (e.g. 256k,1m).
-    #[arg(long, default_value = "256k,1m", value_name = "SIZES", value_delimiter = ',', value_parser = crate::cli::parse_size, num_args = 1..=4)]
-    pub meter_unit: Vec<u64>,
+    #[command(flatten)]
+    pub subtree: SubtreeArg,
     /// At most this many distinct cgroup labels; cgroups seen after that are summed into
     /// cgroup="(other)" (the first N seen keep their label for the life of the process).
     #[arg(long, default_value_t = 500, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
@@ -719,9 +710,10 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     // (it is then served for no time, and the programs are detached as usual).
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
-    let devices = live::resolve_devices(&args.devices)?;
+    let devices = live::resolve_devices(&args.trace.devices)?;
     let cgroups = Cgroups::discover()?;
     let subtree = args
+        .subtree
         .cgroup
         .as_deref()
         .map(|c| cgroups.normalize(c))
@@ -738,12 +730,12 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         &devices,
         &kernel::Options {
             ring_bytes: 4096,
-            tier: args.tier,
+            tier: args.trace.tier,
             modes: Modes {
                 aggregate: 1,
                 emit: 0,
             },
-            meter_units: aggregate::meter_units(&args.meter_unit),
+            meter_units: aggregate::meter_units(&args.trace.meter_unit),
             stats: false,
         },
     )?;
@@ -761,7 +753,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         devices,
         start_ns,
         fentry: tier == kernel::TierKind::Fentry,
-        meter_units: args.meter_unit.clone(),
+        meter_units: args.trace.meter_unit.clone(),
         subtree,
         model: Model::new(args.max_cgroups as usize, tier.name()),
     }));
@@ -1140,7 +1132,7 @@ mod tests {
         let t = T::try_parse_from(["t", "-d", "loop3"]).unwrap();
         assert_eq!(t.s.listen, "127.0.0.1:9435".parse().unwrap());
         assert_eq!(t.s.max_cgroups, 500);
-        assert_eq!(t.s.meter_unit, vec![256 << 10, 1 << 20]);
+        assert_eq!(t.s.trace.meter_unit, vec![256 << 10, 1 << 20]);
         let t = T::try_parse_from([
             "t",
             "-d",
