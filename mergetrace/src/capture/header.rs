@@ -162,6 +162,18 @@ impl RecordedLimits {
     }
 }
 
+impl From<&RecordedDevice> for crate::sys::device::Device {
+    fn from(d: &RecordedDevice) -> Self {
+        crate::sys::device::Device {
+            name: d.name.clone(),
+            major: d.major,
+            minor: d.minor,
+            notes: d.notes.clone(),
+            bio_based: d.bio_based,
+        }
+    }
+}
+
 impl From<&crate::sys::device::Device> for RecordedDevice {
     fn from(d: &crate::sys::device::Device) -> Self {
         RecordedDevice {

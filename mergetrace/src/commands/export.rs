@@ -12,9 +12,12 @@ use mergetrace_common::Event;
 
 use crate::{
     cli::args::SpanArgs,
-    commands::report,
+    offline::load::load,
     offline::names::Names,
-    view::export::{blktrace, events, perfetto},
+    view::{
+        export::{blktrace, events, perfetto},
+        quiet_pipe,
+    },
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -55,12 +58,12 @@ pub fn create(path: &Path) -> Result<Box<dyn Write>> {
 }
 
 pub fn run(args: &ExportArgs) -> Result<()> {
-    report::quiet_pipe(export(args))
+    quiet_pipe(export(args))
 }
 
 fn export(args: &ExportArgs) -> Result<()> {
     let mut events: Vec<Event> = Vec::new();
-    let loaded = report::load(&args.file, args.span.from, args.span.to, |ev| {
+    let loaded = load(&args.file, args.span.from, args.span.to, |ev| {
         events.push(*ev)
     })?;
     if let Some(w) = &loaded.warning {

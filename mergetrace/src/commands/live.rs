@@ -15,11 +15,9 @@ use crate::{
     cli::args::{RunArgs, SubtreeArg, TraceArgs},
     kernel::{self, monotonic_ns},
     model::aggregate::{self, Window},
-    model::limits::{self, LimitKind},
     model::snapshot::{self, SnapshotKind},
-    sys::cgroups::{Cgroups, Hierarchy},
-    sys::device::{self, Device},
-    view::{json::JsonView, text::TextView, tui::TuiView, View},
+    sys::{cgroups::Cgroups, device},
+    view::{banner, json::JsonView, text::TextView, tui::TuiView, View},
 };
 
 /// The live view's flags (the command line without a subcommand).
@@ -42,101 +40,11 @@ pub struct LiveArgs {
     pub stats: bool,
 }
 
-pub fn resolve_devices(specs: &[String]) -> Result<Vec<Device>> {
-    let mut out: Vec<Device> = Vec::new();
-    for spec in specs {
-        let d = device::resolve(spec)?;
-        if !out.iter().any(|o| o.kernel_dev() == d.kernel_dev()) {
-            out.push(d);
-        }
-    }
-    Ok(out)
-}
-
-/// The banner: what is traced, on which tier, and notes the user should read.
-pub fn banner(devices: &[Device], session: &kernel::Session, cgroups: &Cgroups) -> Vec<String> {
-    let names: Vec<String> = devices
-        .iter()
-        .map(|d| format!("{} ({}:{})", d.name, d.major, d.minor))
-        .collect();
-    let mut lines = vec![format!(
-        "tracing {} on the {}",
-        names.join(", "),
-        session.tier
-    )];
-    for d in devices {
-        lines.extend(d.notes.iter().cloned());
-        if let Ok(q) = crate::sys::queue::QueueSettings::read(d) {
-            lines.push(configuration_line(&d.name, &q));
-        }
-        lines.extend(v1_writeback_note(d, cgroups));
-    }
-    lines.extend(session.notes.iter().cloned());
-    lines
-}
-
-/// On cgroup v1, write limits never see buffered writes: say so when a cgroup has one.
-pub fn v1_writeback_note(d: &Device, cgroups: &Cgroups) -> Option<String> {
-    if cgroups.hierarchy != Hierarchy::V1 {
-        return None;
-    }
-    let mut limited: Vec<&str> = cgroups
-        .all()
-        .map(|(_, path)| path)
-        .filter(|path| {
-            let dir = cgroups.mount.join(path.trim_start_matches('/'));
-            let own = limits::own_limits(Hierarchy::V1, &dir, d.major, d.minor);
-            own.get(LimitKind::Wiops).is_some() || own.get(LimitKind::Wbps).is_some()
-        })
-        .collect();
-    if limited.is_empty() {
-        return None;
-    }
-    limited.sort_unstable();
-    let more = limited.len().saturating_sub(3);
-    limited.truncate(3);
-    Some(format!(
-        "{}: cgroup v1 has no writeback attribution: buffered writes are submitted by the \
-         kernel's flusher as the root cgroup, so the write limits of {}{} count only direct and \
-         synchronous writes, and the writeback shows in the / row",
-        d.name,
-        limited.join(", "),
-        if more > 0 {
-            format!(" and {more} more")
-        } else {
-            String::new()
-        }
-    ))
-}
-
-/// The per-device configuration line, as the article explains it: scheduler, what nomerges
-/// does on this path, the merge ceiling, and when the plug flushes.
-pub fn configuration_line(name: &str, q: &crate::sys::queue::QueueSettings) -> String {
-    if q.bio_based() {
-        return format!("{name}: {}", q.explain_nomerges());
-    }
-    let flush = match q.plug_flush_bytes() {
-        Some(b) => format!(
-            "{} requests or a {} KiB request",
-            q.plug_max_requests(),
-            b >> 10
-        ),
-        None => format!("{} requests", q.plug_max_requests()),
-    };
-    format!(
-        "{name}: scheduler {}; {}; requests merge up to {} KiB (set by {}); the plug flushes at {flush}",
-        q.scheduler_name(),
-        q.explain_nomerges(),
-        q.merge_ceiling_bytes() >> 10,
-        q.merge_ceiling_set_by(),
-    )
-}
-
 pub async fn run(args: LiveArgs) -> Result<()> {
     // Before anything is attached: a signal during start-up must stop the run cleanly too.
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
-    let devices = resolve_devices(&args.trace.devices)?;
+    let devices = device::resolve_all(&args.trace.devices)?;
     let mut cgroups = Cgroups::discover()?;
     let subtree = args
         .subtree
@@ -160,7 +68,7 @@ pub async fn run(args: LiveArgs) -> Result<()> {
     )?;
     let start = monotonic_ns();
     let tier = session.tier.clone();
-    let banner = banner(&devices, &session, &cgroups);
+    let banner = banner::lines(&devices, &session, &cgroups);
     // The first line on stderr says the probes are attached (scripts and tests wait for it).
     for line in &banner {
         eprintln!("mergetrace: {line}");

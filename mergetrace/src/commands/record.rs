@@ -21,11 +21,14 @@ use crate::{
         WriterOptions,
     },
     cli::args::{RunArgs, TraceArgs, RING_MIB_MAX},
-    commands::live,
     kernel::{self, collector},
     model::aggregate,
     model::limits,
-    sys::cgroups::{Cgroups, Hierarchy},
+    sys::{
+        cgroups::{Cgroups, Hierarchy},
+        device,
+    },
+    view::banner,
 };
 
 #[derive(Args, Debug, Clone)]
@@ -194,7 +197,7 @@ impl Recording {
 pub async fn run(args: RecordArgs) -> Result<()> {
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
-    let devices = live::resolve_devices(&args.trace.devices)?;
+    let devices = device::resolve_all(&args.trace.devices)?;
     let mut cgroups = Cgroups::discover()?;
     // Fail on an unwritable or existing output before attaching anything.
     let probe_header = header("", &devices, &cgroups, &args.trace.meter_unit);
@@ -221,7 +224,7 @@ pub async fn run(args: RecordArgs) -> Result<()> {
             ..WriterOptions::default()
         },
     )?;
-    for line in live::banner(&devices, &session, &cgroups) {
+    for line in banner::lines(&devices, &session, &cgroups) {
         eprintln!("mergetrace: {line}");
     }
     eprintln!("mergetrace: recording to {}", args.output.display());

@@ -42,13 +42,13 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
     cli::args::{SubtreeArg, TraceArgs},
-    commands::live,
     kernel::{self, monotonic_ns},
     model::aggregate::{self, Dir},
     model::limits::Effective,
     model::snapshot::{self, DirStats, Lookup, Snapshot, SnapshotKind},
     sys::cgroups::{CgroupName, Cgroups},
-    sys::device::Device,
+    sys::device::{self, Device},
+    view::banner,
 };
 
 /// The `cgroup` label of everything beyond `--max-cgroups`.
@@ -710,7 +710,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     // (it is then served for no time, and the programs are detached as usual).
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
-    let devices = live::resolve_devices(&args.trace.devices)?;
+    let devices = device::resolve_all(&args.trace.devices)?;
     let cgroups = Cgroups::discover()?;
     let subtree = args
         .subtree
@@ -740,7 +740,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         },
     )?;
     let start_ns = monotonic_ns();
-    for line in live::banner(&devices, &session, &cgroups) {
+    for line in banner::lines(&devices, &session, &cgroups) {
         eprintln!("mergetrace: {line}");
     }
     let tier = session.tier.kind;

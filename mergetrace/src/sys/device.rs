@@ -108,6 +108,18 @@ pub fn resolve_in(sysfs: &Path, spec: &str) -> Result<Device> {
     })
 }
 
+/// Resolves every spec, each disk once (two partitions of one disk trace it once).
+pub fn resolve_all(specs: &[String]) -> Result<Vec<Device>> {
+    let mut out: Vec<Device> = Vec::new();
+    for spec in specs {
+        let d = resolve(spec)?;
+        if !out.iter().any(|o| o.kernel_dev() == d.kernel_dev()) {
+            out.push(d);
+        }
+    }
+    Ok(out)
+}
+
 fn file_name(p: &Path) -> String {
     p.file_name()
         .map(|s| s.to_string_lossy().into_owned())

@@ -1,4 +1,5 @@
 //! Ways to show snapshots: NDJSON, plain text tables, and a terminal UI.
+pub mod banner;
 pub mod export;
 pub mod html;
 pub mod json;
@@ -15,4 +16,22 @@ pub trait View {
     fn interval(&mut self, s: &Snapshot) -> Result<()>;
     /// The whole run, once, at the end.
     fn total(&mut self, s: &Snapshot) -> Result<()>;
+}
+
+/// A reader that closed the pipe early (`report … | head`) is not an error.
+pub fn quiet_pipe(r: Result<()>) -> Result<()> {
+    match r {
+        Err(e)
+            if e.chain().any(|c| {
+                let pipe = std::io::ErrorKind::BrokenPipe;
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == pipe)
+                    || c.downcast_ref::<serde_json::Error>()
+                        .is_some_and(|j| j.io_error_kind() == Some(pipe))
+            }) =>
+        {
+            Ok(())
+        }
+        r => r,
+    }
 }

@@ -1,0 +1,95 @@
+//! A capture read back: every event counted by the same aggregator as the live view, and the
+//! totals as the live view's snapshot, so the same run gives the same numbers. Used by
+//! `report` and `export`.
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::Result;
+use mergetrace_common::Event;
+
+use crate::{
+    capture::{CaptureReader, Header, HeaderLookup, Next},
+    model::{
+        aggregate::{Aggregator, Window},
+        snapshot::{self, Snapshot, SnapshotKind},
+    },
+    sys::device::Device,
+};
+
+/// A capture read into one window, with what the reader had to say.
+pub struct Loaded {
+    pub header: Header,
+    pub window: Window,
+    /// Set when the file was cut short (crash, kill -9, full disk).
+    pub warning: Option<String>,
+}
+
+/// Reads `path` and counts every event in `[from, to)` (times since the capture's start),
+/// calling `each` on every counted event as well (for distributions and lineage).
+pub fn load(
+    path: &PathBuf,
+    from: Option<Duration>,
+    to: Option<Duration>,
+    mut each: impl FnMut(&Event),
+) -> Result<Loaded> {
+    let mut reader = CaptureReader::open(path)?;
+    let start = reader.header().start_monotonic_ns;
+    let lo = start + from.map_or(0, |d| d.as_nanos() as u64);
+    let hi = to.map_or(u64::MAX, |d| start + d.as_nanos() as u64);
+    let mut agg = Aggregator::with_meter_units(lo, &reader.header().meter_units);
+    let mut buf: Vec<Event> = Vec::with_capacity(8192);
+    let mut last_ts = start;
+    while let Some(next) = reader.next_into(&mut buf)? {
+        match next {
+            Next::Events => {
+                for ev in buf.iter().filter(|e| e.ts_ns >= lo && e.ts_ns < hi) {
+                    agg.apply(ev);
+                    each(ev);
+                    last_ts = last_ts.max(ev.ts_ns);
+                }
+            }
+            Next::Lost { kind, count } => agg.lost(kind, count),
+        }
+    }
+    let end = match (reader.trailer(), to) {
+        (_, Some(_)) => hi.min(last_ts.max(lo)),
+        (Some(t), None) => t.end_monotonic_ns.max(last_ts),
+        (None, None) => last_ts,
+    };
+    let warning = reader.warning().map(str::to_string).or_else(|| {
+        reader.truncated().then(|| {
+            format!(
+                "{} was cut short: reporting the complete chunks",
+                path.display()
+            )
+        })
+    });
+    Ok(Loaded {
+        // Read to the end: it names the cgroups created during the run too.
+        header: reader.header().clone(),
+        window: agg.total(end),
+        warning,
+    })
+}
+
+/// The totals of a loaded capture as the live view's "total" snapshot.
+pub fn snapshot(loaded: &Loaded, subtree: Option<&str>) -> Snapshot {
+    let h = &loaded.header;
+    let opts = snapshot::Options {
+        tier: &h.tier,
+        fentry: h.tier == "fentry",
+        meter_units: &h.meter_units,
+        subtree,
+    };
+    snapshot::build(
+        &loaded.window,
+        SnapshotKind::Total,
+        &h.devices.iter().map(Device::from).collect::<Vec<_>>(),
+        &mut HeaderLookup::new(h),
+        &opts,
+    )
+}
+
+/// The header of a capture (to set up what reads its events).
+pub fn header_of(path: &PathBuf) -> Result<Header> {
+    Ok(CaptureReader::open(path)?.header().clone())
+}
