@@ -7,6 +7,9 @@
 
 pub mod count;
 pub use count::{CountKey, Counters, DeviceState, MeterUnits, UnplugKey};
+/// Names and device numbers for user space (the programs never need them).
+#[cfg(feature = "user")]
+pub mod vocab;
 
 /// One block-layer event, as emitted by a probe. 56 bytes; fields not used by a kind are 0.
 #[repr(C)]

@@ -11,10 +11,12 @@
 //!   request lineage, distributions);
 //! - [`view`]: how results are shown — terminal UI, text, NDJSON, HTML, Prometheus, exports;
 //! - [`commands`]: one module per subcommand, built from the above; [`cli`]: the flags they
-//!   share. The binary (main.rs) only parses and dispatches.
+//!   share; [`fmt`]: how numbers read to people. The binary (main.rs) only parses and
+//!   dispatches.
 pub mod capture;
 pub mod cli;
 pub mod commands;
+pub mod fmt;
 pub mod kernel;
 pub mod model;
 pub mod offline;

@@ -139,6 +139,13 @@ pub struct RecordedLimits {
     pub wiops: Option<u64>,
 }
 
+impl RecordedDevice {
+    /// The device number its events carry.
+    pub fn dev(&self) -> mergetrace_common::vocab::Dev {
+        mergetrace_common::vocab::Dev::new(self.major, self.minor)
+    }
+}
+
 impl RecordedLimits {
     pub fn new(cgroup: &str, major: u32, minor: u32, l: &Limits) -> RecordedLimits {
         RecordedLimits {

@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use crate::sys::diskstats::{find_diskstats, DiskStats};
 use crate::{
+    fmt,
     kernel::btf::{Btf, KIND_FUNC},
     model::limits::{self, LimitKind, Limits},
     sys::cgroups::{self, Hierarchy},
@@ -229,51 +230,6 @@ pub struct CheckInput {
     pub env: KernelEnv,
 }
 
-/// 3282202 → "3,282,202".
-fn group(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::with_capacity(s.len() + s.len() / 3);
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// A span of seconds for humans: "41 s", "20 min", "11.5 h", "3.2 days".
-fn span(secs: f64) -> String {
-    if secs < 120.0 {
-        format!("{secs:.0} s")
-    } else if secs < 7200.0 {
-        format!("{:.0} min", secs / 60.0)
-    } else if secs < 3.0 * 86400.0 {
-        format!("{:.1} h", secs / 3600.0)
-    } else {
-        format!("{:.1} days", secs / 86400.0)
-    }
-}
-
-/// Bytes as KiB (whole, or with two decimals).
-fn kib(bytes: u64) -> String {
-    if bytes % 1024 == 0 {
-        format!("{} KiB", group(bytes / 1024))
-    } else {
-        format!("{:.2} KiB", bytes as f64 / 1024.0)
-    }
-}
-
-fn bps(v: u64) -> String {
-    if v >= 1 << 20 && v % (1 << 20) == 0 {
-        format!("{} MiB/s", group(v >> 20))
-    } else if v >= 1 << 10 && v % (1 << 10) == 0 {
-        format!("{} KiB/s", group(v >> 10))
-    } else {
-        format!("{} B/s", group(v))
-    }
-}
-
 struct Direction {
     word: &'static str,
     merges_topic: &'static str,
@@ -288,7 +244,7 @@ fn direction_findings(input: &CheckInput, d: &Direction, bio_based: bool, out: &
     let bios = d.requests + d.merged;
     let since = input
         .uptime_secs
-        .map(|u| format!(" ({})", span(u)))
+        .map(|u| format!(" ({})", fmt::span(u)))
         .unwrap_or_default();
     if bios == 0 {
         out.push(Finding::new(
@@ -308,7 +264,7 @@ fn direction_findings(input: &CheckInput, d: &Direction, bio_based: bool, out: &
             d.merges_topic,
             format!(
                 "{name} is bio-based: 0 merges by construction; {} {} bios since boot{since}{per_sec}",
-                group(bios),
+                fmt::thousands(bios),
                 d.word
             ),
             None,
@@ -318,9 +274,9 @@ fn direction_findings(input: &CheckInput, d: &Direction, bio_based: bool, out: &
             format!(
                 "average {} bio {} ({} sectors over {} bios)",
                 d.word,
-                kib_avg(d.sectors, d.requests),
-                group(d.sectors),
-                group(d.requests)
+                fmt::kib_per(d.sectors, d.requests),
+                fmt::thousands(d.sectors),
+                fmt::thousands(d.requests)
             ),
             None,
         ));
@@ -332,10 +288,10 @@ fn direction_findings(input: &CheckInput, d: &Direction, bio_based: bool, out: &
         format!(
             "{} merge rate since boot{since}: {rate:.1} % ({} of {} {} bios merged into {} device requests{per_sec}; diskstats' merged also counts request-request merges)",
             d.word,
-            group(d.merged),
-            group(bios),
+            fmt::thousands(d.merged),
+            fmt::thousands(bios),
             d.word,
-            group(d.requests),
+            fmt::thousands(d.requests),
         ),
         Some(
             "merging needs a neighbour still waiting in the plug list or the scheduler: submit \
@@ -349,10 +305,10 @@ fn direction_findings(input: &CheckInput, d: &Direction, bio_based: bool, out: &
         format!(
             "average {} request reaching the device: {} ({} sectors over {} requests; merging can build up to {})",
             d.word,
-            kib_avg(d.sectors, d.requests),
-            group(d.sectors),
-            group(d.requests),
-            kib(input.queue.merge_ceiling_bytes()),
+            fmt::kib_per(d.sectors, d.requests),
+            fmt::thousands(d.sectors),
+            fmt::thousands(d.requests),
+            fmt::kib(input.queue.merge_ceiling_bytes()),
         ),
         Some(
             "only a meter that counts after merging (a cloud volume counting requests in \
@@ -361,14 +317,6 @@ fn direction_findings(input: &CheckInput, d: &Direction, bio_based: bool, out: &
                 .into(),
         ),
     ));
-}
-
-/// sectors / requests / 2 KiB, two decimals.
-fn kib_avg(sectors: u64, requests: u64) -> String {
-    if requests == 0 {
-        return "n/a (no requests)".into();
-    }
-    format!("{:.2} KiB", sectors as f64 / requests as f64 / 2.0)
 }
 
 /// What the user should know about merging on this device, in checklist order.
@@ -540,7 +488,7 @@ pub fn findings(input: &CheckInput) -> Vec<Finding> {
                 format!(
                     "echo {useful_kb} > /sys/block/{name}/queue/max_sectors_kb raises it to {} \
                      (beyond that {} binds)",
-                    kib(useful_kb * 1024),
+                    fmt::kib(useful_kb * 1024),
                     if useful_kb == q.max_hw_sectors_kb {
                         "max_hw_sectors_kb"
                     } else {
@@ -552,10 +500,10 @@ pub fn findings(input: &CheckInput) -> Vec<Finding> {
             "merge ceiling",
             format!(
                 "the largest request merging can build is {} = min(max_sectors_kb {}, max_segments {} × 4 KiB pages = {}), set by {}; max_hw_sectors_kb {}; {rotational}",
-                kib(ceiling),
-                kib(q.max_sectors_kb * 1024),
+                fmt::kib(ceiling),
+                fmt::kib(q.max_sectors_kb * 1024),
                 q.max_segments,
-                kib(by_segments),
+                fmt::kib(by_segments),
                 q.merge_ceiling_set_by(),
                 q.max_hw_sectors_kb,
             ),
@@ -565,7 +513,7 @@ pub fn findings(input: &CheckInput) -> Vec<Finding> {
             Some(b) => format!(
                 "at {} requests, or as soon as its last request has reached {}",
                 q.plug_max_requests(),
-                kib(b)
+                fmt::kib(b)
             ),
             None => format!(
                 "at {} requests only (the 128 KiB size rule is off with nomerges=2)",
@@ -674,9 +622,9 @@ fn throttle_finding(device: &str, t: &ThrottledCgroup) -> Finding {
         .iter()
         .map(|(k, v)| {
             if k.is_iops() {
-                format!("{}={} bios/s", k.name(), group(*v))
+                format!("{}={} bios/s", k.name(), fmt::thousands(*v))
             } else {
-                format!("{}={}", k.name(), bps(*v))
+                format!("{}={}", k.name(), fmt::exact_rate(*v))
             }
         })
         .collect();
@@ -1486,22 +1434,6 @@ mod tests {
         assert!(v["findings"][0]["lever"].is_null());
         assert_eq!(v["queue"]["max_segments"], 128);
         assert_eq!(v["diskstats"]["writes_merged"], 3282202);
-    }
-
-    #[test]
-    fn formatting_helpers() {
-        assert_eq!(group(0), "0");
-        assert_eq!(group(999), "999");
-        assert_eq!(group(1000), "1,000");
-        assert_eq!(group(13918839), "13,918,839");
-        assert_eq!(span(41.0), "41 s");
-        assert_eq!(span(1217.0), "20 min");
-        assert_eq!(span(41242.0), "11.5 h");
-        assert_eq!(span(5.0 * 86400.0), "5.0 days");
-        assert_eq!(kib(512 << 10), "512 KiB");
-        assert_eq!(kib(1536), "1.50 KiB");
-        assert_eq!(kib_avg(135302774, 10636637), "6.36 KiB");
-        assert_eq!(kib_avg(1, 0), "n/a (no requests)");
     }
 
     #[test]

@@ -14,6 +14,7 @@ use clap::Args;
 use mergetrace_common::Modes;
 
 use crate::{
+    fmt,
     kernel::{self, Session, TierChoice},
     model::aggregate::{self, Counts, Dir, Key},
     model::limits::{Effective, Limit},
@@ -324,7 +325,7 @@ impl Lab {
                 w.lost_events()
             );
         }
-        let dev = self.disk.dev.kernel_dev();
+        let dev = self.disk.dev.dev().0;
         let mut counts = Counts::default();
         for (k, c) in &w.counts {
             if *k
@@ -351,18 +352,6 @@ impl Lab {
             kernel_charged,
         })
     }
-}
-
-fn thousands(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, ch) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(ch);
-    }
-    out
 }
 
 fn check_mark(arm: &Arm) -> &'static str {
@@ -469,8 +458,8 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         println!(
             "| {} | {} | {} | {:.1} KiB | {} |",
             a.label,
-            thousands(a.counts.requests()),
-            thousands(a.counts.merged(Dir::Write.code())),
+            fmt::thousands(a.counts.requests()),
+            fmt::thousands(a.counts.merged(Dir::Write.code())),
             a.avg_request_kib(),
             check_mark(a)
         );
@@ -483,7 +472,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         println!(
             "| {} | {} | {:.1} | {:.1} KiB | {} |",
             a.label.trim_start_matches("batch "),
-            thousands(a.counts.requests()),
+            fmt::thousands(a.counts.requests()),
             a.counts.bios as f64 / r as f64,
             a.avg_request_kib(),
             check_mark(a)
@@ -498,11 +487,11 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         println!(
             "| {} | {} | {} | {} | {} | {} | {:.0} | {} |",
             a.label,
-            thousands(a.counts.requests()),
-            thousands(a.counts.merged(Dir::Write.code())),
-            thousands(a.counts.bios),
-            thousands(a.counts.charged_ios),
-            thousands(a.counts.throttled_bios),
+            fmt::thousands(a.counts.requests()),
+            fmt::thousands(a.counts.merged(Dir::Write.code())),
+            fmt::thousands(a.counts.bios),
+            fmt::thousands(a.counts.charged_ios),
+            fmt::thousands(a.counts.throttled_bios),
             a.counts.bios as f64 / a.secs,
             check_mark(a)
         );
@@ -542,9 +531,9 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     println!(
         "\nWhere the meter sits: the limit counted {} bios; the device saw {} requests; a cloud volume \
          counting requests in 256 KiB units would count {} — merging helps only a meter that counts after it.",
-        thousands(merged_on.counts.charged_ios),
-        thousands(merged_on.counts.requests()),
-        thousands(units)
+        fmt::thousands(merged_on.counts.charged_ios),
+        fmt::thousands(merged_on.counts.requests()),
+        fmt::thousands(units)
     );
 
     all.extend(table1);

@@ -30,7 +30,7 @@ use axum::{
 };
 use mergetrace_common::{
     count::{COUNT_BUCKETS, SIZE_BUCKETS},
-    kind, Modes, LOST_SLOTS,
+    vocab, Modes, LOST_SLOTS,
 };
 use prometheus_client::{
     collector::Collector,
@@ -95,15 +95,7 @@ impl SeriesKey {
 }
 
 /// The merge paths of `MergePaths`, in its order: the `path` label values.
-pub const MERGE_PATHS: [&str; 7] = [
-    "plug",
-    "elevator_back",
-    "elevator_front",
-    "sw_queue",
-    "discard",
-    "request",
-    "unknown",
-];
+pub const MERGE_PATHS: [&str; 7] = vocab::MERGE_PATH_LABELS;
 
 /// Everything exported for one device, cgroup label and direction.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -309,7 +301,9 @@ impl Model {
             admitted: BTreeSet::new(),
             folded: BTreeSet::new(),
             rows: BTreeMap::new(),
-            lost: (0..LOST_SLOTS).map(|k| (kind::name(k as u8), 0)).collect(),
+            lost: (0..LOST_SLOTS)
+                .map(|k| (vocab::kind_name(k as u8), 0))
+                .collect(),
             tier: tier.to_string(),
         }
     }

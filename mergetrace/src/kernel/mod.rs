@@ -247,7 +247,7 @@ impl Session {
             let mut filter: BpfHashMap<_, u32, DeviceState> =
                 BpfHashMap::try_from(ebpf.map_mut("DEVICES").context("DEVICES map missing")?)?;
             for d in devices {
-                filter.insert(d.kernel_dev(), DeviceState::default(), 0)?;
+                filter.insert(d.dev().0, DeviceState::default(), 0)?;
             }
         }
 

@@ -40,12 +40,7 @@ impl Dir {
     }
 
     pub fn name(self) -> &'static str {
-        match self {
-            Dir::Read => "read",
-            Dir::Write => "write",
-            Dir::Discard => "discard",
-            Dir::Flush => "flush",
-        }
+        mergetrace_common::vocab::dir_name(self.code())
     }
 }
 

@@ -5,7 +5,10 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::model::limits::{Effective, LimitKind};
+use crate::{
+    fmt,
+    model::limits::{Effective, LimitKind},
+};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Meters {
@@ -79,15 +82,6 @@ pub fn limit_use(
 /// Above this share of a limit, the limit is what binds.
 pub const BINDING_PCT: f64 = 80.0;
 
-fn human_rate(bytes_per_s: u64) -> String {
-    let b = bytes_per_s as f64;
-    if b >= 1024.0 * 1024.0 {
-        format!("{:.1} MiB/s", b / 1048576.0)
-    } else {
-        format!("{:.0} KiB/s", b / 1024.0)
-    }
-}
-
 /// Queue limits that split bios (`/sys/block/NAME/queue`); `None` where unknown (a capture
 /// from an older mergetrace, a file that could not be read).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -105,7 +99,10 @@ pub struct SplitLimits {
 pub fn split_cause(limits: &SplitLimits, discard: bool, avg_request_bytes: f64) -> String {
     if discard {
         return match limits.discard_max_bytes {
-            Some(b) => format!("discard_max_bytes ({}) caps each discard", human_size(b)),
+            Some(b) => format!(
+                "discard_max_bytes ({}) caps each discard",
+                fmt::exact_size(b)
+            ),
             None => "the discard size limit (discard_max_bytes)".to_string(),
         };
     }
@@ -131,21 +128,9 @@ pub fn split_cause(limits: &SplitLimits, discard: bool, avg_request_bytes: f64) 
         (Some(n), Some(sz)) => format!(
             "bios with more than {n} segments (or segments over {}) are split: use fewer, larger, \
              page-aligned buffers",
-            human_size(sz)
+            fmt::exact_size(sz)
         ),
         _ => "the queue's size or segment limits".to_string(),
-    }
-}
-
-fn human_size(b: u64) -> String {
-    if b >= 1 << 30 && b % (1 << 30) == 0 {
-        format!("{} GiB", b >> 30)
-    } else if b >= 1 << 20 && b % (1 << 20) == 0 {
-        format!("{} MiB", b >> 20)
-    } else if b >= 1024 {
-        format!("{} KiB", b / 1024)
-    } else {
-        format!("{b} B")
     }
 }
 
@@ -201,7 +186,7 @@ pub fn verdict(limits: &BTreeMap<&'static str, LimitUse>, a: &Activity) -> Optio
         let shown = if iops {
             u.limit.to_string()
         } else {
-            human_rate(u.limit)
+            fmt::rate(u.limit)
         };
         let inherited = if u.cgroup.is_empty() {
             String::new()

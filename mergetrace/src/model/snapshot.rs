@@ -2,7 +2,7 @@
 //! per-cgroup rows (the JSON contract in docs/json.md). Only adds fields over time.
 use std::collections::BTreeMap;
 
-use mergetrace_common::{kind, path};
+use mergetrace_common::{path, vocab};
 use serde::Serialize;
 
 use crate::{
@@ -100,6 +100,13 @@ pub struct DeviceSnapshot {
     pub total: Directions,
     /// Plug flushes: requests per flush → number of flushes.
     pub unplug: UnplugSnapshot,
+}
+
+impl DeviceSnapshot {
+    /// The device number its events carry.
+    pub fn dev(&self) -> vocab::Dev {
+        vocab::Dev::new(self.major, self.minor)
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -437,7 +444,7 @@ pub fn build(
     let secs = window_ns as f64 / 1e9;
     let mut out = Vec::new();
     for d in devices {
-        let dev = d.kernel_dev();
+        let dev = d.dev().0;
         // cgroup id → directions
         let mut rows: BTreeMap<u64, Directions> = BTreeMap::new();
         for (k, c) in window.counts.iter().filter(|(k, _)| k.dev == dev) {
@@ -528,7 +535,7 @@ pub fn build(
         lost_by_kind: window
             .lost_by_kind
             .iter()
-            .map(|(k, n)| (kind::name(*k), *n))
+            .map(|(k, n)| (vocab::kind_name(*k), *n))
             .collect(),
         devices: out,
         program_stats: Vec::new(),

@@ -10,6 +10,7 @@ use mergetrace_common::{kind, Event, MeterUnits};
 use serde::Serialize;
 
 use crate::{
+    fmt,
     model::aggregate::{self, Counts, Dir},
     model::snapshot::{Histograms, Snapshot, UnplugSnapshot},
     sys::cgroups::in_subtree,
@@ -200,14 +201,14 @@ impl Analysis {
         let devs: Vec<(u32, &str)> = snap
             .devices
             .iter()
-            .map(|d| ((d.major << 20) | d.minor, d.device.as_str()))
+            .map(|d| (d.dev().0, d.device.as_str()))
             .collect();
         // The cgroups the snapshot shows, per device (it applied -c).
         let shown: HashMap<(u32, u64), &str> = snap
             .devices
             .iter()
             .flat_map(|d| {
-                let dev = (d.major << 20) | d.minor;
+                let dev = d.dev().0;
                 d.cgroups
                     .iter()
                     .map(move |c| ((dev, c.cgroup_id), c.cgroup.as_str()))
@@ -412,14 +413,6 @@ fn histogram_text(out: &mut String, title: &str, rows: &[(String, u64)]) {
     }
 }
 
-fn us(v: f64) -> String {
-    if v >= 100.0 {
-        format!("{v:.0}")
-    } else {
-        format!("{v:.1}")
-    }
-}
-
 /// Histograms of the device totals (the snapshot's; `histograms` in the JSON per cgroup).
 fn histograms_text(out: &mut String, device: &str, dir: Dir, h: &Histograms) {
     let sizes: Vec<(String, u64)> = size_buckets(&h.request_bytes)
@@ -505,11 +498,11 @@ pub fn render_text(snap: &Snapshot, d: &Distributions) -> String {
                             r.dir,
                             stage,
                             s.count,
-                            us(s.min_us),
-                            us(s.p50_us),
-                            us(s.p90_us),
-                            us(s.p99_us),
-                            us(s.max_us)
+                            fmt::micros(s.min_us),
+                            fmt::micros(s.p50_us),
+                            fmt::micros(s.p90_us),
+                            fmt::micros(s.p99_us),
+                            fmt::micros(s.max_us)
                         );
                     }
                     None => {

@@ -28,9 +28,14 @@ use std::collections::BTreeMap;
 
 use foldhash::HashMap;
 
-use mergetrace_common::{flags, kind, path, Event};
+use mergetrace_common::{
+    flags, kind,
+    vocab::{merge_path_name, Dev},
+    Event,
+};
 
 use super::names::{addr, dir_name, op_name, Names};
+use crate::fmt;
 
 /// How a bio joined its request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,19 +68,9 @@ impl Join {
     pub fn describe(self) -> String {
         match self {
             Join::NewRequest => "new request".into(),
-            Join::BackMerge(p) => format!("back merge ({})", path_name(p)),
-            Join::FrontMerge(p) => format!("front merge ({})", path_name(p)),
+            Join::BackMerge(p) => format!("back merge ({})", merge_path_name(p)),
+            Join::FrontMerge(p) => format!("front merge ({})", merge_path_name(p)),
         }
-    }
-}
-
-/// Name of a merge path value.
-pub fn path_name(p: u8) -> &'static str {
-    match p {
-        path::PLUG => "plug",
-        path::ELEVATOR => "elevator",
-        path::SW_QUEUE => "sw_queue",
-        _ => "unknown",
     }
 }
 
@@ -703,21 +698,6 @@ pub fn trace<'a>(events: impl IntoIterator<Item = &'a Event>, limit: Option<usiz
     t.finish()
 }
 
-/// Human-readable size: "4.0 KiB", "1.5 MiB", "512 B".
-pub fn size(bytes: u64) -> String {
-    if bytes >= 1 << 20 {
-        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
-    } else if bytes >= 1024 {
-        format!("{:.1} KiB", bytes as f64 / 1024.0)
-    } else {
-        format!("{bytes} B")
-    }
-}
-
-fn us_between(a: u64, b: u64) -> String {
-    format!("{:.1} µs", b.saturating_sub(a) as f64 / 1000.0)
-}
-
 /// One request and its bios as text (times in seconds since the capture's start).
 pub fn render_text(r: &Request, names: &mut Names) -> String {
     use std::fmt::Write as _;
@@ -734,7 +714,7 @@ pub fn render_text(r: &Request, names: &mut Names) -> String {
         op_name(r.op),
         r.sector,
         r.bytes / 512,
-        size(r.bytes as u64),
+        fmt::size(r.bytes as u64),
         r.bios.len(),
         r.bio_count,
         r.matched.name()
@@ -752,7 +732,7 @@ pub fn render_text(r: &Request, names: &mut Names) -> String {
     }
     let _ = write!(out, "issued {}", t(names, Some(r.issue_ts)));
     if let Some(i) = r.insert_ts {
-        let _ = write!(out, " (+{} queued)", us_between(i, r.issue_ts));
+        let _ = write!(out, " (+{} queued)", fmt::micros_between(i, r.issue_ts));
     }
     match r.complete_ts {
         Some(c) => {
@@ -760,7 +740,7 @@ pub fn render_text(r: &Request, names: &mut Names) -> String {
                 out,
                 "  completed {} (+{})",
                 t(names, Some(c)),
-                us_between(r.issue_ts, c)
+                fmt::micros_between(r.issue_ts, c)
             );
             if r.status != 0 {
                 let _ = write!(out, " status {}", r.status);
@@ -782,7 +762,7 @@ pub fn render_text(r: &Request, names: &mut Names) -> String {
             "    bio {} {cg} sector {} {}  queued {}  {}",
             addr(b.bio),
             b.sector,
-            size(b.bytes as u64),
+            fmt::size(b.bytes as u64),
             t(names, b.queue_ts),
             b.join.describe()
         );
@@ -875,7 +855,7 @@ pub fn to_json(r: &Request, names: &mut Names) -> RequestJson {
             queue_ns: b.queue_ts,
             join_ns: b.join_ts,
             join: b.join.name(),
-            merge_path: b.join.merge_path().map(path_name),
+            merge_path: b.join.merge_path().map(merge_path_name),
             via_request_merge: b.via_request_merge,
             split_from: b.split_from.map(addr),
             charged: b.charged,
@@ -888,8 +868,8 @@ pub fn to_json(r: &Request, names: &mut Names) -> RequestJson {
         kind: "request",
         rq: addr(r.rq),
         device: names.device(r.dev),
-        major: r.dev >> 20,
-        minor: r.dev & 0xfffff,
+        major: Dev(r.dev).major(),
+        minor: Dev(r.dev).minor(),
         cgroup: names.cgroup(r.cgroup_id).to_string(),
         cgroup_id: r.cgroup_id,
         op: op_name(r.op),
@@ -943,6 +923,7 @@ pub fn summary(s: &Stats) -> String {
 mod tests {
     use super::*;
     use crate::offline::synth::Synth;
+    use mergetrace_common::path;
 
     const DEV: u32 = 7 << 20 | 2;
 

@@ -2,7 +2,10 @@
 //! times since the capture's start. Shared by `report --lineage` and `export`.
 use std::collections::HashMap;
 
-use mergetrace_common::{flags, kind};
+use mergetrace_common::{
+    kind,
+    vocab::{self, Dev},
+};
 
 use crate::{
     capture::{Header, HeaderLookup},
@@ -25,7 +28,7 @@ impl Names {
             devices: h
                 .devices
                 .iter()
-                .map(|d| ((d.major << 20) | d.minor, d.name.clone()))
+                .map(|d| (d.dev().0, d.name.clone()))
                 .collect(),
             cgroups: HashMap::new(),
             lookup: HeaderLookup::new(h),
@@ -61,28 +64,12 @@ impl Names {
 
 /// "7:2"
 pub fn maj_min(dev: u32) -> String {
-    format!("{}:{}", dev >> 20, dev & 0xfffff)
+    Dev(dev).to_string()
 }
 
-/// The name of a `REQ_OP_*` value.
+/// The name of a `REQ_OP_*` value ("op200" for one without a name).
 pub fn op_name(op: u8) -> String {
-    match op {
-        0 => "read".into(),
-        1 => "write".into(),
-        2 => "flush".into(),
-        3 => "discard".into(),
-        5 => "secure_erase".into(),
-        7 => "zone_append".into(),
-        9 => "write_zeroes".into(),
-        10 => "zone_open".into(),
-        11 => "zone_close".into(),
-        12 => "zone_finish".into(),
-        13 => "zone_reset".into(),
-        15 => "zone_reset_all".into(),
-        34 => "drv_in".into(),
-        35 => "drv_out".into(),
-        n => format!("op{n}"),
-    }
+    vocab::op_name(op).map_or_else(|| format!("op{op}"), str::to_string)
 }
 
 /// The diskstats direction of an op: read, write, discard, flush.
@@ -90,26 +77,20 @@ pub fn dir_name(op: u8) -> &'static str {
     Dir::of_op(op).name()
 }
 
-/// Names of the set bits of an event's flags, joined by '|' ("" for none).
+/// Names of the set bits of an event's flags, joined by '|' ("" for none); bits without a
+/// name as hex.
 pub fn flag_names(f: u8) -> String {
-    let mut v = Vec::new();
-    for (bit, name) in [
-        (flags::THROTTLE_RELEASED, "throttle_released"),
-        (flags::RULES_IOPS, "rules_iops"),
-        (flags::RULES_BPS, "rules_bps"),
-        (flags::BPS_CHARGED, "bps_charged"),
-        (flags::UNPLUG_EXPLICIT, "unplug_explicit"),
-    ] {
+    let mut s = String::new();
+    let mut rest = f;
+    for (bit, name) in vocab::FLAG_NAMES {
         if f & bit != 0 {
-            v.push(name);
+            if !s.is_empty() {
+                s.push('|');
+            }
+            s.push_str(name);
+            rest &= !bit;
         }
     }
-    let rest = f & !(flags::THROTTLE_RELEASED
-        | flags::RULES_IOPS
-        | flags::RULES_BPS
-        | flags::BPS_CHARGED
-        | flags::UNPLUG_EXPLICIT);
-    let mut s = v.join("|");
     if rest != 0 {
         if !s.is_empty() {
             s.push('|');
@@ -122,7 +103,7 @@ pub fn flag_names(f: u8) -> String {
 /// The merge path of a bio merge event ("plug", "elevator", "sw_queue", "unknown"); `None`
 /// for other kinds.
 pub fn merge_path(ev_kind: u8, path: u8) -> Option<&'static str> {
-    matches!(ev_kind, kind::BACK_MERGE | kind::FRONT_MERGE).then(|| super::lineage::path_name(path))
+    matches!(ev_kind, kind::BACK_MERGE | kind::FRONT_MERGE).then(|| vocab::merge_path_name(path))
 }
 
 /// A kernel address as "0x…" (JSON numbers lose precision above 2^53).
@@ -141,7 +122,9 @@ mod tests {
         assert_eq!(dir_name(9), "write");
         assert_eq!(flag_names(0), "");
         assert_eq!(
-            flag_names(flags::THROTTLE_RELEASED | flags::RULES_IOPS),
+            flag_names(
+                mergetrace_common::flags::THROTTLE_RELEASED | mergetrace_common::flags::RULES_IOPS
+            ),
             "throttle_released|rules_iops"
         );
         assert_eq!(flag_names(0x80), "0x80");

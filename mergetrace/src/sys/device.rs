@@ -6,6 +6,7 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
+use mergetrace_common::vocab::Dev;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Device {
@@ -20,19 +21,13 @@ pub struct Device {
 }
 
 impl Device {
-    /// `dev_t` as the kernel encodes it internally (`MINORBITS` = 20).
-    pub fn kernel_dev(&self) -> u32 {
-        (self.major << 20) | self.minor
+    /// The device number as events carry it.
+    pub fn dev(&self) -> Dev {
+        Dev::new(self.major, self.minor)
     }
     pub fn sys_dir(&self) -> PathBuf {
         PathBuf::from("/sys/block").join(&self.name)
     }
-}
-
-/// Splits the kernel's `dev_t` encoding.
-#[cfg(test)]
-pub fn split_kernel_dev(dev: u32) -> (u32, u32) {
-    (dev >> 20, dev & 0xfffff)
 }
 
 fn parse_maj_min(s: &str) -> Option<(u32, u32)> {
@@ -113,7 +108,7 @@ pub fn resolve_all(specs: &[String]) -> Result<Vec<Device>> {
     let mut out: Vec<Device> = Vec::new();
     for spec in specs {
         let d = resolve(spec)?;
-        if !out.iter().any(|o| o.kernel_dev() == d.kernel_dev()) {
+        if !out.iter().any(|o| o.dev() == d.dev()) {
             out.push(d);
         }
     }
@@ -178,7 +173,8 @@ mod tests {
         let e = resolve_in(t.path(), "nosuch").unwrap_err().to_string();
         assert!(e.contains("unknown block device 'nosuch'"), "{e}");
         assert!(resolve_in(t.path(), "9:9").is_err());
-        assert_eq!(d.kernel_dev(), 8 << 20 | 240);
-        assert_eq!(split_kernel_dev(d.kernel_dev()), (8, 240));
+        assert_eq!(d.dev(), Dev(8 << 20 | 240));
+        assert_eq!((d.dev().major(), d.dev().minor()), (8, 240));
+        assert_eq!(d.dev().to_string(), "8:240");
     }
 }

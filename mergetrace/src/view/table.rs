@@ -1,6 +1,7 @@
 //! The rows both the text view and the TUI show: one per (device, cgroup, direction) with
 //! activity, then a device total per direction.
 use crate::{
+    fmt,
     model::aggregate::Dir,
     model::snapshot::{DirStats, Snapshot},
 };
@@ -30,33 +31,21 @@ pub struct Row {
     pub is_total: bool,
 }
 
-pub fn mib(bytes: u64) -> String {
-    format!("{:.1}", bytes as f64 / (1024.0 * 1024.0))
-}
-
-pub fn size(bytes: f64) -> String {
-    if bytes >= 1024.0 * 1024.0 {
-        format!("{:.1} MiB", bytes / (1024.0 * 1024.0))
-    } else {
-        format!("{:.1} KiB", bytes / 1024.0)
-    }
-}
-
 fn cells(device: &str, cgroup: &str, dir: Dir, s: &DirStats) -> Vec<String> {
     vec![
         device.to_string(),
         cgroup.to_string(),
         dir.name().to_string(),
         s.bios.to_string(),
-        mib(s.bytes),
+        fmt::mib(s.bytes),
         s.charged_ios.to_string(),
         s.throttled.bios.to_string(),
         s.merged.to_string(),
         s.requests.to_string(),
-        mib(s.request_bytes),
+        fmt::mib(s.request_bytes),
         s.bios_per_request()
             .map_or("-".into(), |r| format!("{r:.1}")),
-        s.avg_request_bytes().map_or("-".into(), size),
+        s.avg_request_bytes().map_or("-".into(), fmt::avg_size),
     ]
 }
 

@@ -206,7 +206,7 @@ pub fn write_files(base: &Path, events: &[Event], h: &Header) -> Result<Vec<Writ
     let mut out = Vec::new();
     let several = h.devices.len() > 1;
     for d in &h.devices {
-        let dev = (d.major << 20) | d.minor;
+        let dev = d.dev().0;
         let mine: Vec<&Event> = events.iter().filter(|e| e.dev == dev).collect();
         let input = if several {
             PathBuf::from(format!("{}.{}", base.display(), d.name))

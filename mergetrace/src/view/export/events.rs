@@ -3,7 +3,7 @@
 use std::io::Write;
 
 use anyhow::Result;
-use mergetrace_common::{kind, Event};
+use mergetrace_common::{kind, vocab, Event};
 
 use crate::offline::names::{addr, dir_name, flag_names, maj_min, merge_path, op_name, Names};
 
@@ -44,7 +44,7 @@ fn values(ev: &Event, names: &mut Names) -> [Val; 19] {
     [
         U(ev.ts_ns),
         F(names.secs(ev.ts_ns)),
-        S(kind::name(ev.kind).to_string()),
+        S(vocab::kind_name(ev.kind).to_string()),
         S(names.device(ev.dev)),
         S(maj_min(ev.dev)),
         U(ev.cgroup_id),

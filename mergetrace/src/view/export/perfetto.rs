@@ -16,13 +16,14 @@
 use std::{collections::HashMap, io::Write, path::Path};
 
 use anyhow::Result;
-use mergetrace_common::{kind, Event};
+use mergetrace_common::{kind, vocab, Event};
 use serde_json::{json, Value};
 
 use crate::{
     capture::Header,
+    fmt,
     offline::{
-        lineage::{self, size},
+        lineage,
         names::{addr, maj_min, op_name, Names},
     },
 };
@@ -118,7 +119,7 @@ pub fn write(
     let mut pids: HashMap<u32, u32> = HashMap::new();
     let mut devs: Vec<u32> = Vec::new();
     for d in &h.devices {
-        let dev = (d.major << 20) | d.minor;
+        let dev = d.dev().0;
         if let std::collections::hash_map::Entry::Vacant(e) = pids.entry(dev) {
             devs.push(dev);
             e.insert(devs.len() as u32);
@@ -272,7 +273,7 @@ pub fn write(
         if s.bio != usize::MAX {
             let b = &r.bios[s.bio];
             out.ev(json!({
-                "ph": "X", "cat": "bio", "name": format!("bio {}", size(b.bytes as u64)),
+                "ph": "X", "cat": "bio", "name": format!("bio {}", fmt::size(b.bytes as u64)),
                 "pid": pid, "tid": s.tid, "ts": us(names, s.start), "dur": dur_us(s.start, s.end),
                 "args": {
                     "bio": addr(b.bio), "cgroup": names.cgroup(b.cgroup_id), "sector": b.sector,
@@ -296,7 +297,7 @@ pub fn write(
         let end = r.complete_ts.unwrap_or(end_ts).max(r.issue_ts + 2);
         out.ev(json!({
             "ph": "X", "cat": "request",
-            "name": format!("{} {} · {} bios", op_name(r.op), size(r.bytes as u64), r.bios.len()),
+            "name": format!("{} {} · {} bios", op_name(r.op), fmt::size(r.bytes as u64), r.bios.len()),
             "pid": pid, "tid": s.tid, "ts": us(names, r.issue_ts), "dur": dur_us(r.issue_ts, end),
             "args": {
                 "rq": addr(r.rq), "cgroup": names.cgroup(r.cgroup_id), "sector": r.sector,
@@ -339,7 +340,7 @@ pub fn write(
                     "front"
                 };
                 out.ev(json!({"ph": "i", "s": "t", "cat": "merge",
-                    "name": format!("{how} merge ({})", lineage::path_name(e.path)),
+                    "name": format!("{how} merge ({})", vocab::merge_path_name(e.path)),
                     "pid": pid, "tid": tid, "ts": us(names, e.ts_ns),
                     "args": {"bio": addr(e.id), "sector": e.sector, "bytes": e.bytes}}))?;
             }

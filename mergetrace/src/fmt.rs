@@ -1,0 +1,159 @@
+//! How numbers read to people: counts, sizes, rates and spans, every formatter in one place.
+//! Each keeps the exact text its output has always had (text tables, verdicts, `check`).
+
+const KIB: f64 = 1024.0;
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// 3282202 → "3,282,202".
+pub fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::with_capacity(s.len() + s.len() / 3);
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Bytes as MiB with one decimal, without the unit (table columns): "23.4".
+pub fn mib(bytes: u64) -> String {
+    format!("{:.1}", bytes as f64 / MIB)
+}
+
+/// A size to one decimal: "512 B", "4.0 KiB", "1.5 MiB".
+pub fn size(bytes: u64) -> String {
+    if bytes >= 1 << 20 {
+        format!("{:.1} MiB", bytes as f64 / MIB)
+    } else if bytes >= 1024 {
+        format!("{:.1} KiB", bytes as f64 / KIB)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+/// An average size to one decimal, never below KiB: "0.5 KiB", "114.3 KiB", "1.2 MiB".
+pub fn avg_size(bytes: f64) -> String {
+    if bytes >= MIB {
+        format!("{:.1} MiB", bytes / MIB)
+    } else {
+        format!("{:.1} KiB", bytes / KIB)
+    }
+}
+
+/// A size in the largest unit that divides it: "4 GiB", "64 KiB", "1000 B".
+pub fn exact_size(b: u64) -> String {
+    if b >= 1 << 30 && b % (1 << 30) == 0 {
+        format!("{} GiB", b >> 30)
+    } else if b >= 1 << 20 && b % (1 << 20) == 0 {
+        format!("{} MiB", b >> 20)
+    } else if b >= 1024 {
+        format!("{} KiB", b / 1024)
+    } else {
+        format!("{b} B")
+    }
+}
+
+/// A size in KiB, whole and grouped where it divides, else two decimals: "1,280 KiB",
+/// "1.50 KiB".
+pub fn kib(bytes: u64) -> String {
+    if bytes % 1024 == 0 {
+        format!("{} KiB", thousands(bytes / 1024))
+    } else {
+        format!("{:.2} KiB", bytes as f64 / KIB)
+    }
+}
+
+/// `sectors` over `requests`, in KiB with two decimals: "6.36 KiB".
+pub fn kib_per(sectors: u64, requests: u64) -> String {
+    if requests == 0 {
+        return "n/a (no requests)".into();
+    }
+    format!("{:.2} KiB", sectors as f64 / requests as f64 / 2.0)
+}
+
+/// A byte rate to one decimal in MiB/s, else whole KiB/s: "8.0 MiB/s", "512 KiB/s".
+pub fn rate(bytes_per_s: u64) -> String {
+    let b = bytes_per_s as f64;
+    if b >= MIB {
+        format!("{:.1} MiB/s", b / MIB)
+    } else {
+        format!("{:.0} KiB/s", b / KIB)
+    }
+}
+
+/// A byte rate in the largest unit that divides it, grouped: "1 MiB/s", "1,000 B/s".
+pub fn exact_rate(v: u64) -> String {
+    if v >= 1 << 20 && v % (1 << 20) == 0 {
+        format!("{} MiB/s", thousands(v >> 20))
+    } else if v >= 1 << 10 && v % (1 << 10) == 0 {
+        format!("{} KiB/s", thousands(v >> 10))
+    } else {
+        format!("{} B/s", thousands(v))
+    }
+}
+
+/// A span of seconds: "41 s", "20 min", "11.5 h", "3.2 days".
+pub fn span(secs: f64) -> String {
+    if secs < 120.0 {
+        format!("{secs:.0} s")
+    } else if secs < 7200.0 {
+        format!("{:.0} min", secs / 60.0)
+    } else if secs < 3.0 * 86400.0 {
+        format!("{:.1} h", secs / 3600.0)
+    } else {
+        format!("{:.1} days", secs / 86400.0)
+    }
+}
+
+/// Microseconds in a table cell: whole from 100 up, else one decimal.
+pub fn micros(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+/// Nanoseconds between two timestamps, in µs with one decimal: "12.5 µs".
+pub fn micros_between(a: u64, b: u64) -> String {
+    format!("{:.1} µs", b.saturating_sub(a) as f64 / 1000.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_formatter_keeps_its_text() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(13918839), "13,918,839");
+        assert_eq!(mib(24_536_678), "23.4");
+        assert_eq!(
+            (size(512), size(4096), size(3 << 19)),
+            ("512 B".into(), "4.0 KiB".into(), "1.5 MiB".into())
+        );
+        assert_eq!(avg_size(117_043.2), "114.3 KiB");
+        assert_eq!(exact_size(4 << 30), "4 GiB");
+        assert_eq!(exact_size(65536), "64 KiB");
+        assert_eq!(kib(512 << 10), "512 KiB");
+        assert_eq!(kib(1536), "1.50 KiB");
+        assert_eq!(kib_per(135302774, 10636637), "6.36 KiB");
+        assert_eq!(kib_per(1, 0), "n/a (no requests)");
+        assert_eq!(rate(8 << 20), "8.0 MiB/s");
+        assert_eq!(exact_rate(1 << 20), "1 MiB/s");
+        assert_eq!(exact_rate(1000), "1,000 B/s");
+        assert_eq!(span(41.0), "41 s");
+        assert_eq!(span(1217.0), "20 min");
+        assert_eq!(span(41242.0), "11.5 h");
+        assert_eq!(span(5.0 * 86400.0), "5.0 days");
+        assert_eq!(
+            (micros(123.4), micros(12.34)),
+            ("123".into(), "12.3".into())
+        );
+        assert_eq!(micros_between(1000, 13_500), "12.5 µs");
+    }
+}
