@@ -112,6 +112,59 @@ mod tests {
     use super::*;
 
     #[test]
+    fn lines_of_every_kernel() {
+        /// The article's line, with the fields it elides filled with zeros.
+        const ARTICLE: &str =
+            "   8       0 sda 639705 234489 36923566 0 10636637 3282202 135302774 0 0 0 0 0 0 0 0 0 0";
+        let d = parse_diskstats_line(ARTICLE).unwrap();
+        assert_eq!((d.major, d.minor, d.name.as_str()), (8, 0, "sda"));
+        assert_eq!(
+            (d.reads, d.reads_merged, d.read_sectors),
+            (639705, 234489, 36923566)
+        );
+        assert_eq!(
+            (d.writes, d.writes_merged, d.write_sectors),
+            (10636637, 3282202, 135302774)
+        );
+        let full = "7 3 loop3 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17";
+        let d = parse_diskstats_line(full).unwrap();
+        assert_eq!(
+            [
+                d.reads,
+                d.reads_merged,
+                d.read_sectors,
+                d.read_ms,
+                d.writes,
+                d.writes_merged,
+                d.write_sectors,
+                d.write_ms,
+                d.in_flight,
+                d.io_ms,
+                d.weighted_io_ms,
+                d.discards,
+                d.discards_merged,
+                d.discard_sectors,
+                d.discard_ms,
+                d.flushes,
+                d.flush_ms
+            ],
+            [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]
+        );
+        // A pre-4.18 line (11 numbers): discards and flushes read as 0.
+        let old = parse_diskstats_line("8 0 sda 1 2 3 4 5 6 7 8 9 10 11").unwrap();
+        assert_eq!((old.weighted_io_ms, old.discards, old.flush_ms), (11, 0, 0));
+        assert_eq!(parse_diskstats_line("8 0 sda 1 2 3"), None);
+        assert_eq!(
+            parse_diskstats_line("8 0 sda 1 2 x 4 5 6 7 8 9 10 11"),
+            None
+        );
+        let text = format!("{full}\n{ARTICLE}\n");
+        assert_eq!(find_diskstats(&text, 8, 0).unwrap().name, "sda");
+        assert_eq!(find_diskstats(&text, 7, 3).unwrap().name, "loop3");
+        assert_eq!(find_diskstats(&text, 7, 4), None);
+    }
+
+    #[test]
     fn deltas() {
         let a = parse_diskstats_line("7 3 loop3 1 0 8 0 2 3 4 5 0 6 7 0 0 0 0 0 0").unwrap();
         let b = parse_diskstats_line("7 3 loop3 1 0 8 0 12 13 24 5 1 6 7 0 0 0 0 0 0").unwrap();

@@ -1,0 +1,510 @@
+//! The hook table: every kernel hook mergetrace uses, on which kernels, on which tier, and the
+//! eBPF programs attached to it. Attaching (`kernel::load`), `check`'s fentry probe and its
+//! `hooks` section, and docs/hooks.md all read [`HOOKS`]; nothing else names a hook.
+use std::fmt::Write as _;
+
+use super::{kallsyms::Kallsyms, Btf};
+use crate::kernel::TierKind;
+
+/// How a hook is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HookKind {
+    /// A BTF-enabled tracepoint (`btf_trace_<name>` in BTF).
+    Tracepoint,
+    /// A kernel function whose address range classifies merge callers (kallsyms).
+    Kallsyms,
+    /// fentry/fexit on a kernel function (BTF `FUNC`), fentry tier only.
+    Fentry,
+    /// A struct member read through BTF (`struct.member`).
+    Field,
+}
+
+/// How a program attaches to its hook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attach {
+    /// `tp_btf` on the tracepoint.
+    Tracepoint,
+    Fentry,
+    Fexit,
+}
+
+/// When a run attaches a program besides its tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Needs {
+    /// Always.
+    Nothing,
+    /// Only when events are sent to user space (captures): it feeds latency and lineage
+    /// only, and runs once per request.
+    Events,
+    /// Only when kallsyms has this symbol: without it the program learns nothing.
+    Symbol(&'static str),
+}
+
+/// A program of the embedded eBPF object (its name in mergetrace-ebpf).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Program {
+    pub name: &'static str,
+    pub attach: Attach,
+    pub needs: Needs,
+}
+
+/// One hook: what it is for, how it is reached, on which kernels mergetrace expects it, and
+/// what attaches to it. `check --json` shows the first six fields.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Hook {
+    pub concept: &'static str,
+    pub kind: HookKind,
+    pub name: &'static str,
+    /// First kernel (major, minor) where it is used; `until` is the last one, if any.
+    pub since: (u32, u32),
+    pub until: Option<(u32, u32)>,
+    /// Without it the run still works; this is what is lost.
+    pub optional: Option<&'static str>,
+    /// The tier from which it is used: tracepoint = every run, fentry = the fentry tier only.
+    #[serde(skip)]
+    pub tier: TierKind,
+    /// The programs attached to it (none for kallsyms addresses and BTF fields).
+    #[serde(skip)]
+    pub programs: &'static [Program],
+}
+
+const fn hook(concept: &'static str, kind: HookKind, name: &'static str) -> Hook {
+    Hook {
+        concept,
+        kind,
+        name,
+        since: (6, 1),
+        until: None,
+        optional: None,
+        tier: TierKind::Tracepoint,
+        programs: &[],
+    }
+}
+
+/// A tracepoint and its programs (named after it, a rule of mergetrace-ebpf).
+const fn tracepoint(
+    concept: &'static str,
+    name: &'static str,
+    programs: &'static [Program],
+) -> Hook {
+    Hook {
+        programs,
+        ..hook(concept, HookKind::Tracepoint, name)
+    }
+}
+
+/// A kernel function traced on the fentry tier.
+const fn function(concept: &'static str, name: &'static str, programs: &'static [Program]) -> Hook {
+    Hook {
+        tier: TierKind::Fentry,
+        programs,
+        ..hook(concept, HookKind::Fentry, name)
+    }
+}
+
+const fn program(name: &'static str, attach: Attach) -> Program {
+    Program {
+        name,
+        attach,
+        needs: Needs::Nothing,
+    }
+}
+
+const fn tp(name: &'static str) -> Program {
+    program(name, Attach::Tracepoint)
+}
+
+/// The release context is only known with the dispatch work's address.
+pub const THROTTLE_WORK: &str = "blk_throtl_dispatch_work_fn";
+
+/// Every hook mergetrace uses, 6.1 → 6.18+. Kernel drift is expressed here and nowhere else.
+pub const HOOKS: &[Hook] = &[
+    tracepoint(
+        "bio passed the throttle",
+        "block_bio_queue",
+        &[tp("block_bio_queue")],
+    ),
+    tracepoint("bio split", "block_split", &[tp("block_split")]),
+    tracepoint(
+        "bio back merge",
+        "block_bio_backmerge",
+        &[tp("block_bio_backmerge")],
+    ),
+    tracepoint(
+        "bio front merge",
+        "block_bio_frontmerge",
+        &[tp("block_bio_frontmerge")],
+    ),
+    tracepoint("new request", "block_getrq", &[tp("block_getrq")]),
+    tracepoint(
+        "request-request merge",
+        "block_rq_merge",
+        &[tp("block_rq_merge")],
+    ),
+    tracepoint(
+        "request insert",
+        "block_rq_insert",
+        &[tp("block_rq_insert")],
+    ),
+    tracepoint("request issue", "block_rq_issue", &[tp("block_rq_issue")]),
+    tracepoint(
+        "request requeue",
+        "block_rq_requeue",
+        &[tp("block_rq_requeue")],
+    ),
+    tracepoint(
+        "request complete",
+        "block_rq_complete",
+        &[Program {
+            needs: Needs::Events,
+            ..tp("block_rq_complete")
+        }],
+    ),
+    Hook {
+        optional: Some("unplug depths (6.1/6.6 fast path emits none)"),
+        ..tracepoint("plug flush", "block_unplug", &[tp("block_unplug")])
+    },
+    Hook {
+        optional: Some("throttled bios are not told apart"),
+        ..tracepoint(
+            "throttle release context",
+            "workqueue_execute_start",
+            &[Program {
+                needs: Needs::Symbol(THROTTLE_WORK),
+                ..tp("workqueue_execute_start")
+            }],
+        )
+    },
+    Hook {
+        optional: Some("throttled bios are not told apart"),
+        ..tracepoint(
+            "throttle release context",
+            "workqueue_execute_end",
+            &[Program {
+                needs: Needs::Symbol(THROTTLE_WORK),
+                ..tp("workqueue_execute_end")
+            }],
+        )
+    },
+    Hook {
+        optional: Some("throttled bios are not told apart"),
+        ..hook("throttle dispatch work", HookKind::Kallsyms, THROTTLE_WORK)
+    },
+    Hook {
+        optional: Some("plug merges show as path \"unknown\""),
+        ..hook(
+            "merge path: plug",
+            HookKind::Kallsyms,
+            "blk_attempt_plug_merge",
+        )
+    },
+    Hook {
+        optional: Some("elevator merges show as path \"unknown\""),
+        ..hook(
+            "merge path: elevator",
+            HookKind::Kallsyms,
+            "blk_mq_sched_try_merge",
+        )
+    },
+    Hook {
+        optional: Some("software-queue merges show as path \"unknown\""),
+        ..hook(
+            "merge path: software queue",
+            HookKind::Kallsyms,
+            "blk_bio_list_merge",
+        )
+    },
+    Hook {
+        optional: Some("fentry tier: no exact throttle delay"),
+        ..function(
+            "throttle charge (fentry)",
+            "__blk_throtl_bio",
+            &[
+                program("throtl_bio_entry", Attach::Fentry),
+                program("throtl_bio_exit", Attach::Fexit),
+            ],
+        )
+    },
+    Hook {
+        optional: Some("fentry tier: no exact throttle delay"),
+        ..function(
+            "throttle release (fentry)",
+            "submit_bio_noacct_nocheck",
+            &[program("throtl_release", Attach::Fentry)],
+        )
+    },
+    Hook {
+        optional: Some("fentry tier: no plug attempt counts"),
+        ..function(
+            "plug merge attempt (fexit)",
+            "blk_attempt_plug_merge",
+            &[program("plug_attempt", Attach::Fexit)],
+        )
+    },
+    Hook {
+        optional: Some("fentry tier: no elevator decisions"),
+        ..function(
+            "elevator decision (fexit)",
+            "elv_merge",
+            &[program("elv_merge_exit", Attach::Fexit)],
+        )
+    },
+    hook(
+        "requeued request issued again",
+        HookKind::Field,
+        "request.state",
+    ),
+    hook(
+        "requeued request issued again",
+        HookKind::Field,
+        "request.start_time_ns",
+    ),
+    hook(
+        "throttle rules",
+        HookKind::Field,
+        "throtl_grp.has_rules_iops",
+    ),
+    hook(
+        "throttle rules",
+        HookKind::Field,
+        "throtl_grp.has_rules_bps",
+    ),
+    hook("bio's cgroup", HookKind::Field, "bio.bi_blkg"),
+    hook("request's disk", HookKind::Field, "request_queue.disk"),
+];
+
+/// The programs of the hooks first used on `tier`, with their hook, in table order.
+pub fn programs_of(tier: TierKind) -> impl Iterator<Item = (&'static Hook, &'static Program)> {
+    HOOKS
+        .iter()
+        .filter(move |h| h.tier == tier)
+        .flat_map(|h| h.programs.iter().map(move |p| (h, p)))
+}
+
+/// The tracepoints a run cannot do without.
+pub fn required_tracepoints() -> impl Iterator<Item = &'static str> {
+    HOOKS
+        .iter()
+        .filter(|h| h.kind == HookKind::Tracepoint && h.optional.is_none())
+        .map(|h| h.name)
+}
+
+/// What `check` loads to learn whether the kernel allows fentry: the fentry tier's first
+/// fentry program, on the function a real run attaches it to.
+pub fn fentry_probe() -> (&'static Hook, &'static Program) {
+    programs_of(TierKind::Fentry)
+        .find(|(_, p)| p.attach == Attach::Fentry)
+        .expect("the hook table has an fentry program")
+}
+
+/// A hook as found (or not) on the running kernel.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct HookStatus {
+    #[serde(flatten)]
+    pub hook: Hook,
+    /// Whether mergetrace expects it on this kernel version.
+    pub expected: bool,
+    pub present: bool,
+}
+
+/// `uname -r` → (major, minor).
+pub fn parse_release(release: &str) -> Option<(u32, u32)> {
+    let mut it = release.split(|c: char| !c.is_ascii_digit());
+    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+}
+
+/// Every hook of [`HOOKS`] checked against this kernel's BTF and kallsyms.
+pub fn hook_status(btf: &Btf, kallsyms: &Kallsyms, version: (u32, u32)) -> Vec<HookStatus> {
+    HOOKS
+        .iter()
+        .map(|h| {
+            let present = match h.kind {
+                HookKind::Tracepoint => btf.has_tracepoint(h.name),
+                HookKind::Kallsyms => kallsyms.address(h.name).is_some(),
+                HookKind::Fentry => btf.has_function(h.name),
+                HookKind::Field => {
+                    let (st, m) = h.name.split_once('.').unwrap_or((h.name, ""));
+                    btf.member_offset(st, m).is_ok()
+                }
+            };
+            let expected = version >= h.since && h.until.is_none_or(|u| version <= u);
+            HookStatus {
+                hook: *h,
+                expected,
+                present,
+            }
+        })
+        .collect()
+}
+
+/// The table of docs/hooks.md, one row per hook, as [`HOOKS`] says it.
+pub fn markdown_table() -> String {
+    let mut out = String::from(
+        "| concept | how | hook | programs | tier | kernels | without it |\n\
+         |---|---|---|---|---|---|---|\n",
+    );
+    for h in HOOKS {
+        let how = match h.kind {
+            HookKind::Tracepoint => "tracepoint (tp_btf)",
+            HookKind::Kallsyms => "kallsyms (address or range on the stack)",
+            HookKind::Fentry => "fentry/fexit",
+            HookKind::Field => "BTF field",
+        };
+        let programs: Vec<String> = h.programs.iter().map(program_cell).collect();
+        let kernels = match h.until {
+            Some((a, b)) => format!("{}.{}–{a}.{b}", h.since.0, h.since.1),
+            None => format!("{}.{}+", h.since.0, h.since.1),
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {how} | `{}` | {} | {} | {kernels} | {} |",
+            h.concept,
+            h.name,
+            if programs.is_empty() {
+                "—".to_string()
+            } else {
+                programs.join(", ")
+            },
+            h.tier.name(),
+            h.optional.unwrap_or("—"),
+        );
+    }
+    out
+}
+
+fn program_cell(p: &Program) -> String {
+    let attach = match p.attach {
+        Attach::Tracepoint => "",
+        Attach::Fentry => " (fentry)",
+        Attach::Fexit => " (fexit)",
+    };
+    let needs = match p.needs {
+        Needs::Nothing => String::new(),
+        Needs::Events => ", captures only".to_string(),
+        Needs::Symbol(s) => format!(", with `{s}` in kallsyms"),
+    };
+    format!("`{}`{attach}{needs}", p.name)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use aya_obj::ProgramSection;
+
+    use super::*;
+
+    /// Program name → how it attaches, as the embedded object declares it (parsed, not loaded:
+    /// no privileges needed).
+    fn object_programs() -> BTreeMap<String, Attach> {
+        let obj =
+            aya_obj::Object::parse(crate::kernel::load::OBJECT).expect("the eBPF object parses");
+        obj.programs
+            .iter()
+            .map(|(name, p)| {
+                let attach = match p.section {
+                    ProgramSection::BtfTracePoint => Attach::Tracepoint,
+                    ProgramSection::FEntry { .. } => Attach::Fentry,
+                    ProgramSection::FExit { .. } => Attach::Fexit,
+                    ref other => {
+                        panic!("program {name} has a section the table cannot attach: {other:?}")
+                    }
+                };
+                (name.clone(), attach)
+            })
+            .collect()
+    }
+
+    /// What a run attaches, per tier and mode, from the table alone (every symbol present).
+    fn attached(tier: TierKind, emit: bool) -> BTreeMap<String, Attach> {
+        let mut tiers = vec![TierKind::Tracepoint];
+        if tier == TierKind::Fentry {
+            tiers.push(TierKind::Fentry);
+        }
+        tiers
+            .into_iter()
+            .flat_map(programs_of)
+            .filter(|(_, p)| emit || p.needs != Needs::Events)
+            .map(|(_, p)| (p.name.to_string(), p.attach))
+            .collect()
+    }
+
+    #[test]
+    fn what_is_attached_is_what_the_table_and_the_object_say() {
+        let object = object_programs();
+        // The fentry tier of a capture attaches everything the object has, each as declared.
+        assert_eq!(attached(TierKind::Fentry, true), object);
+        // The tracepoint tier: no fentry/fexit program.
+        let tracepoint = attached(TierKind::Tracepoint, true);
+        let fentry_only: BTreeSet<&String> = object
+            .iter()
+            .filter(|(_, a)| **a != Attach::Tracepoint)
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(
+            tracepoint.keys().collect::<BTreeSet<_>>(),
+            object.keys().filter(|n| !fentry_only.contains(n)).collect()
+        );
+        // Counting in the kernel (live view, serve, demo) skips the completion probe.
+        let counting = attached(TierKind::Tracepoint, false);
+        assert_eq!(
+            tracepoint
+                .keys()
+                .filter(|n| !counting.contains_key(*n))
+                .collect::<Vec<_>>(),
+            ["block_rq_complete"]
+        );
+        // Each program once; tracepoint programs are named after their tracepoint.
+        let mut seen = BTreeSet::new();
+        for h in HOOKS {
+            for p in h.programs {
+                assert!(seen.insert(p.name), "{} twice in the table", p.name);
+                match p.attach {
+                    Attach::Tracepoint => {
+                        assert_eq!(
+                            (h.kind, h.tier, p.name),
+                            (HookKind::Tracepoint, TierKind::Tracepoint, h.name)
+                        )
+                    }
+                    Attach::Fentry | Attach::Fexit => {
+                        assert_eq!(
+                            (h.kind, h.tier),
+                            (HookKind::Fentry, TierKind::Fentry),
+                            "{}",
+                            p.name
+                        )
+                    }
+                }
+            }
+        }
+        assert_eq!(fentry_probe().1.name, "throtl_bio_entry");
+        assert!(required_tracepoints().any(|t| t == "block_bio_queue"));
+        assert!(!required_tracepoints().any(|t| t == "block_unplug"));
+    }
+
+    /// docs/hooks.md holds the table [`markdown_table`] renders. After changing [`HOOKS`]:
+    /// `MERGETRACE_WRITE_DOCS=1 cargo test -p mergetrace --lib docs_hooks_md` rewrites it.
+    #[test]
+    fn docs_hooks_md_is_the_table() {
+        const BEGIN: &str = "<!-- BEGIN HOOKS: generated from kernel::compat::HOOKS -->\n";
+        const END: &str = "<!-- END HOOKS -->";
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/hooks.md");
+        let doc = std::fs::read_to_string(path).unwrap();
+        let (a, b) = (
+            doc.find(BEGIN).expect("BEGIN marker"),
+            doc.find(END).expect("END marker"),
+        );
+        let want = format!("{}{BEGIN}{}{}", &doc[..a], markdown_table(), &doc[b..]);
+        if std::env::var_os("MERGETRACE_WRITE_DOCS").is_some() {
+            std::fs::write(path, &want).unwrap();
+            return;
+        }
+        assert!(
+            doc == want,
+            "docs/hooks.md is not the hook table: rerun with MERGETRACE_WRITE_DOCS=1"
+        );
+        assert_eq!(parse_release("6.18.44-fc-v669"), Some((6, 18)));
+        assert_eq!(parse_release("6.1.0-40-cloud-amd64"), Some((6, 1)));
+    }
+}

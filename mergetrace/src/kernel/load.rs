@@ -1,0 +1,470 @@
+//! Loading the embedded eBPF object for the running kernel and attaching its programs as the
+//! hook table says ([`compat::hooks`]): every tracepoint-tier program, then the fentry tier's
+//! where it is chosen or allowed. A [`Session`] holds them; dropping it detaches everything.
+use anyhow::{Context, Result};
+use aya::{
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
+    programs::{BtfTracePoint, FEntry, FExit, ProgramError},
+    Ebpf, EbpfLoader,
+};
+use mergetrace_common::{
+    CountKey, Counters, DeviceState, KernelSymbols, MeterUnits, Modes, UnplugKey, LOST_SLOTS,
+};
+
+use super::{
+    btf::Btf,
+    check_privileges,
+    compat::{
+        self,
+        hooks::{self, Attach, Hook, Needs, Program},
+        Kallsyms,
+    },
+    Tier, TierChoice, TierKind,
+};
+use crate::{
+    model::{aggregate::Window, snapshot::ProgramStat},
+    sys::device::Device,
+};
+
+/// The eBPF object built by build.rs from mergetrace-ebpf.
+pub(crate) static OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/mergetrace"));
+
+/// The smallest ring buffer: where no events are sent, the ring only has to exist.
+const MIN_RING_BYTES: u32 = 4096;
+
+pub struct Options {
+    /// Ring buffer size in bytes (a power of two, at least one page). Only used when
+    /// `modes.emit` is set.
+    pub ring_bytes: u32,
+    pub tier: TierChoice,
+    /// Count in the kernel (live view), send events (capture, demo), or both.
+    pub modes: Modes,
+    /// Turn on the kernel's per-program run time and count (`BPF_ENABLE_STATS`) for the run.
+    pub stats: bool,
+    pub meter_units: MeterUnits,
+}
+
+/// The object loaded (maps created, nothing attached) for this kernel, with what the programs
+/// read from it: offsets from BTF, addresses from kallsyms.
+struct Loaded {
+    ebpf: Ebpf,
+    btf: Btf,
+    aya_btf: aya::Btf,
+    kallsyms: Kallsyms,
+    /// Things the user should know (missing symbols).
+    notes: Vec<String>,
+}
+
+fn load_object(modes: Modes, ring_bytes: u32, meter_units: &MeterUnits) -> Result<Loaded> {
+    let btf = Btf::from_sys_fs()?;
+    let offsets = compat::resolve_offsets(&btf)
+        .context("this kernel's block layer does not have the layout mergetrace reads")?;
+    let kallsyms = Kallsyms::load()?;
+    let (symbols, notes): (KernelSymbols, _) = if kallsyms.is_empty() {
+        (
+            Default::default(),
+            vec!["kernel addresses are hidden (kptr_restrict): merge paths and throttle releases show as unknown".to_string()],
+        )
+    } else {
+        compat::resolve_symbols(&kallsyms)
+    };
+    let aya_btf = aya::Btf::parse_file(Btf::kernel_path(), aya::Endianness::default())
+        .context("cannot read the kernel's BTF")?;
+    let ring_bytes = if modes.emit != 0 {
+        ring_bytes
+    } else {
+        MIN_RING_BYTES
+    };
+    let ebpf = EbpfLoader::new()
+        .btf(Some(&aya_btf))
+        .override_global("OFFSETS", &offsets, true)
+        .override_global("SYMBOLS", &symbols, true)
+        .override_global("MODES", &modes, true)
+        .override_global("METER_UNITS", meter_units, true)
+        .map_max_entries("EVENTS", ring_bytes)
+        .load(OBJECT)
+        .context("cannot load mergetrace's eBPF object")?;
+    Ok(Loaded {
+        ebpf,
+        btf,
+        aya_btf,
+        kallsyms,
+        notes,
+    })
+}
+
+impl Loaded {
+    fn attach_tracepoint(&mut self, hook: &Hook, p: &Program) -> Result<()> {
+        let (prog, tp) = (p.name, hook.name);
+        let t: &mut BtfTracePoint = program(&mut self.ebpf, prog)?.try_into()?;
+        t.load(tp, &self.aya_btf)
+            .with_context(|| format!("cannot load program {prog} for tracepoint {tp}"))?;
+        t.attach()
+            .with_context(|| format!("cannot attach program {prog} to tracepoint {tp}"))?;
+        Ok(())
+    }
+
+    /// Loads and attaches an fentry or fexit program on its function.
+    fn attach_function(&mut self, hook: &Hook, p: &Program) -> Result<()> {
+        let program = program(&mut self.ebpf, p.name)?;
+        if p.attach == Attach::Fexit {
+            let f: &mut FExit = program.try_into()?;
+            f.load(hook.name, &self.aya_btf)?;
+            f.attach()?;
+        } else {
+            let f: &mut FEntry = program.try_into()?;
+            f.load(hook.name, &self.aya_btf)?;
+            f.attach()?;
+        }
+        Ok(())
+    }
+
+    /// The tracepoint tier: every program of its hooks this run needs. A tracepoint the
+    /// kernel lacks is noted and skipped; one that cannot attach is an error.
+    fn attach_tracepoints(&mut self, modes: Modes) -> Result<()> {
+        for (hook, p) in hooks::programs_of(TierKind::Tracepoint) {
+            let needed = match p.needs {
+                Needs::Nothing => true,
+                Needs::Events => modes.emit != 0,
+                Needs::Symbol(s) => self.kallsyms.address(s).is_some(),
+            };
+            if !needed {
+                continue;
+            }
+            if !self.btf.has_tracepoint(hook.name) {
+                self.notes.push(format!(
+                    "tracepoint {} does not exist on this kernel",
+                    hook.name
+                ));
+                continue;
+            }
+            self.attach_tracepoint(hook, p)?;
+        }
+        Ok(())
+    }
+
+    /// The fentry tier's programs; the first failure is returned (and the caller falls back
+    /// or reports it). Functions missing from BTF are skipped with a note.
+    fn attach_fentry(&mut self) -> Result<()> {
+        for (hook, p) in hooks::programs_of(TierKind::Fentry) {
+            if !self.btf.has_function(hook.name) {
+                self.notes.push(format!(
+                    "kernel function {} is not traceable here (inlined or renamed): {} not attached",
+                    hook.name, p.name
+                ));
+                continue;
+            }
+            let what = if p.attach == Attach::Fexit {
+                "fexit"
+            } else {
+                "fentry"
+            };
+            self.attach_function(hook, p).with_context(|| {
+                format!(
+                    "cannot load/attach {what} program {} on {}",
+                    p.name, hook.name
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Unloads whatever fentry-tier programs did load (after a failed attempt).
+    fn unload_fentry(&mut self) {
+        for (_, p) in hooks::programs_of(TierKind::Fentry) {
+            match self.ebpf.program_mut(p.name) {
+                Some(aya::programs::Program::FEntry(f)) => {
+                    let _ = f.unload();
+                }
+                Some(aya::programs::Program::FExit(f)) => {
+                    let _ = f.unload();
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Attaches the fentry tier as asked: forced, or tried and given up on with the reason.
+    fn choose_tier(&mut self, choice: TierChoice) -> Result<Tier> {
+        let tier = |kind, reason: &str| Tier {
+            kind,
+            reason: reason.to_string(),
+        };
+        Ok(match choice {
+            TierChoice::Tracepoint => tier(TierKind::Tracepoint, "chosen with --tier tracepoint"),
+            TierChoice::Fentry => {
+                self.attach_fentry()
+                    .context("the fentry tier was forced with --tier fentry")?;
+                tier(TierKind::Fentry, "chosen with --tier fentry")
+            }
+            TierChoice::Auto => match self.attach_fentry() {
+                Ok(()) => tier(TierKind::Fentry, "fentry allowed"),
+                Err(e) => {
+                    self.unload_fentry();
+                    tier(TierKind::Tracepoint, &short_reason(&e))
+                }
+            },
+        })
+    }
+}
+
+fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::Program> {
+    ebpf.program_mut(name)
+        .with_context(|| format!("program {name} missing from the eBPF object"))
+}
+
+/// Why the fentry tier could not run, in one line (no multi-line verifier log).
+fn short_reason(e: &anyhow::Error) -> String {
+    let root = e.root_cause().to_string();
+    let first = root.lines().next().unwrap_or_default().to_string();
+    if first.contains("Permission denied") || first.contains("Operation not permitted") {
+        "fentry refused".to_string()
+    } else {
+        format!("fentry unavailable: {first}")
+    }
+}
+
+/// Programs loaded and attached; dropping it detaches everything.
+pub struct Session {
+    ebpf: Option<Ebpf>,
+    pub tier: Tier,
+    /// Things the user should know (missing symbols, fallbacks).
+    pub notes: Vec<String>,
+    ring: Option<RingBuf<MapData>>,
+    lost: PerCpuArray<MapData, u64>,
+    lost_seen: [u64; LOST_SLOTS as usize],
+    counts: PerCpuHashMap<MapData, CountKey, Counters>,
+    unplugs: PerCpuHashMap<MapData, UnplugKey, u64>,
+    /// Held while BPF run-time statistics are on (closing it turns them off).
+    _stats: Option<std::os::fd::OwnedFd>,
+}
+
+impl Session {
+    /// Loads the programs for `devices` and attaches them.
+    pub fn start(devices: &[Device], opts: &Options) -> Result<Session> {
+        check_privileges()?;
+        let stats = if opts.stats {
+            Some(
+                aya::sys::enable_stats(aya::sys::Stats::RunTime)
+                    .context("cannot enable BPF run-time statistics")?,
+            )
+        } else {
+            None
+        };
+        let mut loaded = load_object(opts.modes, opts.ring_bytes, &opts.meter_units)?;
+        {
+            let devices_map = loaded
+                .ebpf
+                .map_mut("DEVICES")
+                .context("DEVICES map missing")?;
+            let mut filter: BpfHashMap<_, u32, DeviceState> = BpfHashMap::try_from(devices_map)?;
+            for d in devices {
+                filter.insert(d.dev().0, DeviceState::default(), 0)?;
+            }
+        }
+        loaded.attach_tracepoints(opts.modes)?;
+        let tier = loaded.choose_tier(opts.tier)?;
+        let Loaded {
+            mut ebpf, notes, ..
+        } = loaded;
+        let ring = RingBuf::try_from(ebpf.take_map("EVENTS").context("EVENTS map missing")?)?;
+        let lost = PerCpuArray::try_from(ebpf.take_map("LOST").context("LOST map missing")?)?;
+        let counts =
+            PerCpuHashMap::try_from(ebpf.take_map("COUNTS").context("COUNTS map missing")?)?;
+        let unplugs =
+            PerCpuHashMap::try_from(ebpf.take_map("UNPLUGS").context("UNPLUGS map missing")?)?;
+        Ok(Session {
+            ebpf: Some(ebpf),
+            tier,
+            notes,
+            ring: Some(ring),
+            lost,
+            lost_seen: [0; LOST_SLOTS as usize],
+            counts,
+            unplugs,
+            _stats: stats,
+        })
+    }
+
+    /// The event ring buffer (once).
+    pub fn take_ring(&mut self) -> Option<RingBuf<MapData>> {
+        self.ring.take()
+    }
+
+    /// The in-kernel counters so far (summed over CPUs) and every loss so far: a running
+    /// total of the whole run; `Window::since` gives intervals. Readable after `detach`.
+    pub fn read_totals(&self) -> Result<Window> {
+        let mut counts = Vec::new();
+        for item in self.counts.iter() {
+            let (k, per_cpu) = item.context("cannot read the COUNTS map")?;
+            let mut sum = Counters::default();
+            for c in per_cpu.iter() {
+                sum.add(c);
+            }
+            counts.push((k, sum));
+        }
+        let mut unplugs = Vec::new();
+        for item in self.unplugs.iter() {
+            let (k, per_cpu) = item.context("cannot read the UNPLUGS map")?;
+            unplugs.push((k, per_cpu.iter().sum::<u64>()));
+        }
+        let mut w = Window::from_kernel(counts, unplugs);
+        for k in 0..LOST_SLOTS {
+            if let Ok(per_cpu) = self.lost.get(&k, 0) {
+                let n: u64 = per_cpu.iter().sum();
+                if n > 0 {
+                    w.lost_by_kind.insert(k as u8, n);
+                }
+            }
+        }
+        Ok(w)
+    }
+
+    /// Events dropped since the last call, per kind (only kinds with new losses).
+    pub fn new_losses(&mut self) -> Vec<(u8, u64)> {
+        let mut out = Vec::new();
+        for k in 0..LOST_SLOTS {
+            let Ok(per_cpu) = self.lost.get(&k, 0) else {
+                continue;
+            };
+            let total: u64 = per_cpu.iter().sum();
+            let new = total.saturating_sub(self.lost_seen[k as usize]);
+            if new > 0 {
+                self.lost_seen[k as usize] = total;
+                out.push((k as u8, new));
+            }
+        }
+        out
+    }
+
+    /// Runs and kernel time of every loaded program so far (meaningful with `Options::stats`).
+    pub fn program_stats(&self) -> Vec<ProgramStat> {
+        let Some(ebpf) = &self.ebpf else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (name, prog) in ebpf.programs() {
+            let Ok(info) = prog.info() else { continue };
+            let runs = info.run_count();
+            let ns = info.run_time().as_nanos() as u64;
+            if runs > 0 {
+                out.push(ProgramStat {
+                    program: name.to_string(),
+                    runs,
+                    run_time_ns: ns,
+                    ns_per_run: ns as f64 / runs as f64,
+                });
+            }
+        }
+        out.sort_by(|a, b| b.run_time_ns.cmp(&a.run_time_ns));
+        out
+    }
+
+    /// Detaches and unloads every program. Maps stay readable (the ring can be drained).
+    pub fn detach(&mut self) {
+        self.ebpf.take();
+    }
+}
+
+/// Whether this kernel lets mergetrace attach fentry programs: loads the object as a counting
+/// run would and attaches [`hooks::fentry_probe`]'s program for an instant. `Ok(false)`: the
+/// kernel refused with EPERM (a policy such as lockdown or a BPF LSM — call this only with
+/// privileges, or EPERM means just that). `Err`: any other failure, with the errno and the
+/// verifier's first line.
+pub fn fentry_allowed(btf: &Btf) -> Result<bool, String> {
+    let (hook, p) = hooks::fentry_probe();
+    if !btf.has_function(hook.name) {
+        return Err(format!("{} is not in this kernel's BTF", hook.name));
+    }
+    let modes = Modes {
+        aggregate: 1,
+        emit: 0,
+    };
+    let refused = |e: &anyhow::Error| errno(e) == Some(libc::EPERM);
+    let mut loaded = match load_object(modes, MIN_RING_BYTES, &MeterUnits::default()) {
+        Ok(l) => l,
+        Err(e) if refused(&e) => return Ok(false),
+        Err(e) => return Err(format!("{e:#}")),
+    };
+    let f: &mut FEntry = program(&mut loaded.ebpf, p.name)
+        .and_then(|prog| Ok(prog.try_into()?))
+        .map_err(|e| format!("{e:#}"))?;
+    if let Err(e) = f.load(hook.name, &loaded.aya_btf) {
+        let e = anyhow::Error::from(e);
+        if refused(&e) {
+            return Ok(false);
+        }
+        return Err(format!(
+            "loading an fentry program on {}: {}",
+            hook.name,
+            probe_failure(&e)
+        ));
+    }
+    match f.attach() {
+        Ok(_) => Ok(true),
+        Err(e) => {
+            let e = anyhow::Error::from(e);
+            if refused(&e) {
+                return Ok(false);
+            }
+            Err(format!(
+                "attaching an fentry program to {}: {}",
+                hook.name,
+                probe_failure(&e)
+            ))
+        }
+    }
+}
+
+/// The errno somewhere in an error's causes.
+fn errno(e: &anyhow::Error) -> Option<i32> {
+    e.chain()
+        .find_map(|c| c.downcast_ref::<std::io::Error>())
+        .and_then(|io| io.raw_os_error())
+}
+
+/// "EINVAL", with the verifier's first line where it said something: "EACCES (R1 ...)".
+fn probe_failure(e: &anyhow::Error) -> String {
+    let name = match errno(e) {
+        Some(libc::EACCES) => "EACCES".to_string(),
+        Some(libc::EINVAL) => "EINVAL".to_string(),
+        Some(libc::ENOENT) => "ENOENT".to_string(),
+        Some(524) => "ENOTSUPP".to_string(),
+        Some(libc::EOPNOTSUPP) => "EOPNOTSUPP".to_string(),
+        Some(libc::ESRCH) => "ESRCH".to_string(),
+        Some(libc::E2BIG) => "E2BIG".to_string(),
+        _ => e.root_cause().to_string(),
+    };
+    let verifier = e
+        .chain()
+        .find_map(|c| match c.downcast_ref::<ProgramError>() {
+            Some(ProgramError::LoadError { verifier_log, .. }) => verifier_log
+                .to_string()
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .map(str::to_string),
+            _ => None,
+        });
+    match verifier {
+        Some(first) => format!("{name} ({first})"),
+        None => name,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fentry_probe_needs_the_target_in_btf() {
+        use crate::kernel::btf::tests::Builder;
+        let mut b = Builder::new();
+        b.int("int", 4);
+        let btf = Btf::parse(&b.build()).unwrap();
+        assert_eq!(
+            fentry_allowed(&btf),
+            Err("__blk_throtl_bio is not in this kernel's BTF".into())
+        );
+    }
+}
