@@ -1,8 +1,10 @@
-//! Ways to show snapshots: NDJSON, plain text tables, and a terminal UI.
+//! How results are shown: the terminal UI, text tables, NDJSON, the HTML report, the
+//! Prometheus exposition, the start-up banner, and exports for other tools.
 pub mod banner;
 pub mod export;
 pub mod html;
 pub mod json;
+pub mod prometheus;
 pub mod table;
 pub mod text;
 pub mod tui;

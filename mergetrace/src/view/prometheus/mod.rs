@@ -1,0 +1,475 @@
+//! The fleet view's model and its Prometheus exposition (`mergetrace serve`): counters per
+//! device, cgroup and direction, the throttle limits in force as gauges, and the request size
+//! and bios-per-request histograms, kept usable across scrapes by two rules:
+//!
+//! - **bounded cardinality**: the first `--max-cgroups` distinct cgroups seen with I/O keep
+//!   their own `cgroup` label for the life of the process; the rest are summed into
+//!   `cgroup="(other)"`. The choice is sticky, so a cgroup never moves between its own series
+//!   and `(other)` (which would make both go backwards);
+//! - **monotonic counters**: every counter series is the running maximum of what the kernel
+//!   counters gave. The kernel's own counters only grow, but a value can be derived (discard
+//!   merges are what is left after the traced paths) and dip while I/O is in flight; a dip
+//!   would look like a counter reset to Prometheus.
+//!   A series, once exported, stays exported.
+mod exposition;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use mergetrace_common::{
+    count::{COUNT_BUCKETS, SIZE_BUCKETS},
+    vocab, LOST_SLOTS,
+};
+use prometheus_client::{encoding::prometheus_text, registry::Registry};
+
+use crate::model::{
+    aggregate::Dir,
+    snapshot::{DirStats, Snapshot},
+};
+use exposition::Exposition;
+
+/// The `cgroup` label of everything beyond `--max-cgroups`.
+pub const OTHER: &str = "(other)";
+
+/// One series' labels.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeriesKey {
+    pub device: String,
+    pub cgroup: String,
+    pub direction: &'static str,
+}
+
+impl SeriesKey {
+    fn labels(&self) -> [(&'static str, &str); 3] {
+        [
+            ("device", self.device.as_str()),
+            ("cgroup", self.cgroup.as_str()),
+            ("direction", self.direction),
+        ]
+    }
+}
+
+/// The merge paths of `MergePaths`, in its order: the `path` label values.
+pub const MERGE_PATHS: [&str; 7] = vocab::MERGE_PATH_LABELS;
+
+/// Everything exported for one device, cgroup label and direction.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Row {
+    pub bios: u64,
+    pub bio_bytes: u64,
+    /// By path, in [`MERGE_PATHS`] order.
+    pub merged: [u64; 7],
+    pub requests: u64,
+    pub request_bytes: u64,
+    pub splits: u64,
+    pub flush_only: u64,
+    pub requeues: u64,
+    pub charged_ios: u64,
+    pub charged_bytes: u64,
+    pub throttled_bios: u64,
+    /// Total throttle delay; `None` while it cannot be known.
+    pub delay_ns: Option<u64>,
+    pub delay_estimated: bool,
+    /// Cloud meter unit size → units.
+    pub cloud: BTreeMap<u64, u64>,
+    /// Request size histogram, per bucket (not cumulative), bucket `i` = sizes ≤ 512 << i.
+    pub size_hist: [u64; SIZE_BUCKETS],
+    /// Bios per request histogram, per bucket, bucket `i` = 2^i ..= 2^(i+1)-1 bios.
+    pub bpr_hist: [u64; COUNT_BUCKETS],
+    /// Gauges: the limits in force (none for `(other)`).
+    pub limit_iops: Option<u64>,
+    pub limit_bps: Option<u64>,
+}
+
+/// Upper bounds of the request size buckets (the last is +Inf).
+pub fn size_bounds() -> [f64; SIZE_BUCKETS] {
+    let mut b = [f64::INFINITY; SIZE_BUCKETS];
+    for (i, v) in b.iter_mut().enumerate().take(SIZE_BUCKETS - 1) {
+        *v = (512u64 << i) as f64;
+    }
+    b
+}
+
+/// Upper bounds of the bios-per-request buckets (the last is +Inf).
+pub fn bpr_bounds() -> [f64; COUNT_BUCKETS] {
+    let mut b = [f64::INFINITY; COUNT_BUCKETS];
+    for (i, v) in b.iter_mut().enumerate().take(COUNT_BUCKETS - 1) {
+        *v = ((2u64 << i) - 1) as f64;
+    }
+    b
+}
+
+/// The bucket index of a snapshot histogram bound (`u64::MAX` = the last bucket).
+fn bucket_of(bound: u64, bounds: &[f64]) -> usize {
+    if bound == u64::MAX {
+        return bounds.len() - 1;
+    }
+    bounds
+        .iter()
+        .position(|b| *b == bound as f64)
+        .unwrap_or(bounds.len() - 1)
+}
+
+impl Row {
+    pub fn from_dir(st: &DirStats) -> Row {
+        let p = &st.merged_by_path;
+        let mut r = Row {
+            bios: st.bios,
+            bio_bytes: st.bytes,
+            merged: [
+                p.plug,
+                p.elevator_back,
+                p.elevator_front,
+                p.sw_queue,
+                p.discard,
+                p.request,
+                p.unknown,
+            ],
+            requests: st.requests,
+            request_bytes: st.request_bytes,
+            splits: st.splits,
+            flush_only: st.flush_only,
+            requeues: st.requeues,
+            charged_ios: st.charged_ios,
+            charged_bytes: st.charged_bytes,
+            throttled_bios: st.throttled.bios,
+            // Nothing waited: the delay is known to be 0, on either tier.
+            delay_ns: st
+                .throttled
+                .delay_ns_total
+                .or((st.throttled.bios == 0).then_some(0)),
+            delay_estimated: st.throttled.delay_estimated,
+            cloud: st
+                .meters
+                .cloud
+                .iter()
+                .map(|c| (c.unit_bytes, c.units))
+                .collect(),
+            limit_iops: None,
+            limit_bps: None,
+            ..Row::default()
+        };
+        let (sb, cb) = (size_bounds(), bpr_bounds());
+        for (bound, n) in &st.histograms.request_bytes {
+            r.size_hist[bucket_of(*bound, &sb)] += n;
+        }
+        for (bound, n) in &st.histograms.bios_per_request {
+            r.bpr_hist[bucket_of(*bound, &cb)] += n;
+        }
+        for (name, l) in &st.limits {
+            if name.ends_with("iops") {
+                r.limit_iops = Some(l.limit);
+            } else if name.ends_with("bps") {
+                r.limit_bps = Some(l.limit);
+            }
+        }
+        r
+    }
+
+    /// Sums `o` into `self` (rows folded under one label). Limits: the first one known.
+    pub fn add(&mut self, o: &Row) {
+        self.bios += o.bios;
+        self.bio_bytes += o.bio_bytes;
+        for (a, b) in self.merged.iter_mut().zip(o.merged) {
+            *a += b;
+        }
+        self.requests += o.requests;
+        self.request_bytes += o.request_bytes;
+        self.splits += o.splits;
+        self.flush_only += o.flush_only;
+        self.requeues += o.requeues;
+        self.charged_ios += o.charged_ios;
+        self.charged_bytes += o.charged_bytes;
+        self.throttled_bios += o.throttled_bios;
+        self.delay_ns = match (self.delay_ns, o.delay_ns) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
+        self.delay_estimated |= o.delay_estimated;
+        for (unit, n) in &o.cloud {
+            *self.cloud.entry(*unit).or_default() += n;
+        }
+        for (a, b) in self.size_hist.iter_mut().zip(o.size_hist) {
+            *a += b;
+        }
+        for (a, b) in self.bpr_hist.iter_mut().zip(o.bpr_hist) {
+            *a += b;
+        }
+        self.limit_iops = self.limit_iops.or(o.limit_iops);
+        self.limit_bps = self.limit_bps.or(o.limit_bps);
+    }
+
+    /// Takes the newer scrape `now`: every counter (and histogram bucket) becomes the maximum
+    /// of what was exported and what is counted now; the gauges are `now`'s.
+    pub fn raise_to(&mut self, now: &Row) {
+        let max = |a: &mut u64, b: u64| *a = (*a).max(b);
+        max(&mut self.bios, now.bios);
+        max(&mut self.bio_bytes, now.bio_bytes);
+        for (a, b) in self.merged.iter_mut().zip(now.merged) {
+            max(a, b);
+        }
+        max(&mut self.requests, now.requests);
+        max(&mut self.request_bytes, now.request_bytes);
+        max(&mut self.splits, now.splits);
+        max(&mut self.flush_only, now.flush_only);
+        max(&mut self.requeues, now.requeues);
+        max(&mut self.charged_ios, now.charged_ios);
+        max(&mut self.charged_bytes, now.charged_bytes);
+        max(&mut self.throttled_bios, now.throttled_bios);
+        self.delay_ns = match (self.delay_ns, now.delay_ns) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        self.delay_estimated = now.delay_estimated;
+        for (unit, n) in &now.cloud {
+            max(self.cloud.entry(*unit).or_default(), *n);
+        }
+        for (a, b) in self.size_hist.iter_mut().zip(now.size_hist) {
+            max(a, b);
+        }
+        for (a, b) in self.bpr_hist.iter_mut().zip(now.bpr_hist) {
+            max(a, b);
+        }
+        self.limit_iops = now.limit_iops;
+        self.limit_bps = now.limit_bps;
+    }
+}
+
+/// What every scrape shows: the series so far, the cgroup labels handed out, the losses.
+#[derive(Debug, Clone)]
+pub struct Model {
+    max_cgroups: usize,
+    /// Cgroup paths with a label of their own (sticky, at most `max_cgroups`).
+    admitted: BTreeSet<String>,
+    /// Cgroup paths summed into `(other)`.
+    folded: BTreeSet<String>,
+    pub rows: BTreeMap<SeriesKey, Row>,
+    /// Lost events by kind name, every kind (0 when none).
+    pub lost: BTreeMap<&'static str, u64>,
+    pub tier: String,
+}
+
+impl Model {
+    pub fn new(max_cgroups: usize, tier: &str) -> Model {
+        Model {
+            max_cgroups: max_cgroups.max(1),
+            admitted: BTreeSet::new(),
+            folded: BTreeSet::new(),
+            rows: BTreeMap::new(),
+            lost: (0..LOST_SLOTS)
+                .map(|k| (vocab::kind_name(k as u8), 0))
+                .collect(),
+            tier: tier.to_string(),
+        }
+    }
+
+    /// The label of cgroup `path`: its own while there is room or it already has one,
+    /// `(other)` otherwise.
+    pub fn cgroup_label(&mut self, path: &str) -> String {
+        if self.admitted.contains(path) {
+            return path.to_string();
+        }
+        if !self.folded.contains(path) && self.admitted.len() < self.max_cgroups {
+            self.admitted.insert(path.to_string());
+            return path.to_string();
+        }
+        self.folded.insert(path.to_string());
+        OTHER.to_string()
+    }
+
+    /// Cgroups summed into `(other)` so far.
+    pub fn folded_cgroups(&self) -> usize {
+        self.folded.len()
+    }
+
+    /// Takes a total snapshot (running totals since start).
+    pub fn update(&mut self, s: &Snapshot) {
+        let mut now: BTreeMap<SeriesKey, Row> = BTreeMap::new();
+        for d in &s.devices {
+            for cg in &d.cgroups {
+                if cg.dirs.is_empty() {
+                    continue;
+                }
+                let label = self.cgroup_label(&cg.cgroup);
+                for dir in Dir::ALL {
+                    let st = cg.dirs.get(dir);
+                    if st.is_empty() {
+                        continue;
+                    }
+                    let mut r = Row::from_dir(st);
+                    if label == OTHER {
+                        r.limit_iops = None;
+                        r.limit_bps = None;
+                    }
+                    now.entry(SeriesKey {
+                        device: d.device.clone(),
+                        cgroup: label.clone(),
+                        direction: dir.name(),
+                    })
+                    .or_default()
+                    .add(&r);
+                }
+            }
+        }
+        for (k, r) in now {
+            match self.rows.get_mut(&k) {
+                Some(old) => old.raise_to(&r),
+                None => {
+                    self.rows.insert(k, r);
+                }
+            }
+        }
+        for (k, n) in &s.lost_by_kind {
+            let e = self.lost.entry(k).or_default();
+            *e = (*e).max(*n);
+        }
+    }
+
+    /// The Prometheus text exposition (format 0.0.4) of the model.
+    pub fn render(&self) -> String {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(Exposition(self.clone())));
+        let mut out = String::new();
+        prometheus_text::encode(&mut out, &registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+    use crate::model::snapshot::{CgroupSnapshot, DeviceSnapshot, Directions, SnapshotKind};
+
+    pub fn write_stats(bios: u64, requests: u64) -> DirStats {
+        let mut st = DirStats {
+            bios,
+            bytes: bios * 4096,
+            merged: bios - requests,
+            requests,
+            request_bytes: bios * 4096,
+            ..Default::default()
+        };
+        st.merged_by_path.plug = bios - requests;
+        st
+    }
+
+    pub fn snapshot(rows: &[(&str, DirStats)]) -> Snapshot {
+        Snapshot {
+            kind: SnapshotKind::Total,
+            start_ns: 0,
+            end_ns: 1,
+            tier: "tracepoint".into(),
+            lost_events: 0,
+            lost_by_kind: BTreeMap::new(),
+            program_stats: Vec::new(),
+            devices: vec![DeviceSnapshot {
+                device: "loop3".into(),
+                major: 7,
+                minor: 3,
+                cgroups: rows
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (path, st))| CgroupSnapshot {
+                        cgroup: path.to_string(),
+                        cgroup_id: i as u64 + 10,
+                        gone: false,
+                        dirs: Directions {
+                            write: st.clone(),
+                            ..Default::default()
+                        },
+                    })
+                    .collect(),
+                total: Directions::default(),
+                unplug: Default::default(),
+            }],
+        }
+    }
+
+    pub fn parse(text: &str) -> prometheus_parse::Scrape {
+        prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap()
+    }
+
+    pub fn sample_lines<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
+        text.lines().filter(|l| l.starts_with(prefix)).collect()
+    }
+
+    #[test]
+    fn bucket_bounds() {
+        let s = size_bounds();
+        assert_eq!((s[0], s[14]), (512.0, 8.0 * 1048576.0));
+        assert!(s[15].is_infinite());
+        let c = bpr_bounds();
+        assert_eq!((c[0], c[1], c[10]), (1.0, 3.0, 2047.0));
+        assert!(c[11].is_infinite());
+        assert_eq!(bucket_of(u64::MAX, &s), 15);
+        assert_eq!(bucket_of(4096, &s), 3);
+        assert_eq!(bucket_of(63, &c), 5);
+    }
+
+    #[test]
+    fn folds_cgroups_beyond_the_limit_and_stays_monotonic() {
+        let mut m = Model::new(2, "tracepoint");
+        m.update(&snapshot(&[
+            ("/a", write_stats(10, 1)),
+            ("/b", write_stats(20, 2)),
+            ("/c", write_stats(30, 3)),
+            ("/d", write_stats(40, 4)),
+        ]));
+        let text = m.render();
+        assert!(text.contains(
+            "mergetrace_bios_total{device=\"loop3\",cgroup=\"/a\",direction=\"write\"} 10\n"
+        ));
+        assert!(text.contains(
+            "mergetrace_bios_total{device=\"loop3\",cgroup=\"/b\",direction=\"write\"} 20\n"
+        ));
+        assert!(text.contains("mergetrace_bios_total{device=\"loop3\",cgroup=\"(other)\",direction=\"write\"} 70\n"), "{text}");
+        assert!(!text.contains("cgroup=\"/c\""));
+        assert!(text.contains("mergetrace_cgroups_folded 2\n"));
+        // A new cgroup later sorts first, but the labels handed out stay: /aa goes to (other).
+        m.update(&snapshot(&[
+            ("/a", write_stats(11, 1)),
+            ("/aa", write_stats(5, 5)),
+            ("/b", write_stats(20, 2)),
+            ("/c", write_stats(30, 3)),
+            ("/d", write_stats(40, 4)),
+        ]));
+        let text = m.render();
+        assert!(text.contains(
+            "mergetrace_bios_total{device=\"loop3\",cgroup=\"/a\",direction=\"write\"} 11\n"
+        ));
+        assert!(text.contains("mergetrace_bios_total{device=\"loop3\",cgroup=\"(other)\",direction=\"write\"} 75\n"), "{text}");
+        assert!(text.contains("mergetrace_cgroups_folded 3\n"));
+        let labels: BTreeSet<&str> = m.rows.keys().map(|k| k.cgroup.as_str()).collect();
+        assert_eq!(labels, BTreeSet::from(["/a", "/b", OTHER]));
+        // A derived value that dips (a requeue) never makes the counter go back.
+        m.update(&snapshot(&[("/a", write_stats(11, 0))]));
+        let k = SeriesKey {
+            device: "loop3".into(),
+            cgroup: "/a".into(),
+            direction: "write",
+        };
+        assert_eq!(m.rows[&k].requests, 1);
+        assert_eq!(m.rows[&k].bios, 11);
+        // (other) keeps its series even when nothing folded shows up in a scrape
+        assert!(m.render().contains("cgroup=\"(other)\""));
+    }
+
+    #[test]
+    fn delay_is_zero_when_nothing_waited_and_absent_when_unknown() {
+        let mut waited = write_stats(4, 4);
+        waited.throttled.bios = 2; // no limit known: no estimate
+        waited.throttled.delay_estimated = true;
+        let mut m = Model::new(10, "tracepoint");
+        m.update(&snapshot(&[("/a", write_stats(4, 4)), ("/b", waited)]));
+        let text = m.render();
+        assert!(text.contains("mergetrace_throttle_delay_seconds_total{device=\"loop3\",cgroup=\"/a\",direction=\"write\"} 0.0\n"), "{text}");
+        assert!(
+            !text
+                .contains("mergetrace_throttle_delay_seconds_total{device=\"loop3\",cgroup=\"/b\""),
+            "{text}"
+        );
+        assert!(
+            !text.contains("mergetrace_throttle_delay_estimated{device=\"loop3\",cgroup=\"/b\""),
+            "{text}"
+        );
+    }
+}
