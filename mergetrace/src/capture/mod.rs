@@ -4,12 +4,13 @@
 //! A file is a preamble (magic + format version), a JSON header chunk, then events chunks and
 //! lost-event chunks in stream order, then an end chunk on a clean close. Every chunk is
 //! checksummed and decodes on its own. The byte layout and the compatibility rules are in
-//! docs/capture-format.md; [`format`] is the code of it.
+//! docs/capture-format.md; [`format`] (framing) and [`codec`] (events) are the code of it.
 //!
 //! - [`CaptureWriter`]: `create` → `write_events` / `write_lost` → `finish`.
 //! - [`CaptureReader`]: `open` → records (iterator, or `next_into` to reuse a buffer);
 //!   [`read_all`] for a whole file.
 //! - [`HeaderLookup`]: a capture header as the snapshot's [`crate::model::snapshot::Lookup`].
+pub mod codec;
 pub mod format;
 mod header;
 mod lookup;

@@ -11,10 +11,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use mergetrace_common::{flags, kind, Event};
 
 use super::{
-    format::{
-        self, chunk, ChunkHeader, EventDecoder, CHUNK_HEADER_LEN, FORMAT_VERSION, MAGIC,
-        PREAMBLE_LEN,
-    },
+    codec::EventDecoder,
+    format::{self, chunk, ChunkHeader, CHUNK_HEADER_LEN, FORMAT_VERSION, MAGIC, PREAMBLE_LEN},
     header::{Header, Trailer},
     Record,
 };

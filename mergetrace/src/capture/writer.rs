@@ -12,10 +12,12 @@ use std::{
 };
 
 use anyhow::{anyhow, bail, Context, Result};
+use bytes::{BufMut, Bytes, BytesMut};
 use mergetrace_common::Event;
 
 use super::{
-    format::{self, chunk, ChunkHeader, EventEncoder, CHUNK_HEADER_LEN, FORMAT_VERSION},
+    codec::EventEncoder,
+    format::{self, chunk, ChunkHeader, CHUNK_HEADER_LEN, FORMAT_VERSION, PREAMBLE_LEN},
     header::{Header, LateCgroups, Trailer},
 };
 
@@ -85,8 +87,9 @@ pub struct CaptureWriter<W: CaptureSink = File> {
     path: PathBuf,
     chunk_events: u32,
     encoder: EventEncoder,
-    /// The events chunk being built: header placeholder + payload.
-    buf: Vec<u8>,
+    /// The events chunk being built: header placeholder + payload. Each full chunk is split
+    /// off as `Bytes` and written; its memory is reused for the next one.
+    buf: BytesMut,
     /// Lost entries not yet written (flushed before the next events).
     lost: Vec<(u8, u64)>,
     /// Bytes written so far (the file offset of the next chunk).
@@ -168,20 +171,30 @@ impl<W: CaptureSink> CaptureWriter<W> {
         }
         let mut header = header.clone();
         header.format_version = FORMAT_VERSION;
-        let json = serde_json::to_vec(&header).context("cannot encode the capture header")?;
-        if json.len() > format::MAX_PAYLOAD as usize {
+        let mut first = BytesMut::new();
+        first.put_slice(&format::preamble(FORMAT_VERSION));
+        first.put_bytes(0, CHUNK_HEADER_LEN);
+        serde_json::to_writer((&mut first).writer(), &header)
+            .context("cannot encode the capture header")?;
+        let json_len = first.len() - PREAMBLE_LEN - CHUNK_HEADER_LEN;
+        if json_len > format::MAX_PAYLOAD as usize {
             bail!(
-                "{}: capture header too large ({} bytes)",
+                "{}: capture header too large ({json_len} bytes)",
                 path.display(),
-                json.len()
             );
         }
+        seal(
+            &mut first[PREAMBLE_LEN..],
+            chunk::HEADER,
+            0,
+            header.start_monotonic_ns,
+        );
         let mut w = CaptureWriter {
             sink,
             path,
             chunk_events: opts.chunk_events,
             encoder: EventEncoder::default(),
-            buf: vec![0; CHUNK_HEADER_LEN],
+            buf: chunk_buf(),
             lost: Vec::new(),
             offset: 0,
             events: 0,
@@ -192,16 +205,7 @@ impl<W: CaptureSink> CaptureWriter<W> {
             failed: None,
             finished: false,
         };
-        let mut first = format::preamble(FORMAT_VERSION).to_vec();
-        first.extend_from_slice(&[0; CHUNK_HEADER_LEN]);
-        first.extend_from_slice(&json);
-        seal(
-            &mut first[format::PREAMBLE_LEN..],
-            chunk::HEADER,
-            0,
-            header.start_monotonic_ns,
-        );
-        w.write_bytes(&first, "the header")?;
+        w.write_bytes(&first.freeze(), "the header")?;
         w.sink_flush()?;
         Ok(w)
     }
@@ -251,12 +255,8 @@ impl<W: CaptureSink> CaptureWriter<W> {
             return Ok(());
         }
         self.write_pending()?;
-        let mut buf = vec![0; CHUNK_HEADER_LEN];
-        buf.extend_from_slice(
-            &serde_json::to_vec(late).context("cannot encode the cgroups chunk")?,
-        );
-        seal(&mut buf, chunk::CGROUPS, 0, 0);
-        self.write_bytes(&buf, "cgroup names")
+        let chunk = json_chunk(chunk::CGROUPS, late).context("cannot encode the cgroups chunk")?;
+        self.write_bytes(&chunk, "cgroup names")
     }
 
     /// Writes what is buffered (as a possibly short chunk) and flushes the sink.
@@ -278,12 +278,8 @@ impl<W: CaptureSink> CaptureWriter<W> {
             max_ts_ns: self.max_ts,
             end_monotonic_ns: crate::kernel::monotonic_ns(),
         };
-        let mut buf = vec![0; CHUNK_HEADER_LEN];
-        buf.extend_from_slice(
-            &serde_json::to_vec(&trailer).context("cannot encode the end chunk")?,
-        );
-        seal(&mut buf, chunk::END, 0, 0);
-        self.write_bytes(&buf, "the end chunk")?;
+        let chunk = json_chunk(chunk::END, &trailer).context("cannot encode the end chunk")?;
+        self.write_bytes(&chunk, "the end chunk")?;
         self.sink_flush()?;
         let path = self.path.clone();
         self.sink
@@ -325,17 +321,20 @@ impl<W: CaptureSink> CaptureWriter<W> {
     fn write_events_chunk(&mut self) -> Result<()> {
         let count = self.encoder.count();
         seal(&mut self.buf, chunk::EVENTS, count, self.encoder.base_ts());
-        let buf = std::mem::take(&mut self.buf);
-        let r = self.write_bytes(&buf, "events");
-        self.buf = buf;
-        self.buf.truncate(CHUNK_HEADER_LEN);
+        let chunk: Bytes = self.buf.split().freeze();
+        let r = self.write_bytes(&chunk, "events");
+        // With the chunk gone, `buf` is its memory's only owner again: reserve reuses it.
+        let len = chunk.len();
+        drop(chunk);
+        self.buf.reserve(len);
+        self.buf.put_bytes(0, CHUNK_HEADER_LEN);
         self.encoder.reset();
         self.chunks += 1;
         r
     }
 
     fn write_lost_chunk(&mut self) -> Result<()> {
-        let mut buf = vec![0; CHUNK_HEADER_LEN];
+        let mut buf = chunk_buf();
         format::encode_lost(&self.lost, &mut buf);
         seal(&mut buf, chunk::LOST, self.lost.len() as u32, 0);
         self.lost.clear();
@@ -377,6 +376,21 @@ impl<W: CaptureSink> Drop for CaptureWriter<W> {
             let _ = self.sink.flush();
         }
     }
+}
+
+/// An empty chunk: room for its header.
+fn chunk_buf() -> BytesMut {
+    let mut buf = BytesMut::with_capacity(CHUNK_HEADER_LEN);
+    buf.put_bytes(0, CHUNK_HEADER_LEN);
+    buf
+}
+
+/// A sealed chunk of `kind` whose payload is `value` as JSON.
+fn json_chunk(kind: u8, value: &impl serde::Serialize) -> serde_json::Result<Bytes> {
+    let mut buf = chunk_buf();
+    serde_json::to_writer((&mut buf).writer(), value)?;
+    seal(&mut buf, kind, 0, 0);
+    Ok(buf.freeze())
 }
 
 /// Fills in the chunk header at the start of `buf` (payload after it).
