@@ -1,6 +1,7 @@
-//! What the command line shares: the flags several commands take ([`args`]) and how an error
-//! is told in one line.
+//! What the command line shares: the flags several commands take ([`args`]), what ends a run
+//! ([`stop`]), and how an error is told in one line.
 pub mod args;
+pub mod stop;
 
 /// The error and its causes on one line. Verifier logs and other multi-line causes keep only
 /// their first line (set RUST_LOG=debug for the whole chain).

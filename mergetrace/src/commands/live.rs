@@ -1,22 +1,25 @@
 //! The live run: attach with in-kernel counting, read the counters every interval, show, stop
 //! cleanly, show the whole run. No event crosses to user space here: the programs count in
 //! per-CPU maps with the same rule the offline aggregator uses.
-use std::{io::IsTerminal, sync::Arc};
+use std::{io::IsTerminal, sync::Arc, time::Duration};
 
 use anyhow::Result;
 use clap::Args;
 use mergetrace_common::Modes;
-use tokio::{
-    signal::unix::{signal, SignalKind},
-    sync::Notify,
-};
+use tokio::sync::Notify;
 
 use crate::{
-    cli::args::{RunArgs, SubtreeArg, TraceArgs},
+    cli::{
+        args::{RunArgs, SubtreeArg, TraceArgs},
+        stop::Stop,
+    },
     kernel::{self, monotonic_ns},
     model::aggregate::{self, Window},
     model::snapshot::{self, SnapshotKind},
-    sys::{cgroups::Cgroups, device},
+    sys::{
+        cgroups::Cgroups,
+        device::{self, Device},
+    },
     view::{banner, json::JsonView, text::TextView, tui::TuiView, View},
 };
 
@@ -41,11 +44,9 @@ pub struct LiveArgs {
 }
 
 pub async fn run(args: LiveArgs) -> Result<()> {
-    // Before anything is attached: a signal during start-up must stop the run cleanly too.
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut stop = Stop::on_signals()?;
     let devices = device::resolve_all(&args.trace.devices)?;
-    let mut cgroups = Cgroups::discover()?;
+    let cgroups = Cgroups::discover()?;
     let subtree = args
         .subtree
         .cgroup
@@ -73,85 +74,122 @@ pub async fn run(args: LiveArgs) -> Result<()> {
     for line in &banner {
         eprintln!("mergetrace: {line}");
     }
-
-    let stop = Arc::new(Notify::new());
-    let mut view: Box<dyn View> = if args.json {
-        Box::new(JsonView::new(std::io::stdout()))
-    } else if !args.text && std::io::stdout().is_terminal() {
-        let stop = stop.clone();
-        Box::new(TuiView::new(banner.clone(), move || stop.notify_one())?)
-    } else {
-        Box::new(TextView::new(std::io::stdout()))
-    };
+    let quit = Arc::new(Notify::new());
+    let mut view = view_for(&args, banner, &quit)?;
     let opts = snapshot::Options {
         tier: tier.kind.name(),
         fentry: tier.kind == kernel::TierKind::Fentry,
         meter_units: &meter_units,
         subtree: subtree.as_deref(),
     };
-
-    let deadline = args.run.duration.map(|d| tokio::time::Instant::now() + d);
-    let mut ticker = tokio::time::interval(args.run.interval);
-    ticker.tick().await; // the first tick is immediate
-    let mut previous = Window {
-        start_ns: start,
-        end_ns: start,
-        ..Window::default()
+    stop.after(args.run.duration);
+    let mut live = Live {
+        session,
+        devices,
+        cgroups,
+        start,
     };
-    loop {
-        let until_deadline = async {
-            match deadline {
-                Some(d) => tokio::time::sleep_until(d).await,
-                None => std::future::pending().await,
-            }
+    live.intervals(&mut *view, &opts, args.run.interval, &mut stop, &quit)
+        .await?;
+    live.finish(&mut *view, &opts, args.stats)
+}
+
+/// NDJSON with --json, the terminal UI on a terminal (its q, Esc and Ctrl-C notify `quit`),
+/// text otherwise.
+fn view_for(args: &LiveArgs, banner: Vec<String>, quit: &Arc<Notify>) -> Result<Box<dyn View>> {
+    Ok(if args.json {
+        Box::new(JsonView::new(std::io::stdout()))
+    } else if !args.text && std::io::stdout().is_terminal() {
+        let quit = quit.clone();
+        Box::new(TuiView::new(banner, move || quit.notify_one())?)
+    } else {
+        Box::new(TextView::new(std::io::stdout()))
+    })
+}
+
+/// A run being traced: what is traced and since when.
+struct Live {
+    session: kernel::Session,
+    devices: Vec<Device>,
+    cgroups: Cgroups,
+    start: u64,
+}
+
+impl Live {
+    /// The in-kernel counters so far, over the run.
+    fn totals(&self) -> Result<Window> {
+        let mut now = self.session.read_totals()?;
+        now.start_ns = self.start;
+        now.end_ns = monotonic_ns();
+        Ok(now)
+    }
+
+    /// Shows each interval until the run is stopped.
+    async fn intervals(
+        &mut self,
+        view: &mut dyn View,
+        opts: &snapshot::Options<'_>,
+        every: Duration,
+        stop: &mut Stop,
+        quit: &Notify,
+    ) -> Result<()> {
+        let mut ticker = tokio::time::interval(every);
+        ticker.tick().await; // the first tick is immediate
+        let mut previous = Window {
+            start_ns: self.start,
+            end_ns: self.start,
+            ..Window::default()
         };
-        tokio::select! {
-            _ = ticker.tick() => {
-                let mut now = session.read_totals()?;
-                now.start_ns = start;
-                now.end_ns = monotonic_ns();
-                let interval = now.since(&previous);
-                previous = now;
-                let s = snapshot::build(&interval, SnapshotKind::Interval, &devices, &mut cgroups, &opts);
-                view.interval(&s)?;
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {
+                    let now = self.totals()?;
+                    let interval = now.since(&previous);
+                    previous = now;
+                    let s = snapshot::build(&interval, SnapshotKind::Interval, &self.devices, &mut self.cgroups, opts);
+                    view.interval(&s)?;
+                }
+                _ = stop.wait() => return Ok(()),
+                _ = quit.notified() => return Ok(()),
             }
-            _ = sigint.recv() => break,
-            _ = sigterm.recv() => break,
-            _ = stop.notified() => break,
-            _ = until_deadline => break,
         }
     }
 
-    // Detach first so the counters stop moving, then read them one last time.
-    let mut session = session;
-    let program_stats = if args.stats {
-        session.program_stats()
-    } else {
-        Vec::new()
-    };
-    session.detach();
-    let mut total = session.read_totals()?;
-    total.start_ns = start;
-    total.end_ns = monotonic_ns();
-    let mut s = snapshot::build(&total, SnapshotKind::Total, &devices, &mut cgroups, &opts);
-    s.program_stats = program_stats;
-    view.total(&s)?;
-    for p in &s.program_stats {
-        eprintln!(
-            "mergetrace: stats: {:<24} {:>12} runs {:>8.0} ns/run",
-            p.program, p.runs, p.ns_per_run
+    /// Detaches first so the counters stop moving, then shows the whole run.
+    fn finish(mut self, view: &mut dyn View, opts: &snapshot::Options, stats: bool) -> Result<()> {
+        let program_stats = if stats {
+            self.session.program_stats()
+        } else {
+            Vec::new()
+        };
+        self.session.detach();
+        let total = self.totals()?;
+        let mut s = snapshot::build(
+            &total,
+            SnapshotKind::Total,
+            &self.devices,
+            &mut self.cgroups,
+            opts,
         );
+        s.program_stats = program_stats;
+        view.total(&s)?;
+        for p in &s.program_stats {
+            eprintln!(
+                "mergetrace: stats: {:<24} {:>12} runs {:>8.0} ns/run",
+                p.program, p.runs, p.ns_per_run
+            );
+        }
+        if s.lost_events > 0 {
+            eprintln!(
+                "mergetrace: warning: {} events could not be counted ({}): the counts are low",
+                s.lost_events,
+                s.lost_by_kind
+                    .keys()
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        Ok(())
     }
-    if s.lost_events > 0 {
-        eprintln!(
-            "mergetrace: warning: {} events could not be counted ({}): the counts are low",
-            s.lost_events,
-            s.lost_by_kind
-                .keys()
-                .copied()
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-    }
-    Ok(())
 }

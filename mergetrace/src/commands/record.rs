@@ -10,17 +10,17 @@ use std::{
 use anyhow::{Context, Result};
 use clap::Args;
 use mergetrace_common::Modes;
-use tokio::{
-    signal::unix::{signal, SignalKind},
-    sync::watch,
-};
+use tokio::sync::watch;
 
 use crate::{
     capture::{
         CaptureWriter, Header, LateCgroups, RecordedCgroup, RecordedDevice, RecordedLimits,
         WriterOptions,
     },
-    cli::args::{RunArgs, TraceArgs, RING_MIB_MAX},
+    cli::{
+        args::{RunArgs, TraceArgs, RING_MIB_MAX},
+        stop::Stop,
+    },
     kernel::{self, collector},
     model::aggregate,
     model::limits,
@@ -195,8 +195,7 @@ impl Recording {
 }
 
 pub async fn run(args: RecordArgs) -> Result<()> {
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut stop = Stop::on_signals()?;
     let devices = device::resolve_all(&args.trace.devices)?;
     let mut cgroups = Cgroups::discover()?;
     // Fail on an unwritable or existing output before attaching anything.
@@ -244,16 +243,10 @@ pub async fn run(args: RecordArgs) -> Result<()> {
             shared.lock().expect("recording lock").write(batch)
         }))
     };
-    let deadline = args.run.duration.map(|d| tokio::time::Instant::now() + d);
+    stop.after(args.run.duration);
     let mut ticker = tokio::time::interval(args.run.interval);
     ticker.tick().await;
     loop {
-        let until_deadline = async {
-            match deadline {
-                Some(d) => tokio::time::sleep_until(d).await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
             _ = ticker.tick() => {
                 let mut rec = shared.lock().expect("recording lock");
@@ -262,9 +255,7 @@ pub async fn run(args: RecordArgs) -> Result<()> {
                     break;
                 }
             }
-            _ = sigint.recv() => break,
-            _ = sigterm.recv() => break,
-            _ = until_deadline => break,
+            _ = stop.wait() => break,
         }
     }
     // Detach, let the collector drain the ring, record the last losses.
@@ -276,32 +267,39 @@ pub async fn run(args: RecordArgs) -> Result<()> {
         .into_inner()
         .expect("recording lock");
     rec.interval(session.new_losses(), &mut cgroups, &devices);
-    let Recording {
-        writer, failure, ..
-    } = rec;
-    if let Some(e) = failure {
-        // What reached the disk stays readable up to its last complete chunk.
-        drop(writer);
-        return Err(e.context(format!(
-            "recording stopped; {} is readable up to the last complete chunk",
-            args.output.display()
-        )));
-    }
-    let summary = writer.finish()?;
-    eprintln!(
-        "mergetrace: wrote {} events ({} lost) in {} bytes to {} ({:.1} bytes/event)",
-        summary.events,
-        summary.lost,
-        summary.bytes,
-        summary.path.display(),
-        summary.bytes as f64 / summary.events.max(1) as f64
-    );
-    if summary.lost > 0 {
+    rec.finish(&args)
+}
+
+impl Recording {
+    /// Closes the capture and says what it holds, or why it stopped early.
+    fn finish(self, args: &RecordArgs) -> Result<()> {
+        let Recording {
+            writer, failure, ..
+        } = self;
+        if let Some(e) = failure {
+            // What reached the disk stays readable up to its last complete chunk.
+            drop(writer);
+            return Err(e.context(format!(
+                "recording stopped; {} is readable up to the last complete chunk",
+                args.output.display()
+            )));
+        }
+        let summary = writer.finish()?;
         eprintln!(
-            "mergetrace: warning: {} events were lost (ring buffer full); try --ring-mib {}",
+            "mergetrace: wrote {} events ({} lost) in {} bytes to {} ({:.1} bytes/event)",
+            summary.events,
             summary.lost,
-            (args.run.ring_mib * 4).min(RING_MIB_MAX)
+            summary.bytes,
+            summary.path.display(),
+            summary.bytes as f64 / summary.events.max(1) as f64
         );
+        if summary.lost > 0 {
+            eprintln!(
+                "mergetrace: warning: {} events were lost (ring buffer full); try --ring-mib {}",
+                summary.lost,
+                (args.run.ring_mib * 4).min(RING_MIB_MAX)
+            );
+        }
+        Ok(())
     }
-    Ok(())
 }

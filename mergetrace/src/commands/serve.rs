@@ -18,10 +18,12 @@ use axum::{
 };
 use mergetrace_common::Modes;
 use prometheus_client::encoding::prometheus_text;
-use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
-    cli::args::{SubtreeArg, TraceArgs},
+    cli::{
+        args::{SubtreeArg, TraceArgs},
+        stop::Stop,
+    },
     kernel::{self, monotonic_ns},
     model::{
         aggregate,
@@ -157,10 +159,9 @@ pub fn exposure_warning(addr: &SocketAddr) -> Option<String> {
 }
 
 pub async fn run(args: ServeArgs) -> Result<()> {
-    // Before anything is attached: a signal during start-up must stop the server cleanly too
-    // (it is then served for no time, and the programs are detached as usual).
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
+    // A signal during start-up stops the server cleanly too: it is then served for no time,
+    // and the programs are detached as usual.
+    let mut stop = Stop::on_signals()?;
     let devices = device::resolve_all(&args.trace.devices)?;
     let cgroups = Cgroups::discover()?;
     let subtree = args
@@ -217,10 +218,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     let shutdown = {
         let stopping = stopping.clone();
         async move {
-            tokio::select! {
-                _ = sigint.recv() => {}
-                _ = sigterm.recv() => {}
-            }
+            stop.wait().await;
             stopping.notify_one();
         }
     };

@@ -1,68 +1,41 @@
-//! `mergetrace demo`: the article's lab, built in. A loop device on a file in /dev/shm, the
-//! built-in O_DIRECT workload, mergetrace's own probes, and the article's tables — each number
-//! checked against /proc/diskstats (and blk-throttle's counter for the throttled arms).
+//! The demo's lab: a scratch loop device and a throttled cgroup it creates and removes, the
+//! workload run in a child process, and each arm's counts next to the kernel's.
 use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    sync::atomic::{AtomicBool, Ordering},
+    sync::atomic::Ordering,
     time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context, Result};
-use clap::Args;
-
 use mergetrace_common::Modes;
 
+use super::{check_interrupted, INTERRUPTED};
 use crate::{
-    fmt,
     kernel::{self, Session, TierChoice},
     model::aggregate::{self, Counts, Dir, Key},
-    model::limits::{Effective, Limit},
-    model::meter,
-    sys::cgroups::{Cgroups, Hierarchy},
-    sys::device::{self, Device},
-    sys::diskstats::DiskStats,
+    sys::{
+        cgroups::{Cgroups, Hierarchy},
+        device::{self, Device},
+        diskstats::DiskStats,
+    },
 };
 
-#[derive(Args, Debug, Clone)]
-pub struct DemoArgs {
-    /// A smaller set that runs in well under a minute.
-    #[arg(long)]
-    pub quick: bool,
-    /// Probes to use (auto: fentry where allowed).
-    #[arg(long, value_enum, default_value = "auto")]
-    pub tier: TierChoice,
-}
-
-/// Set by SIGINT/SIGTERM: the demo stops between steps and cleans up.
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
-}
-
-fn check_interrupted() -> Result<()> {
-    if INTERRUPTED.load(Ordering::SeqCst) {
-        bail!("interrupted");
-    }
-    Ok(())
-}
-
 /// A loop device over a sparse file in /dev/shm; detached and deleted on drop.
-struct ScratchDisk {
-    backing: PathBuf,
-    dev: Device,
-    path: PathBuf,
+pub(super) struct ScratchDisk {
+    pub(super) backing: PathBuf,
+    pub(super) dev: Device,
+    pub(super) path: PathBuf,
     /// Queue settings the loop device had (a reused one keeps an earlier user's): put back
     /// before it is detached.
-    saved: Vec<(&'static str, String)>,
+    pub(super) saved: Vec<(&'static str, String)>,
 }
 
 /// The queue settings the demo changes.
 const QUEUE_ATTRS: [&str; 3] = ["scheduler", "nomerges", "max_sectors_kb"];
 
 impl ScratchDisk {
-    fn new(bytes: u64) -> Result<ScratchDisk> {
+    pub(super) fn new(bytes: u64) -> Result<ScratchDisk> {
         let backing = PathBuf::from(format!(
             "/dev/shm/mergetrace-demo-{}.img",
             std::process::id()
@@ -139,7 +112,7 @@ impl ScratchDisk {
         })
     }
 
-    fn queue(&self, attr: &str, value: &str) -> Result<()> {
+    pub(super) fn queue(&self, attr: &str, value: &str) -> Result<()> {
         let p = self.queue_file(attr);
         std::fs::write(&p, value)
             .with_context(|| format!("cannot write {value} to {}", p.display()))
@@ -157,14 +130,14 @@ impl Drop for ScratchDisk {
 }
 
 /// A cgroup of the demo's own with a write-iops limit on the scratch disk; removed on drop.
-struct LimitedCgroup {
-    dir: PathBuf,
-    rel: String,
-    hierarchy: Hierarchy,
+pub(super) struct LimitedCgroup {
+    pub(super) dir: PathBuf,
+    pub(super) rel: String,
+    pub(super) hierarchy: Hierarchy,
 }
 
 impl LimitedCgroup {
-    fn new(cg: &Cgroups, dev: &Device, wiops: u64) -> Result<LimitedCgroup> {
+    pub(super) fn new(cg: &Cgroups, dev: &Device, wiops: u64) -> Result<LimitedCgroup> {
         let rel = format!("/mergetrace-demo-{}", std::process::id());
         let dir = cg.mount.join(rel.trim_start_matches('/'));
         std::fs::create_dir(&dir)
@@ -221,18 +194,18 @@ impl Drop for LimitedCgroup {
 }
 
 /// One run of the workload, as mergetrace and the kernel counted it.
-struct Arm {
-    label: String,
-    ios: u64,
-    counts: Counts,
-    disk: DiskStats,
-    secs: f64,
+pub(super) struct Arm {
+    pub(super) label: String,
+    pub(super) ios: u64,
+    pub(super) counts: Counts,
+    pub(super) disk: DiskStats,
+    pub(super) secs: f64,
     /// Throttled arms: blk-throttle's own count of write bios (io_serviced / io.stat).
-    kernel_charged: Option<u64>,
+    pub(super) kernel_charged: Option<u64>,
 }
 
 impl Arm {
-    fn avg_request_kib(&self) -> f64 {
+    pub(super) fn avg_request_kib(&self) -> f64 {
         let r = self.counts.requests();
         if r == 0 {
             0.0
@@ -242,7 +215,7 @@ impl Arm {
     }
 
     /// Mismatches between mergetrace and the kernel's counters, as sentences.
-    fn mismatches(&self) -> Vec<String> {
+    pub(super) fn mismatches(&self) -> Vec<String> {
         let c = &self.counts;
         let mut out = Vec::new();
         let mut cmp = |what: &str, ours: u64, kernel: u64| {
@@ -268,16 +241,47 @@ impl Arm {
     }
 }
 
-struct Lab {
-    session: Session,
-    disk: ScratchDisk,
-    exe: PathBuf,
+pub(super) struct Lab {
+    pub(super) session: Session,
+    pub(super) disk: ScratchDisk,
+    pub(super) exe: PathBuf,
 }
 
 impl Lab {
+    /// A scratch disk of `bytes`, traced with in-kernel counting on `tier`.
+    pub(super) fn start(bytes: u64, tier: TierChoice) -> Result<Lab> {
+        let disk = ScratchDisk::new(bytes)?;
+        eprintln!(
+            "mergetrace demo: scratch disk {} ({}:{}) on {}",
+            disk.dev.name,
+            disk.dev.major,
+            disk.dev.minor,
+            disk.backing.display()
+        );
+        let session = Session::start(
+            std::slice::from_ref(&disk.dev),
+            &kernel::Options {
+                ring_bytes: 4096,
+                tier,
+                modes: Modes {
+                    aggregate: 1,
+                    emit: 0,
+                },
+                meter_units: aggregate::meter_units(&aggregate::DEFAULT_METER_UNITS),
+                stats: false,
+            },
+        )?;
+        eprintln!("mergetrace demo: tracing on the {}", session.tier);
+        Ok(Lab {
+            session,
+            disk,
+            exe: std::env::current_exe()?,
+        })
+    }
+
     /// Runs the workload in a child process (in `cgroup` if given); the in-kernel counters
     /// before and after it tell what it did.
-    fn run(
+    pub(super) fn run(
         &mut self,
         label: &str,
         ios: u64,
@@ -352,207 +356,4 @@ impl Lab {
             kernel_charged,
         })
     }
-}
-
-fn check_mark(arm: &Arm) -> &'static str {
-    if arm.mismatches().is_empty() {
-        "="
-    } else {
-        "≠"
-    }
-}
-
-pub fn run(args: &DemoArgs) -> Result<()> {
-    kernel::check_privileges()?;
-    // SAFETY: installing a handler that only stores to an atomic.
-    unsafe {
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
-    }
-    let (ios, throttle_secs) = if args.quick {
-        (16_384u64, 3u64)
-    } else {
-        (65_536, 10)
-    };
-    let mib = ios * 4096 >> 20;
-    let disk = ScratchDisk::new((mib + 16) << 20)?;
-    eprintln!(
-        "mergetrace demo: scratch disk {} ({}:{}) on {}",
-        disk.dev.name,
-        disk.dev.major,
-        disk.dev.minor,
-        disk.backing.display()
-    );
-    let session = Session::start(
-        std::slice::from_ref(&disk.dev),
-        &kernel::Options {
-            ring_bytes: 4096,
-            tier: args.tier,
-            modes: Modes {
-                aggregate: 1,
-                emit: 0,
-            },
-            meter_units: aggregate::meter_units(&aggregate::DEFAULT_METER_UNITS),
-            stats: false,
-        },
-    )?;
-    eprintln!("mergetrace demo: tracing on the {}", session.tier);
-    let tier = session.tier.clone();
-    let mut lab = Lab {
-        session,
-        disk,
-        exe: std::env::current_exe()?,
-    };
-    let mut all: Vec<Arm> = Vec::new();
-
-    // Table 1: the three levels of nomerges, batched and one at a time.
-    lab.disk.queue("scheduler", "mq-deadline")?;
-    let mut table1 = Vec::new();
-    for (nomerges, batch) in [(0, 32), (1, 32), (2, 32), (0, 1)] {
-        lab.disk.queue("nomerges", &nomerges.to_string())?;
-        let how = if batch == 1 {
-            "one at a time (1)".to_string()
-        } else {
-            format!("batched ({batch})")
-        };
-        table1.push(lab.run(&format!("nomerges={nomerges}, {how}"), ios, batch, None)?);
-    }
-    lab.disk.queue("nomerges", "0")?;
-
-    // Table 2: the submission batch is the lever.
-    let batches: &[usize] = if args.quick {
-        &[1, 32, 128]
-    } else {
-        &[1, 8, 32, 64, 128, 256]
-    };
-    let mut table2 = Vec::new();
-    for &b in batches {
-        table2.push(lab.run(&format!("batch {b}"), ios, b, None)?);
-    }
-
-    // Table 3: under an IOPS limit, merging buys nothing.
-    let cgroups = Cgroups::discover()?;
-    let wiops = 2000u64;
-    let limited = LimitedCgroup::new(&cgroups, &lab.disk.dev, wiops)?;
-    let mut table3 = Vec::new();
-    for (nomerges, label) in [
-        (0, "nomerges=0 (merging on)"),
-        (2, "nomerges=2 (merging off)"),
-    ] {
-        lab.disk.queue("nomerges", &nomerges.to_string())?;
-        table3.push(lab.run(label, wiops * throttle_secs, 32, Some(&limited))?);
-    }
-    lab.disk.queue("nomerges", "0")?;
-
-    println!(
-        "mergetrace demo — {} KiB sequential O_DIRECT writes on {} (loop on /dev/shm), {} tier",
-        4,
-        lab.disk.dev.name,
-        tier.kind.name()
-    );
-    println!("\"=\": mergetrace's count equals /proc/diskstats (and blk-throttle's own counter)\n");
-    println!("1. Merging is the reward for how you submit ({mib} MiB per arm, mq-deadline)");
-    println!("| Arm | Device requests | Merged bios | Average request | check |");
-    println!("|---|---|---|---|---|");
-    for a in &table1 {
-        println!(
-            "| {} | {} | {} | {:.1} KiB | {} |",
-            a.label,
-            fmt::thousands(a.counts.requests()),
-            fmt::thousands(a.counts.merged(Dir::Write.code())),
-            a.avg_request_kib(),
-            check_mark(a)
-        );
-    }
-    println!("\n2. How far does the batch go? (nomerges=0)");
-    println!("| Submission batch | Device requests | Bios per request | Average request | check |");
-    println!("|---|---|---|---|---|");
-    for a in &table2 {
-        let r = a.counts.requests().max(1);
-        println!(
-            "| {} | {} | {:.1} | {:.1} KiB | {} |",
-            a.label.trim_start_matches("batch "),
-            fmt::thousands(a.counts.requests()),
-            a.counts.bios as f64 / r as f64,
-            a.avg_request_kib(),
-            check_mark(a)
-        );
-    }
-    println!("\n3. Under an IOPS limit (wiops={wiops}, {throttle_secs} s of bios at the limit)");
-    println!(
-        "| Arm | Device requests | Merged | Total bios | Charged | Throttled | IOPS | check |"
-    );
-    println!("|---|---|---|---|---|---|---|---|");
-    for a in &table3 {
-        println!(
-            "| {} | {} | {} | {} | {} | {} | {:.0} | {} |",
-            a.label,
-            fmt::thousands(a.counts.requests()),
-            fmt::thousands(a.counts.merged(Dir::Write.code())),
-            fmt::thousands(a.counts.bios),
-            fmt::thousands(a.counts.charged_ios),
-            fmt::thousands(a.counts.throttled_bios),
-            a.counts.bios as f64 / a.secs,
-            check_mark(a)
-        );
-    }
-    let eff = Effective {
-        wiops: Some(Limit {
-            limit: wiops,
-            cgroup: limited.rel.clone(),
-        }),
-        ..Default::default()
-    };
-    println!();
-    for a in &table3 {
-        let lu = meter::limit_use(
-            &eff,
-            true,
-            a.counts.charged_ios,
-            a.counts.charged_bytes,
-            a.secs,
-        );
-        if let Some(v) = meter::verdict(
-            &lu,
-            &meter::Activity {
-                bios: a.counts.bios - a.counts.flush_only.min(a.counts.bios),
-                splits: a.counts.splits,
-                requests: a.counts.requests(),
-                charged_ios: a.counts.charged_ios,
-                throttled_bios: a.counts.throttled_bios,
-                split_cause: None,
-            },
-        ) {
-            println!("verdict, {}: {v}", a.label);
-        }
-    }
-    let merged_on = &table3[0];
-    let units = merged_on.counts.meter_units[0];
-    println!(
-        "\nWhere the meter sits: the limit counted {} bios; the device saw {} requests; a cloud volume \
-         counting requests in 256 KiB units would count {} — merging helps only a meter that counts after it.",
-        fmt::thousands(merged_on.counts.charged_ios),
-        fmt::thousands(merged_on.counts.requests()),
-        fmt::thousands(units)
-    );
-
-    all.extend(table1);
-    all.extend(table2);
-    all.extend(table3);
-    let problems: Vec<String> = all.iter().flat_map(|a| a.mismatches()).collect();
-    drop(limited);
-    if !problems.is_empty() {
-        for p in &problems {
-            eprintln!("mergetrace demo: MISMATCH {p}");
-        }
-        bail!(
-            "{} of mergetrace's counts differ from the kernel's",
-            problems.len()
-        );
-    }
-    println!(
-        "\nself-check: all {} arms equal the kernel's counters",
-        all.len()
-    );
-    Ok(())
 }

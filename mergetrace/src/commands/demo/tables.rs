@@ -1,0 +1,118 @@
+//! The article's tables as the demo prints them, each row with its check mark, and the
+//! verdicts of the throttled arms.
+use super::lab::{Arm, Lab};
+use crate::{
+    fmt,
+    model::{
+        aggregate::Dir,
+        limits::{Effective, Limit},
+        meter,
+    },
+};
+
+fn check_mark(arm: &Arm) -> &'static str {
+    if arm.mismatches().is_empty() {
+        "="
+    } else {
+        "≠"
+    }
+}
+
+/// The title, and tables 1 (nomerges) and 2 (batch sizes).
+pub(super) fn print(lab: &Lab, mib: u64, nomerges: &[Arm], batch: &[Arm]) {
+    println!(
+        "mergetrace demo — {} KiB sequential O_DIRECT writes on {} (loop on /dev/shm), {} tier",
+        4,
+        lab.disk.dev.name,
+        lab.session.tier.kind.name()
+    );
+    println!("\"=\": mergetrace's count equals /proc/diskstats (and blk-throttle's own counter)\n");
+    println!("1. Merging is the reward for how you submit ({mib} MiB per arm, mq-deadline)");
+    println!("| Arm | Device requests | Merged bios | Average request | check |");
+    println!("|---|---|---|---|---|");
+    for a in nomerges {
+        println!(
+            "| {} | {} | {} | {:.1} KiB | {} |",
+            a.label,
+            fmt::thousands(a.counts.requests()),
+            fmt::thousands(a.counts.merged(Dir::Write.code())),
+            a.avg_request_kib(),
+            check_mark(a)
+        );
+    }
+    println!("\n2. How far does the batch go? (nomerges=0)");
+    println!("| Submission batch | Device requests | Bios per request | Average request | check |");
+    println!("|---|---|---|---|---|");
+    for a in batch {
+        let r = a.counts.requests().max(1);
+        println!(
+            "| {} | {} | {:.1} | {:.1} KiB | {} |",
+            a.label.trim_start_matches("batch "),
+            fmt::thousands(a.counts.requests()),
+            a.counts.bios as f64 / r as f64,
+            a.avg_request_kib(),
+            check_mark(a)
+        );
+    }
+}
+
+/// Table 3 (under an IOPS limit set on cgroup `limited`), the verdicts, and where the meter sits.
+pub(super) fn print_throttled(arms: &[Arm], wiops: u64, throttle_secs: u64, limited: &str) {
+    println!("\n3. Under an IOPS limit (wiops={wiops}, {throttle_secs} s of bios at the limit)");
+    println!(
+        "| Arm | Device requests | Merged | Total bios | Charged | Throttled | IOPS | check |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for a in arms {
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {:.0} | {} |",
+            a.label,
+            fmt::thousands(a.counts.requests()),
+            fmt::thousands(a.counts.merged(Dir::Write.code())),
+            fmt::thousands(a.counts.bios),
+            fmt::thousands(a.counts.charged_ios),
+            fmt::thousands(a.counts.throttled_bios),
+            a.counts.bios as f64 / a.secs,
+            check_mark(a)
+        );
+    }
+    let eff = Effective {
+        wiops: Some(Limit {
+            limit: wiops,
+            cgroup: limited.to_string(),
+        }),
+        ..Default::default()
+    };
+    println!();
+    for a in arms {
+        let lu = meter::limit_use(
+            &eff,
+            true,
+            a.counts.charged_ios,
+            a.counts.charged_bytes,
+            a.secs,
+        );
+        if let Some(v) = meter::verdict(
+            &lu,
+            &meter::Activity {
+                bios: a.counts.bios - a.counts.flush_only.min(a.counts.bios),
+                splits: a.counts.splits,
+                requests: a.counts.requests(),
+                charged_ios: a.counts.charged_ios,
+                throttled_bios: a.counts.throttled_bios,
+                split_cause: None,
+            },
+        ) {
+            println!("verdict, {}: {v}", a.label);
+        }
+    }
+    let merged_on = &arms[0];
+    let units = merged_on.counts.meter_units[0];
+    println!(
+        "\nWhere the meter sits: the limit counted {} bios; the device saw {} requests; a cloud volume \
+         counting requests in 256 KiB units would count {} — merging helps only a meter that counts after it.",
+        fmt::thousands(merged_on.counts.charged_ios),
+        fmt::thousands(merged_on.counts.requests()),
+        fmt::thousands(units)
+    );
+}
