@@ -105,7 +105,7 @@ fn run_report(args: &ReportArgs) -> Result<()> {
         )?;
         TextView::new(std::io::stdout()).total(&s)?;
         let mut out = std::io::stdout().lock();
-        out.write_all(analysis::render_text(&s, &dist).as_bytes())?;
+        out.write_all(view::distributions::render_text(&s, &dist).as_bytes())?;
         out.flush()?;
         Ok(())
     }

@@ -2,7 +2,10 @@
 //! per-cgroup rows (the JSON contract in docs/json.md). Only adds fields over time.
 use std::collections::BTreeMap;
 
-use mergetrace_common::{path, vocab};
+use mergetrace_common::{
+    count::{COUNT_BUCKETS, SIZE_BUCKETS},
+    path, vocab,
+};
 use serde::Serialize;
 
 use crate::{
@@ -194,37 +197,44 @@ pub struct Histograms {
     pub bios_per_request: BTreeMap<u64, u64>,
 }
 
+/// Upper bounds of the request size buckets: 512 B, 1 KiB, … 8 MiB, then `u64::MAX` for the
+/// larger ones (the kernel's `size_bucket`).
+pub fn size_bounds() -> [u64; SIZE_BUCKETS] {
+    std::array::from_fn(|i| {
+        if i == SIZE_BUCKETS - 1 {
+            u64::MAX
+        } else {
+            512 << i
+        }
+    })
+}
+
+/// Upper bounds of the bios-per-request buckets: 1, 3, 7, … 2047, then `u64::MAX` (the
+/// kernel's `count_bucket`).
+pub fn count_bounds() -> [u64; COUNT_BUCKETS] {
+    std::array::from_fn(|i| {
+        if i == COUNT_BUCKETS - 1 {
+            u64::MAX
+        } else {
+            (2 << i) - 1
+        }
+    })
+}
+
 impl Histograms {
     pub fn from_counts(c: &Counts) -> Histograms {
-        use mergetrace_common::count::{COUNT_BUCKETS, SIZE_BUCKETS};
-        let mut h = Histograms::default();
-        for (i, n) in c
-            .request_size_hist
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| **n > 0)
-        {
-            let bound = if i == SIZE_BUCKETS - 1 {
-                u64::MAX
-            } else {
-                512u64 << i
-            };
-            h.request_bytes.insert(bound, *n);
+        let nonzero = |bounds: &[u64], counts: &[u64]| {
+            bounds
+                .iter()
+                .zip(counts)
+                .filter(|(_, n)| **n > 0)
+                .map(|(b, n)| (*b, *n))
+                .collect()
+        };
+        Histograms {
+            request_bytes: nonzero(&size_bounds(), &c.request_size_hist),
+            bios_per_request: nonzero(&count_bounds(), &c.bios_per_request_hist),
         }
-        for (i, n) in c
-            .bios_per_request_hist
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| **n > 0)
-        {
-            let bound = if i == COUNT_BUCKETS - 1 {
-                u64::MAX
-            } else {
-                (2u64 << i) - 1
-            };
-            h.bios_per_request.insert(bound, *n);
-        }
-        h
     }
 
     fn add(&mut self, o: &Histograms) {

@@ -1,6 +1,7 @@
 //! How results are shown: the terminal UI, text tables, NDJSON, the HTML report, the
 //! Prometheus exposition, the start-up banner, and exports for other tools.
 pub mod banner;
+pub mod distributions;
 pub mod export;
 pub mod html;
 pub mod json;

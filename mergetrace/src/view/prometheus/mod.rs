@@ -23,7 +23,7 @@ use prometheus_client::{encoding::prometheus_text, registry::Registry};
 
 use crate::model::{
     aggregate::Dir,
-    snapshot::{DirStats, Snapshot},
+    snapshot::{self, DirStats, Snapshot},
 };
 use exposition::Exposition;
 
@@ -82,20 +82,21 @@ pub struct Row {
 
 /// Upper bounds of the request size buckets (the last is +Inf).
 pub fn size_bounds() -> [f64; SIZE_BUCKETS] {
-    let mut b = [f64::INFINITY; SIZE_BUCKETS];
-    for (i, v) in b.iter_mut().enumerate().take(SIZE_BUCKETS - 1) {
-        *v = (512u64 << i) as f64;
-    }
-    b
+    snapshot::size_bounds().map(as_le)
 }
 
 /// Upper bounds of the bios-per-request buckets (the last is +Inf).
 pub fn bpr_bounds() -> [f64; COUNT_BUCKETS] {
-    let mut b = [f64::INFINITY; COUNT_BUCKETS];
-    for (i, v) in b.iter_mut().enumerate().take(COUNT_BUCKETS - 1) {
-        *v = ((2u64 << i) - 1) as f64;
+    snapshot::count_bounds().map(as_le)
+}
+
+/// A snapshot bucket bound as the exposition's `le` (the last, `u64::MAX`, is +Inf).
+fn as_le(bound: u64) -> f64 {
+    if bound == u64::MAX {
+        f64::INFINITY
+    } else {
+        bound as f64
     }
-    b
 }
 
 /// The bucket index of a snapshot histogram bound (`u64::MAX` = the last bucket).

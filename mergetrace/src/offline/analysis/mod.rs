@@ -2,17 +2,18 @@
 //! `report --html`: request latencies (insert → issue, issue → complete) and per-second
 //! series per (device, cgroup, direction). The request size, bios-per-request and plug
 //! flush histograms are the snapshot's own (counted by the same rule as the live view);
-//! this module only shows them.
-use std::{collections::BTreeMap, fmt::Write as _};
+//! [`buckets`] labels them for the text (`view::distributions`) and HTML reports.
+mod buckets;
 
 use foldhash::{HashMap, HashMapExt};
 use mergetrace_common::{kind, Event, MeterUnits};
 use serde::Serialize;
 
+pub use buckets::{count_buckets, count_label, size_buckets, size_label, unplug_rows};
+
 use crate::{
-    fmt,
     model::aggregate::{self, Counts, Dir},
-    model::snapshot::{Histograms, Snapshot, UnplugSnapshot},
+    model::snapshot::Snapshot,
     sys::cgroups::in_subtree,
 };
 
@@ -290,258 +291,6 @@ impl Analysis {
     }
 }
 
-/// Labels for the request size histogram's bucket bounds: "≤ 4 KiB", "> 8 MiB".
-pub fn size_label(bound: u64) -> String {
-    if bound == u64::MAX {
-        return "> 8 MiB".into();
-    }
-    if bound >= 1 << 20 {
-        format!("≤ {} MiB", bound >> 20)
-    } else if bound >= 1024 {
-        format!("≤ {} KiB", bound >> 10)
-    } else {
-        format!("≤ {bound} B")
-    }
-}
-
-/// Labels for the bios-per-request buckets: bound 1 → "1", 3 → "2–3", …, MAX → "≥ 2048".
-pub fn count_label(bound: u64) -> String {
-    use mergetrace_common::count::COUNT_BUCKETS;
-    if bound == u64::MAX {
-        return format!("≥ {}", 1u64 << (COUNT_BUCKETS - 1));
-    }
-    let lo = bound.div_ceil(2);
-    if lo == bound {
-        bound.to_string()
-    } else {
-        format!("{lo}–{bound}")
-    }
-}
-
-/// Every bucket bound of a histogram from its smallest to its largest non-empty bucket.
-pub fn size_buckets(h: &BTreeMap<u64, u64>) -> Vec<(u64, u64)> {
-    use mergetrace_common::count::SIZE_BUCKETS;
-    let bounds: Vec<u64> = (0..SIZE_BUCKETS)
-        .map(|i| {
-            if i == SIZE_BUCKETS - 1 {
-                u64::MAX
-            } else {
-                512u64 << i
-            }
-        })
-        .collect();
-    dense(h, &bounds)
-}
-
-pub fn count_buckets(h: &BTreeMap<u64, u64>) -> Vec<(u64, u64)> {
-    use mergetrace_common::count::COUNT_BUCKETS;
-    let bounds: Vec<u64> = (0..COUNT_BUCKETS)
-        .map(|i| {
-            if i == COUNT_BUCKETS - 1 {
-                u64::MAX
-            } else {
-                (2u64 << i) - 1
-            }
-        })
-        .collect();
-    dense(h, &bounds)
-}
-
-/// The buckets from the smallest to the largest non-empty one, with one empty neighbour on
-/// each side where there is one (so a single bucket still shows where it sits).
-fn dense(h: &BTreeMap<u64, u64>, bounds: &[u64]) -> Vec<(u64, u64)> {
-    let lo = bounds.iter().position(|b| h.get(b).is_some_and(|n| *n > 0));
-    let hi = bounds
-        .iter()
-        .rposition(|b| h.get(b).is_some_and(|n| *n > 0));
-    match (lo, hi) {
-        (Some(lo), Some(hi)) => bounds[lo.saturating_sub(1)..=(hi + 1).min(bounds.len() - 1)]
-            .iter()
-            .map(|b| (*b, h.get(b).copied().unwrap_or(0)))
-            .collect(),
-        _ => Vec::new(),
-    }
-}
-
-/// Plug flush depths of one device: (depth, explicit, from schedule), every depth seen.
-pub fn unplug_rows(u: &UnplugSnapshot) -> Vec<(u32, u64, u64)> {
-    let mut depths: Vec<u32> = u
-        .explicit
-        .keys()
-        .chain(u.from_schedule.keys())
-        .copied()
-        .collect();
-    depths.sort_unstable();
-    depths.dedup();
-    depths
-        .into_iter()
-        .map(|d| {
-            (
-                d,
-                u.explicit.get(&d).copied().unwrap_or(0),
-                u.from_schedule.get(&d).copied().unwrap_or(0),
-            )
-        })
-        .collect()
-}
-
-fn bar(n: u64, max: u64, width: usize) -> String {
-    if max == 0 || n == 0 {
-        return String::new();
-    }
-    let w = ((n as f64 / max as f64) * width as f64).round().max(1.0) as usize;
-    "#".repeat(w)
-}
-
-fn histogram_text(out: &mut String, title: &str, rows: &[(String, u64)]) {
-    let _ = writeln!(out, "{title}");
-    let max = rows.iter().map(|r| r.1).max().unwrap_or(0);
-    let lw = rows.iter().map(|r| r.0.chars().count()).max().unwrap_or(0);
-    let nw = rows
-        .iter()
-        .map(|r| r.1.to_string().len())
-        .max()
-        .unwrap_or(1);
-    for (label, n) in rows {
-        let pad = lw - label.chars().count();
-        let _ = writeln!(
-            out,
-            "  {}{label}  {n:>nw$}  {}",
-            " ".repeat(pad),
-            bar(*n, max, 40)
-        );
-    }
-}
-
-/// Histograms of the device totals (the snapshot's; `histograms` in the JSON per cgroup).
-fn histograms_text(out: &mut String, device: &str, dir: Dir, h: &Histograms) {
-    let sizes: Vec<(String, u64)> = size_buckets(&h.request_bytes)
-        .into_iter()
-        .map(|(b, n)| (size_label(b), n))
-        .collect();
-    if !sizes.is_empty() {
-        histogram_text(
-            out,
-            &format!("request size, {device} {} (requests):", dir.name()),
-            &sizes,
-        );
-    }
-    let counts: Vec<(String, u64)> = count_buckets(&h.bios_per_request)
-        .into_iter()
-        .map(|(b, n)| (count_label(b), n))
-        .collect();
-    if !counts.is_empty() {
-        histogram_text(
-            out,
-            &format!("bios per request, {device} {} (requests):", dir.name()),
-            &counts,
-        );
-    }
-}
-
-/// The text section printed after the tables.
-pub fn render_text(snap: &Snapshot, d: &Distributions) -> String {
-    let mut out = String::new();
-    let _ = writeln!(out, "--- distributions");
-    for dev in &snap.devices {
-        for dir in Dir::ALL {
-            histograms_text(&mut out, &dev.device, dir, &dev.total.get(dir).histograms);
-        }
-        let rows = unplug_rows(&dev.unplug);
-        if !rows.is_empty() {
-            let _ = writeln!(
-                out,
-                "plug flushes, {} (requests per flush → flushes):",
-                dev.device
-            );
-            let max = rows.iter().map(|r| r.1.max(r.2)).max().unwrap_or(0);
-            let _ = writeln!(
-                out,
-                "  {:>5}  {:>9}  {:>13}",
-                "DEPTH", "EXPLICIT", "FROM SCHEDULE"
-            );
-            for (depth, e, s) in rows {
-                let _ = writeln!(
-                    out,
-                    "  {depth:>5}  {e:>9}  {s:>13}  {}",
-                    bar(e + s, max * 2, 40)
-                );
-            }
-        } else if Dir::ALL.iter().any(|&dir| dev.total.get(dir).requests > 0) {
-            // Not an empty section by accident: some kernels flush without the tracepoint.
-            let _ = writeln!(
-                out,
-                "plug flushes, {}: none traced (block_unplug never fired; 6.1 and 6.6 flush a \
-                 single-queue plug with no I/O scheduler without it)",
-                dev.device
-            );
-        }
-    }
-    if !d.latency.is_empty() {
-        let _ = writeln!(out, "request latency (µs):");
-        let _ = writeln!(
-            out,
-            "  {:<8} {:<7} {:<18} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}",
-            "DEVICE", "DIR", "STAGE", "COUNT", "MIN", "P50", "P90", "P99", "MAX"
-        );
-        for r in &d.latency {
-            for (stage, st) in [
-                ("insert → issue", &r.insert_to_issue),
-                ("issue → complete", &r.issue_to_complete),
-            ] {
-                match st {
-                    Some(s) => {
-                        let _ = writeln!(
-                            out,
-                            "  {:<8} {:<7} {:<18} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}",
-                            r.device,
-                            r.dir,
-                            stage,
-                            s.count,
-                            fmt::micros(s.min_us),
-                            fmt::micros(s.p50_us),
-                            fmt::micros(s.p90_us),
-                            fmt::micros(s.p99_us),
-                            fmt::micros(s.max_us)
-                        );
-                    }
-                    None => {
-                        let _ =
-                            writeln!(out, "  {:<8} {:<7} {:<18} {:>8}", r.device, r.dir, stage, 0);
-                    }
-                }
-            }
-            if r.direct_issues > 0 {
-                let _ = writeln!(
-                    out,
-                    "  {:<8} {:<7} issued directly (no insert, no insert → issue time): {}",
-                    r.device, r.dir, r.direct_issues
-                );
-            }
-        }
-    }
-    for s in &d.timeseries.series {
-        let _ = writeln!(
-            out,
-            "per second, {} {} {} (second since the capture's start):",
-            s.device, s.cgroup, s.dir
-        );
-        let _ = writeln!(
-            out,
-            "  {:>5} {:>9} {:>9} {:>9} {:>9}",
-            "SEC", "BIOS", "REQS", "MERGED", "CHARGED"
-        );
-        for i in 0..d.timeseries.buckets {
-            let _ = writeln!(
-                out,
-                "  {:>5} {:>9} {:>9} {:>9} {:>9}",
-                i, s.bios[i], s.requests[i], s.merged[i], s.charged[i]
-            );
-        }
-    }
-    out
-}
-
 /// Whether cgroup `path` is shown under the `-c` filter `subtree`.
 pub fn shown(path: &str, subtree: Option<&str>) -> bool {
     subtree.is_none_or(|s| in_subtree(path, s))
@@ -672,7 +421,7 @@ mod tests {
         let (_, d) = analyse(&s, Some("/cg2"));
         assert_eq!(d.timeseries.series.len(), 1);
         assert_eq!(d.timeseries.series[0].cgroup, "/cg2");
-        let text = render_text(&sn, &analyse(&s, None).1);
+        let text = crate::view::distributions::render_text(&sn, &analyse(&s, None).1);
         assert!(text.contains("bios per request, loop2 write"), "{text}");
         assert!(text.contains("32–63"), "{text}");
         assert!(text.contains("≤ 128 KiB"), "{text}");
@@ -681,36 +430,10 @@ mod tests {
         // A kernel whose flush path has no block_unplug (6.1, no scheduler): said, not omitted.
         s.events.retain(|e| e.kind != kind::UNPLUG);
         let (sn, d) = analyse(&s, None);
-        let text = render_text(&sn, &d);
+        let text = crate::view::distributions::render_text(&sn, &d);
         assert!(
             text.contains("plug flushes, loop2: none traced (block_unplug never fired"),
             "{text}"
         );
-    }
-
-    #[test]
-    fn analysis_labels() {
-        assert_eq!(size_label(4096), "≤ 4 KiB");
-        assert_eq!(size_label(512), "≤ 512 B");
-        assert_eq!(size_label(1 << 20), "≤ 1 MiB");
-        assert_eq!(size_label(u64::MAX), "> 8 MiB");
-        assert_eq!(count_label(1), "1");
-        assert_eq!(count_label(3), "2–3");
-        assert_eq!(count_label(63), "32–63");
-        assert_eq!(count_label(u64::MAX), "≥ 2048");
-        let h: BTreeMap<u64, u64> = [(4096, 2), (32768, 1)].into();
-        assert_eq!(
-            size_buckets(&h),
-            [
-                (2048, 0),
-                (4096, 2),
-                (8192, 0),
-                (16384, 0),
-                (32768, 1),
-                (65536, 0)
-            ]
-        );
-        let one: BTreeMap<u64, u64> = [(1, 5)].into();
-        assert_eq!(count_buckets(&one), [(1, 5), (3, 0)]);
     }
 }
