@@ -83,6 +83,115 @@ fn read_u32(bytes: &[u8], at: usize) -> Result<u32> {
     Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
+/// The type and string sections of a blob, after checking its header.
+fn sections(bytes: &[u8]) -> Result<(&[u8], &[u8])> {
+    if bytes.len() < 24 {
+        bail!("BTF blob is {} bytes, shorter than its header", bytes.len());
+    }
+    let magic = u16::from_le_bytes([bytes[0], bytes[1]]);
+    if magic != MAGIC {
+        bail!("not BTF (magic {magic:#06x}, expected {MAGIC:#06x}, little-endian)");
+    }
+    let hdr_len = read_u32(bytes, 4)? as usize;
+    let type_off = read_u32(bytes, 8)? as usize;
+    let type_len = read_u32(bytes, 12)? as usize;
+    let str_off = read_u32(bytes, 16)? as usize;
+    let str_len = read_u32(bytes, 20)? as usize;
+    let section = |off: usize, len: usize, what: &str| -> Result<&[u8]> {
+        let start = hdr_len.checked_add(off).context("BTF header overflow")?;
+        let end = start.checked_add(len).context("BTF header overflow")?;
+        bytes
+            .get(start..end)
+            .with_context(|| format!("BTF {what} section lies outside the blob"))
+    };
+    Ok((
+        section(type_off, type_len, "type")?,
+        section(str_off, str_len, "string")?,
+    ))
+}
+
+/// One type record (type `id`): its common part, then what its kind adds.
+fn read_type(
+    r: &mut Reader,
+    string_at: &impl Fn(u32) -> Result<String>,
+    id: usize,
+) -> Result<Type> {
+    let name = string_at(r.u32()?)?;
+    let info = r.u32()?;
+    let size_or_type = r.u32()?;
+    let vlen = (info & 0xffff) as usize;
+    let kind = ((info >> 24) & 0x1f) as u8;
+    let kind_flag = info >> 31 != 0;
+    let mut t = Type {
+        kind,
+        name,
+        size_or_type,
+        ..Type::void()
+    };
+    match kind {
+        KIND_INT | KIND_VAR | KIND_DECL_TAG => r.skip(4)?,
+        KIND_PTR | KIND_FWD | KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT
+        | KIND_FUNC | KIND_FLOAT | KIND_TYPE_TAG => {}
+        KIND_ARRAY => {
+            let elem = r.u32()?;
+            let _index = r.u32()?;
+            let n = r.u32()?;
+            t.array = Some((elem, n));
+        }
+        KIND_STRUCT | KIND_UNION => {
+            for _ in 0..vlen {
+                let name = string_at(r.u32()?)?;
+                let type_id = r.u32()?;
+                let off = r.u32()?;
+                let bit_offset = if kind_flag { off & 0xff_ffff } else { off };
+                t.members.push(Member {
+                    name,
+                    type_id,
+                    bit_offset,
+                });
+            }
+        }
+        KIND_ENUM => {
+            for _ in 0..vlen {
+                let name = string_at(r.u32()?)?;
+                let raw = r.u32()?;
+                let val = if kind_flag {
+                    raw as i32 as i64
+                } else {
+                    raw as i64
+                };
+                t.enumerators.push((name, val));
+            }
+        }
+        KIND_ENUM64 => {
+            for _ in 0..vlen {
+                let name = string_at(r.u32()?)?;
+                let lo = r.u32()? as u64;
+                let hi = r.u32()? as u64;
+                t.enumerators.push((name, ((hi << 32) | lo) as i64));
+            }
+        }
+        KIND_FUNC_PROTO => r.skip(vlen.checked_mul(8).context("BTF overflow")?)?,
+        KIND_DATASEC => r.skip(vlen.checked_mul(12).context("BTF overflow")?)?,
+        other => bail!("BTF type {id} has unknown kind {other}"),
+    }
+    Ok(t)
+}
+
+impl Type {
+    /// Type id 0.
+    fn void() -> Type {
+        Type {
+            kind: 0,
+            name: String::new(),
+            size_or_type: 0,
+            members: Vec::new(),
+            enumerators: Vec::new(),
+            array: None,
+        }
+    }
+}
+
 impl Btf {
     /// Where the running kernel's BTF is: `/sys/kernel/btf/vmlinux`, or `$MERGETRACE_BTF` (for
     /// kernels whose BTF ships as a separate file, and for tests).
@@ -107,27 +216,7 @@ impl Btf {
 
     /// Parses a little-endian BTF blob.
     pub fn parse(bytes: &[u8]) -> Result<Btf> {
-        if bytes.len() < 24 {
-            bail!("BTF blob is {} bytes, shorter than its header", bytes.len());
-        }
-        let magic = u16::from_le_bytes([bytes[0], bytes[1]]);
-        if magic != MAGIC {
-            bail!("not BTF (magic {magic:#06x}, expected {MAGIC:#06x}, little-endian)");
-        }
-        let hdr_len = read_u32(bytes, 4)? as usize;
-        let type_off = read_u32(bytes, 8)? as usize;
-        let type_len = read_u32(bytes, 12)? as usize;
-        let str_off = read_u32(bytes, 16)? as usize;
-        let str_len = read_u32(bytes, 20)? as usize;
-        let section = |off: usize, len: usize, what: &str| -> Result<&[u8]> {
-            let start = hdr_len.checked_add(off).context("BTF header overflow")?;
-            let end = start.checked_add(len).context("BTF header overflow")?;
-            bytes
-                .get(start..end)
-                .with_context(|| format!("BTF {what} section lies outside the blob"))
-        };
-        let type_sec = section(type_off, type_len, "type")?;
-        let strings = section(str_off, str_len, "string")?;
+        let (type_sec, strings) = sections(bytes)?;
         let string_at = |off: u32| -> Result<String> {
             let rest = strings
                 .get(off as usize..)
@@ -135,81 +224,13 @@ impl Btf {
             let end = rest.iter().position(|&c| c == 0).unwrap_or(rest.len());
             Ok(String::from_utf8_lossy(&rest[..end]).into_owned())
         };
-
-        let mut types = vec![Type {
-            kind: 0,
-            name: String::new(),
-            size_or_type: 0,
-            members: Vec::new(),
-            enumerators: Vec::new(),
-            array: None,
-        }];
+        let mut types = vec![Type::void()];
         let mut r = Reader {
             bytes: type_sec,
             pos: 0,
         };
         while r.pos < type_sec.len() {
-            let name = string_at(r.u32()?)?;
-            let info = r.u32()?;
-            let size_or_type = r.u32()?;
-            let vlen = (info & 0xffff) as usize;
-            let kind = ((info >> 24) & 0x1f) as u8;
-            let kind_flag = info >> 31 != 0;
-            let mut t = Type {
-                kind,
-                name,
-                size_or_type,
-                members: Vec::new(),
-                enumerators: Vec::new(),
-                array: None,
-            };
-            match kind {
-                KIND_INT | KIND_VAR | KIND_DECL_TAG => r.skip(4)?,
-                KIND_PTR | KIND_FWD | KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT
-                | KIND_FUNC | KIND_FLOAT | KIND_TYPE_TAG => {}
-                KIND_ARRAY => {
-                    let elem = r.u32()?;
-                    let _index = r.u32()?;
-                    let n = r.u32()?;
-                    t.array = Some((elem, n));
-                }
-                KIND_STRUCT | KIND_UNION => {
-                    for _ in 0..vlen {
-                        let name = string_at(r.u32()?)?;
-                        let type_id = r.u32()?;
-                        let off = r.u32()?;
-                        let bit_offset = if kind_flag { off & 0xff_ffff } else { off };
-                        t.members.push(Member {
-                            name,
-                            type_id,
-                            bit_offset,
-                        });
-                    }
-                }
-                KIND_ENUM => {
-                    for _ in 0..vlen {
-                        let name = string_at(r.u32()?)?;
-                        let raw = r.u32()?;
-                        let val = if kind_flag {
-                            raw as i32 as i64
-                        } else {
-                            raw as i64
-                        };
-                        t.enumerators.push((name, val));
-                    }
-                }
-                KIND_ENUM64 => {
-                    for _ in 0..vlen {
-                        let name = string_at(r.u32()?)?;
-                        let lo = r.u32()? as u64;
-                        let hi = r.u32()? as u64;
-                        t.enumerators.push((name, ((hi << 32) | lo) as i64));
-                    }
-                }
-                KIND_FUNC_PROTO => r.skip(vlen.checked_mul(8).context("BTF overflow")?)?,
-                KIND_DATASEC => r.skip(vlen.checked_mul(12).context("BTF overflow")?)?,
-                other => bail!("BTF type {} has unknown kind {other}", types.len()),
-            }
+            let t = read_type(&mut r, &string_at, types.len())?;
             types.push(t);
         }
         let mut by_name: HashMap<String, Vec<u32>> = HashMap::new();

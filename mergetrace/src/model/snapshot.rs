@@ -450,92 +450,7 @@ pub fn build(
     lookup: &mut dyn Lookup,
     opts: &Options,
 ) -> Snapshot {
-    let window_ns = window.end_ns.saturating_sub(window.start_ns);
-    let secs = window_ns as f64 / 1e9;
-    let mut out = Vec::new();
-    for d in devices {
-        let dev = d.dev().0;
-        // cgroup id → directions
-        let mut rows: BTreeMap<u64, Directions> = BTreeMap::new();
-        for (k, c) in window.counts.iter().filter(|(k, _)| k.dev == dev) {
-            *rows
-                .entry(k.cgroup_id)
-                .or_insert_with(|| Directions::empty(opts))
-                .get_mut(k.dir) = DirStats::from_counts(c, k.dir, opts);
-        }
-        let mut cgroups = Vec::new();
-        let mut total = Directions::empty(opts);
-        let mut split_limits: Option<SplitLimits> = None;
-        for (id, mut dirs) in rows {
-            if dirs.is_empty() {
-                continue;
-            }
-            let name = lookup.cgroup_name(id);
-            if let Some(sub) = opts.subtree {
-                if !in_subtree(&name.path, sub) {
-                    continue;
-                }
-            }
-            let eff = if name.gone {
-                Effective::default()
-            } else {
-                lookup.limits(&name.path, d)
-            };
-            for dir in Dir::ALL {
-                let st = dirs.get_mut(dir);
-                if st.is_empty() {
-                    continue;
-                }
-                let write = dir != Dir::Read && dir != Dir::Flush;
-                st.limits = meter::limit_use(&eff, write, st.charged_ios, st.charged_bytes, secs);
-                let split_cause = (st.splits > 0).then(|| {
-                    let limits = *split_limits.get_or_insert_with(|| lookup.split_limits(d));
-                    meter::split_cause(
-                        &limits,
-                        dir == Dir::Discard,
-                        st.avg_request_bytes().unwrap_or(0.0),
-                    )
-                });
-                st.verdict = meter::verdict(
-                    &st.limits,
-                    &meter::Activity {
-                        bios: st.bios - st.flush_only.min(st.bios),
-                        splits: st.splits,
-                        requests: st.requests,
-                        charged_ios: st.charged_ios,
-                        throttled_bios: st.throttled.bios,
-                        split_cause,
-                    },
-                );
-            }
-            for dir in Dir::ALL {
-                total.get_mut(dir).add(dirs.get(dir));
-            }
-            cgroups.push(CgroupSnapshot {
-                cgroup: name.path,
-                cgroup_id: id,
-                gone: name.gone,
-                dirs,
-            });
-        }
-        cgroups.sort_by(|a, b| a.cgroup.cmp(&b.cgroup).then(a.cgroup_id.cmp(&b.cgroup_id)));
-        let unplug = window
-            .unplugs
-            .get(&dev)
-            .map(|u| UnplugSnapshot {
-                explicit: u.explicit.clone(),
-                from_schedule: u.from_schedule.clone(),
-            })
-            .unwrap_or_default();
-        out.push(DeviceSnapshot {
-            device: d.name.clone(),
-            major: d.major,
-            minor: d.minor,
-            cgroups,
-            total,
-            unplug,
-        });
-    }
+    let secs = window.end_ns.saturating_sub(window.start_ns) as f64 / 1e9;
     Snapshot {
         kind,
         start_ns: window.start_ns,
@@ -547,8 +462,112 @@ pub fn build(
             .iter()
             .map(|(k, n)| (vocab::kind_name(*k), *n))
             .collect(),
-        devices: out,
+        devices: devices
+            .iter()
+            .map(|d| device_snapshot(window, d, lookup, opts, secs))
+            .collect(),
         program_stats: Vec::new(),
+    }
+}
+
+/// One device: its cgroups with activity (in the subtree), sorted by path, and their total.
+fn device_snapshot(
+    window: &Window,
+    d: &Device,
+    lookup: &mut dyn Lookup,
+    opts: &Options,
+    secs: f64,
+) -> DeviceSnapshot {
+    let dev = d.dev().0;
+    // cgroup id → directions
+    let mut rows: BTreeMap<u64, Directions> = BTreeMap::new();
+    for (k, c) in window.counts.iter().filter(|(k, _)| k.dev == dev) {
+        *rows
+            .entry(k.cgroup_id)
+            .or_insert_with(|| Directions::empty(opts))
+            .get_mut(k.dir) = DirStats::from_counts(c, k.dir, opts);
+    }
+    let mut cgroups = Vec::new();
+    let mut total = Directions::empty(opts);
+    let mut split_limits: Option<SplitLimits> = None;
+    for (id, mut dirs) in rows {
+        if dirs.is_empty() {
+            continue;
+        }
+        let name = lookup.cgroup_name(id);
+        if opts.subtree.is_some_and(|sub| !in_subtree(&name.path, sub)) {
+            continue;
+        }
+        let eff = if name.gone {
+            Effective::default()
+        } else {
+            lookup.limits(&name.path, d)
+        };
+        judge(&mut dirs, &eff, secs, &mut || {
+            *split_limits.get_or_insert_with(|| lookup.split_limits(d))
+        });
+        for dir in Dir::ALL {
+            total.get_mut(dir).add(dirs.get(dir));
+        }
+        cgroups.push(CgroupSnapshot {
+            cgroup: name.path,
+            cgroup_id: id,
+            gone: name.gone,
+            dirs,
+        });
+    }
+    cgroups.sort_by(|a, b| a.cgroup.cmp(&b.cgroup).then(a.cgroup_id.cmp(&b.cgroup_id)));
+    let unplug = window
+        .unplugs
+        .get(&dev)
+        .map(|u| UnplugSnapshot {
+            explicit: u.explicit.clone(),
+            from_schedule: u.from_schedule.clone(),
+        })
+        .unwrap_or_default();
+    DeviceSnapshot {
+        device: d.name.clone(),
+        major: d.major,
+        minor: d.minor,
+        cgroups,
+        total,
+        unplug,
+    }
+}
+
+/// Each direction with I/O: the limits in force with this window's use, and the verdict
+/// (`split_limits` is asked only where bios were split).
+fn judge(
+    dirs: &mut Directions,
+    eff: &Effective,
+    secs: f64,
+    split_limits: &mut dyn FnMut() -> SplitLimits,
+) {
+    for dir in Dir::ALL {
+        let st = dirs.get_mut(dir);
+        if st.is_empty() {
+            continue;
+        }
+        let write = dir != Dir::Read && dir != Dir::Flush;
+        st.limits = meter::limit_use(eff, write, st.charged_ios, st.charged_bytes, secs);
+        let split_cause = (st.splits > 0).then(|| {
+            meter::split_cause(
+                &split_limits(),
+                dir == Dir::Discard,
+                st.avg_request_bytes().unwrap_or(0.0),
+            )
+        });
+        st.verdict = meter::verdict(
+            &st.limits,
+            &meter::Activity {
+                bios: st.bios - st.flush_only.min(st.bios),
+                splits: st.splits,
+                requests: st.requests,
+                charged_ios: st.charged_ios,
+                throttled_bios: st.throttled.bios,
+                split_cause,
+            },
+        );
     }
 }
 

@@ -2,6 +2,10 @@
 //! (stacked) bars over labelled buckets.
 use anyhow::{anyhow, Result};
 use plotters::{
+    coord::{
+        ranged1d::SegmentedCoord,
+        types::{RangedCoordu64, RangedCoordusize},
+    },
     prelude::*,
     style::text_anchor::{HPos, Pos, VPos},
 };
@@ -172,51 +176,8 @@ pub(super) fn bar_chart<S: AsRef<str>>(
             .bold_line_style(RGBColor(215, 215, 215))
             .draw()
             .map_err(err)?;
-        let mut base = vec![0u64; n];
-        for (name, values, color) in series {
-            let below = base.clone();
-            let color = *color;
-            chart
-                .draw_series(
-                    Histogram::vertical(&chart)
-                        .style(color.filled())
-                        .margin(6)
-                        .baseline_func(move |v| match v {
-                            SegmentValue::Exact(i) | SegmentValue::CenterOf(i) => {
-                                below.get(*i).copied().unwrap_or(0)
-                            }
-                            SegmentValue::Last => 0,
-                        })
-                        .data(values.iter().enumerate().map(|(i, v)| (i, base[i] + v))),
-                )
-                .map_err(err)?
-                .label(name.as_ref())
-                .legend(move |(x, y)| {
-                    Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled())
-                });
-            for (i, v) in values.iter().enumerate() {
-                base[i] += v;
-            }
-        }
-        // the total above each bar, so that small bars can still be read
-        let label = TextStyle::from((FONT, 11).into_font())
-            .color(&RGBColor(60, 60, 60))
-            .pos(Pos::new(HPos::Center, VPos::Bottom));
-        chart
-            .draw_series(
-                totals
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, t)| **t > 0)
-                    .map(|(i, t)| {
-                        Text::new(
-                            t.to_string(),
-                            (SegmentValue::CenterOf(i), *t),
-                            label.clone(),
-                        )
-                    }),
-            )
-            .map_err(err)?;
+        stack(&mut chart, series, n)?;
+        label_totals(&mut chart, &totals)?;
         if series.len() > 1 {
             chart
                 .configure_series_labels()
@@ -230,6 +191,66 @@ pub(super) fn bar_chart<S: AsRef<str>>(
         root.present().map_err(err)?;
     }
     Ok(svg)
+}
+
+/// A bar chart's plot area: segments over the buckets, counts up.
+type Bars<'a, 'b> =
+    ChartContext<'a, SVGBackend<'b>, Cartesian2d<SegmentedCoord<RangedCoordusize>, RangedCoordu64>>;
+
+/// Each series' bars on top of the ones before it, with its legend entry.
+fn stack<S: AsRef<str>>(
+    chart: &mut Bars,
+    series: &[(S, Vec<u64>, RGBColor)],
+    n: usize,
+) -> Result<()> {
+    let mut base = vec![0u64; n];
+    for (name, values, color) in series {
+        let below = base.clone();
+        let color = *color;
+        chart
+            .draw_series(
+                Histogram::vertical(chart)
+                    .style(color.filled())
+                    .margin(6)
+                    .baseline_func(move |v| match v {
+                        SegmentValue::Exact(i) | SegmentValue::CenterOf(i) => {
+                            below.get(*i).copied().unwrap_or(0)
+                        }
+                        SegmentValue::Last => 0,
+                    })
+                    .data(values.iter().enumerate().map(|(i, v)| (i, base[i] + v))),
+            )
+            .map_err(err)?
+            .label(name.as_ref())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+        for (i, v) in values.iter().enumerate() {
+            base[i] += v;
+        }
+    }
+    Ok(())
+}
+
+/// The total above each bar, so that small bars can still be read.
+fn label_totals(chart: &mut Bars, totals: &[u64]) -> Result<()> {
+    let label = TextStyle::from((FONT, 11).into_font())
+        .color(&RGBColor(60, 60, 60))
+        .pos(Pos::new(HPos::Center, VPos::Bottom));
+    chart
+        .draw_series(
+            totals
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| **t > 0)
+                .map(|(i, t)| {
+                    Text::new(
+                        t.to_string(),
+                        (SegmentValue::CenterOf(i), *t),
+                        label.clone(),
+                    )
+                }),
+        )
+        .map_err(err)?;
+    Ok(())
 }
 
 #[cfg(test)]
