@@ -36,6 +36,11 @@ use std::{
 
 use serde_json::Value;
 
+/// Real programs' I/O (ext4, fsync, fstrim, SQLite, PostgreSQL...) for the conformance suite.
+pub mod workloads;
+/// The real blktrace + blkparse as a second oracle (guests only: it needs debugfs).
+pub mod blktrace;
+
 /// How long the tracer may take to load and attach its probes (BPF verification on a busy
 /// 2-core machine can be slow). A bound against hangs, not an assertion on speed.
 pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(120);
