@@ -66,6 +66,46 @@ pub struct DeviceState {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MeterUnits {
     pub bytes: [u64; METER_SLOTS],
+    /// log2 of a unit that is a power of two (a shift instead of a division), else 0.
+    pub shift: [u64; METER_SLOTS],
+}
+
+impl MeterUnits {
+    /// The slots for up to [`METER_SLOTS`] unit sizes (zeros are left unused).
+    pub fn new(sizes: &[u64]) -> MeterUnits {
+        let mut m = MeterUnits::default();
+        let mut slot = 0;
+        for size in sizes {
+            if *size == 0 || slot == METER_SLOTS {
+                continue;
+            }
+            m.bytes[slot] = *size;
+            m.shift[slot] = if size.is_power_of_two() {
+                size.trailing_zeros() as u64
+            } else {
+                0
+            };
+            slot += 1;
+        }
+        m
+    }
+
+    /// Units a request of `bytes` costs under slot `i`: `ceil(bytes / unit)`, at least 1.
+    #[inline(always)]
+    pub fn units(&self, i: usize, bytes: u64) -> u64 {
+        let unit = self.bytes[i];
+        let shift = self.shift[i];
+        let n = if shift > 0 {
+            (bytes + unit - 1) >> shift
+        } else {
+            bytes.div_ceil(unit)
+        };
+        if n == 0 {
+            1
+        } else {
+            n
+        }
+    }
 }
 
 /// Raw counts of one (device, cgroup, direction), straight from events. Only u64s, so sums and
@@ -234,10 +274,8 @@ impl Counters {
                 }
                 let mut i = 0;
                 while i < METER_SLOTS {
-                    let unit = units.bytes[i];
-                    if unit > 0 {
-                        let n = (ev.bytes as u64).div_ceil(unit);
-                        self.meter_units[i] += if n == 0 { 1 } else { n };
+                    if units.bytes[i] > 0 {
+                        self.meter_units[i] += units.units(i, ev.bytes as u64);
                     }
                     i += 1;
                 }

@@ -105,6 +105,7 @@ pub mod path {
 }
 
 /// Modes of the programs, set before load (`KernelSymbols` is address data; this is policy).
+/// Frozen read-only data: the verifier drops the code a mode turns off.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Modes {
@@ -112,7 +113,43 @@ pub struct Modes {
     pub aggregate: u32,
     /// Send every event to the ring buffer (capture).
     pub emit: u32,
+    /// Tell merge paths from the kernel stack (`bpf_get_stack` and kallsyms ranges, ~1 µs a
+    /// merge) instead of from the plug list and the queue's scheduler (a few loads). For tests
+    /// that check the two agree.
+    pub merge_path_from_stack: u32,
+    pub _pad: u32,
 }
+
+/// How many disks one run can trace.
+pub const MAX_DEVICES: usize = 16;
+
+/// The traced disks, in the kernel's `dev_t` encoding, frozen at load: a disk's index here
+/// is its slot in the per-disk maps. Unused entries are 0 (no disk has dev_t 0).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TracedDevices {
+    pub devs: [u32; MAX_DEVICES],
+    pub count: u32,
+    pub _pad: u32,
+}
+
+/// Plug flush depths counted per disk and kind (explicit or from schedule): 0 ..= this; deeper
+/// flushes count as this.
+pub const UNPLUG_MAX_DEPTH: u32 = 128;
+
+/// Index of the plug flush counter of (disk slot, explicit, depth) in `UNPLUGS`.
+#[inline(always)]
+pub fn unplug_slot(device: u32, explicit: bool, depth: u32) -> u32 {
+    let depth = if depth > UNPLUG_MAX_DEPTH {
+        UNPLUG_MAX_DEPTH
+    } else {
+        depth
+    };
+    (device * 2 + explicit as u32) * (UNPLUG_MAX_DEPTH + 1) + depth
+}
+
+/// Entries of `UNPLUGS`.
+pub const UNPLUG_SLOTS: u32 = MAX_DEVICES as u32 * 2 * (UNPLUG_MAX_DEPTH + 1);
 
 /// Event flag bits. Append only.
 pub mod flags {
@@ -190,6 +227,20 @@ pub struct KernelOffsets {
     /// `request.start_time_ns` (set when the request is allocated): tells a requeued request
     /// issued again from a new one that reuses its memory.
     pub rq_start_time_ns: u32,
+    /// `task_struct.plug`: the task's plug list, where plug merges happen.
+    pub task_plug: u32,
+    /// The request of `blk_plug.mq_list` a plug merge tries first: the list's head up to 6.12
+    /// (`struct request *mq_list`, newest first), its tail from 6.13 (`struct rq_list`).
+    pub plug_candidate: u32,
+    /// `gendisk.queue`, `request_queue.elevator`, `elevator_queue.type`,
+    /// `elevator_type.elevator_name`: which scheduler (if any) merges bios off the plug.
+    pub disk_queue: u32,
+    pub q_elevator: u32,
+    pub elv_type: u32,
+    pub elv_type_name: u32,
+    /// Non-zero where `elevator_name` is a `const char *` (6.18) rather than a `char[16]`.
+    pub elv_name_is_pointer: u32,
+    pub _pad: u32,
 }
 
 /// The longest bio chain the issue probe walks (a request's bios; loop devices allow 128
@@ -232,6 +283,7 @@ mod pod {
     unsafe impl aya::Pod for super::MeterUnits {}
     unsafe impl aya::Pod for super::Modes {}
     unsafe impl aya::Pod for super::DeviceState {}
+    unsafe impl aya::Pod for super::TracedDevices {}
 }
 
 #[cfg(test)]

@@ -402,6 +402,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
             modes: Modes {
                 aggregate: 1,
                 emit: 0,
+                ..Modes::default()
             },
             meter_units: aggregate::meter_units(&aggregate::DEFAULT_METER_UNITS),
             stats: false,

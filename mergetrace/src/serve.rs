@@ -742,6 +742,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             modes: Modes {
                 aggregate: 1,
                 emit: 0,
+                ..Modes::default()
             },
             meter_units: aggregate::meter_units(&args.meter_unit),
             stats: false,

@@ -7,7 +7,7 @@
 //! `hooks` section in the kernel tests).
 use std::collections::BTreeMap;
 
-use anyhow::{Context, Result};
+use anyhow::{ensure, Context, Result};
 use mergetrace_common::{path, KernelOffsets, KernelSymbols, MERGE_CALLERS};
 
 use super::btf::Btf;
@@ -22,6 +22,17 @@ pub fn resolve_offsets(btf: &Btf) -> Result<KernelOffsets> {
     let pd_count = btf
         .array_len("blkcg_gq", "pd")
         .context("blkcg_gq.pd is not an array in this kernel's BTF")?;
+    let (iops_rules, bps_rules) = (
+        off("throtl_grp", "has_rules_iops")?,
+        off("throtl_grp", "has_rules_bps")?,
+    );
+    // The programs read both rule arrays (bool[2] each) in one 8-byte read.
+    ensure!(
+        iops_rules.abs_diff(bps_rules) <= 6,
+        "throtl_grp.has_rules_iops and has_rules_bps are {} bytes apart: mergetrace reads them \
+         as one",
+        iops_rules.abs_diff(bps_rules)
+    );
     let flag_bit = |name: &str| -> Result<u32> {
         let bit = btf
             .enum_value(name)
@@ -57,8 +68,8 @@ pub fn resolve_offsets(btf: &Btf) -> Result<KernelOffsets> {
         q_disk: off("request_queue", "disk")?,
         work_func: off("work_struct", "func")?,
         blkg_pd: off("blkcg_gq", "pd")?,
-        tg_has_rules_iops: off("throtl_grp", "has_rules_iops")?,
-        tg_has_rules_bps: off("throtl_grp", "has_rules_bps")?,
+        tg_has_rules_iops: iops_rules,
+        tg_has_rules_bps: bps_rules,
         bio_bps_throttled_bit: u32::try_from(bps_bit).context("BIO_BPS_THROTTLED out of range")?,
         blkg_q: off("blkcg_gq", "q")?,
         q_td: off("request_queue", "td")?,
@@ -67,6 +78,16 @@ pub fn resolve_offsets(btf: &Btf) -> Result<KernelOffsets> {
         req_flush_mask,
         rq_state: off("request", "state")?,
         rq_start_time_ns: off("request", "start_time_ns")?,
+        task_plug: off("task_struct", "plug")?,
+        // Up to 6.12 `struct request *mq_list`, newest first, tried from its head; from 6.13
+        // `struct rq_list mq_list`, tried from its tail.
+        plug_candidate: off("blk_plug", "mq_list.tail").or_else(|_| off("blk_plug", "mq_list"))?,
+        disk_queue: off("gendisk", "queue")?,
+        q_elevator: off("request_queue", "elevator")?,
+        elv_type: off("elevator_queue", "type")?,
+        elv_type_name: off("elevator_type", "elevator_name")?,
+        elv_name_is_pointer: btf.array_len("elevator_type", "elevator_name").is_err() as u32,
+        _pad: 0,
     })
 }
 
@@ -169,7 +190,7 @@ pub const HOOKS: &[Hook] = &[
         )
     },
     Hook {
-        optional: Some("plug merges show as path \"unknown\""),
+        optional: Some("merges into a plug holding several queues' requests show as path \"unknown\""),
         ..hook(
             "merge path: plug",
             HookKind::Kallsyms,
@@ -177,7 +198,7 @@ pub const HOOKS: &[Hook] = &[
         )
     },
     Hook {
-        optional: Some("elevator merges show as path \"unknown\""),
+        optional: Some("stack fallback: elevator merges show as path \"unknown\""),
         ..hook(
             "merge path: elevator",
             HookKind::Kallsyms,
@@ -185,7 +206,7 @@ pub const HOOKS: &[Hook] = &[
         )
     },
     Hook {
-        optional: Some("software-queue merges show as path \"unknown\""),
+        optional: Some("stack fallback: software-queue merges show as path \"unknown\""),
         ..hook(
             "merge path: software queue",
             HookKind::Kallsyms,
@@ -239,6 +260,20 @@ pub const HOOKS: &[Hook] = &[
         "throttle rules",
         HookKind::Field,
         "throtl_grp.has_rules_bps",
+    ),
+    hook("merge path: plug", HookKind::Field, "task_struct.plug"),
+    Hook {
+        until: Some((6, 12)),
+        ..hook("merge path: plug", HookKind::Field, "blk_plug.mq_list")
+    },
+    Hook {
+        since: (6, 13),
+        ..hook("merge path: plug", HookKind::Field, "blk_plug.mq_list.tail")
+    },
+    hook(
+        "merge path: scheduler",
+        HookKind::Field,
+        "elevator_type.elevator_name",
     ),
     hook("bio's cgroup", HookKind::Field, "bio.bi_blkg"),
     hook("request's disk", HookKind::Field, "request_queue.disk"),

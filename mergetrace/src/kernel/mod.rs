@@ -8,12 +8,13 @@ use std::fmt;
 
 use anyhow::{bail, Context, Result};
 use aya::{
-    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{BtfTracePoint, FEntry, FExit},
     Ebpf, EbpfLoader,
 };
 use mergetrace_common::{
-    CountKey, Counters, DeviceState, MeterUnits, Modes, UnplugKey, LOST_SLOTS,
+    unplug_slot, CountKey, Counters, MeterUnits, Modes, TracedDevices, UnplugKey, LOST_SLOTS,
+    MAX_DEVICES, UNPLUG_MAX_DEPTH,
 };
 
 use crate::aggregate::Window;
@@ -176,7 +177,10 @@ pub struct Session {
     lost: PerCpuArray<MapData, u64>,
     lost_seen: [u64; LOST_SLOTS as usize],
     counts: PerCpuHashMap<MapData, CountKey, Counters>,
-    unplugs: PerCpuHashMap<MapData, UnplugKey, u64>,
+    /// Plug flushes by `mergetrace_common::unplug_slot`.
+    unplugs: PerCpuArray<MapData, u64>,
+    /// The traced disks' `dev_t`s, by their slot in the programs' per-disk maps.
+    devs: Vec<u32>,
     /// Held while BPF run-time statistics are on (closing it turns them off).
     _stats: Option<std::os::fd::OwnedFd>,
 }
@@ -225,12 +229,30 @@ impl Session {
         };
         let aya_btf = aya::Btf::parse_file(btf::Btf::kernel_path(), aya::Endianness::default())
             .context("cannot read the kernel's BTF")?;
+        if devices.len() > MAX_DEVICES {
+            bail!(
+                "mergetrace traces at most {MAX_DEVICES} disks at once ({} given): trace fewer with -d",
+                devices.len()
+            );
+        }
+        let mut traced = TracedDevices {
+            count: devices.len() as u32,
+            ..TracedDevices::default()
+        };
+        for (slot, d) in traced.devs.iter_mut().zip(devices) {
+            *slot = d.kernel_dev();
+        }
+        let mut modes = opts.modes;
+        // A testing knob: tell merge paths from the kernel stack, as before the plug check.
+        modes.merge_path_from_stack =
+            std::env::var("MERGETRACE_MERGE_PATH_FROM_STACK").is_ok_and(|v| v == "1") as u32;
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&aya_btf))
             .override_global("OFFSETS", &offsets, true)
             .override_global("SYMBOLS", &symbols, true)
-            .override_global("MODES", &opts.modes, true)
+            .override_global("MODES", &modes, true)
             .override_global("METER_UNITS", &opts.meter_units, true)
+            .override_global("TRACED", &traced, true)
             // Without events to send, the ring buffer only needs its minimum size.
             .map_max_entries(
                 "EVENTS",
@@ -242,14 +264,6 @@ impl Session {
             )
             .load(PROGRAMS)
             .context("cannot load mergetrace's eBPF object")?;
-
-        {
-            let mut filter: BpfHashMap<_, u32, DeviceState> =
-                BpfHashMap::try_from(ebpf.map_mut("DEVICES").context("DEVICES map missing")?)?;
-            for d in devices {
-                filter.insert(d.kernel_dev(), DeviceState::default(), 0)?;
-            }
-        }
 
         let mut attach = |prog: &str, tp: &str| -> Result<()> {
             let p: &mut BtfTracePoint = ebpf
@@ -313,7 +327,7 @@ impl Session {
         let counts =
             PerCpuHashMap::try_from(ebpf.take_map("COUNTS").context("COUNTS map missing")?)?;
         let unplugs =
-            PerCpuHashMap::try_from(ebpf.take_map("UNPLUGS").context("UNPLUGS map missing")?)?;
+            PerCpuArray::try_from(ebpf.take_map("UNPLUGS").context("UNPLUGS map missing")?)?;
         Ok(Session {
             ebpf: Some(ebpf),
             tier,
@@ -323,6 +337,7 @@ impl Session {
             lost_seen: [0; LOST_SLOTS as usize],
             counts,
             unplugs,
+            devs: devices.iter().map(|d| d.kernel_dev()).collect(),
             _stats: stats,
         })
     }
@@ -345,9 +360,26 @@ impl Session {
             counts.push((k, sum));
         }
         let mut unplugs = Vec::new();
-        for item in self.unplugs.iter() {
-            let (k, per_cpu) = item.context("cannot read the UNPLUGS map")?;
-            unplugs.push((k, per_cpu.iter().sum::<u64>()));
+        for (slot, dev) in self.devs.iter().enumerate() {
+            for explicit in [false, true] {
+                for depth in 0..=UNPLUG_MAX_DEPTH {
+                    let i = unplug_slot(slot as u32, explicit, depth);
+                    let per_cpu = self
+                        .unplugs
+                        .get(&i, 0)
+                        .context("cannot read the UNPLUGS map")?;
+                    let n: u64 = per_cpu.iter().sum();
+                    if n > 0 {
+                        let key = UnplugKey {
+                            dev: *dev,
+                            depth,
+                            explicit: explicit as u32,
+                            _pad: 0,
+                        };
+                        unplugs.push((key, n));
+                    }
+                }
+            }
         }
         let mut w = Window::from_kernel(counts, unplugs);
         for k in 0..LOST_SLOTS {
