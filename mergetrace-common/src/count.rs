@@ -37,6 +37,22 @@ pub struct CountKey {
     pub dir: u32,
 }
 
+/// How many (cgroup, disk, direction) keys are counted in per-CPU arrays, by a slot user space
+/// gives each key it learns of; until it has one, and beyond this, a key is counted in a
+/// per-CPU hash map (slower: a hash lookup per event instead of an array index).
+pub const MAX_SLOTS: u32 = 1024;
+
+/// A key's slot in the counter arrays and the slot's generation when it was given: user space
+/// bumps a slot's generation when it gives the slot to another key, so a stale cached
+/// mapping is noticed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotRef {
+    pub slot: u32,
+    /// Never 0 for a slot in use (0 marks an empty cache entry).
+    pub gen: u32,
+}
+
 /// Key of the plug flush histogram: (device, requests in the flush, explicit or not).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -59,6 +75,9 @@ pub struct DeviceState {
     /// Non-zero once a request issued on the disk was handed back (requeued): from then on
     /// the issue probe checks whether a request is issued again.
     pub requeues_seen: u64,
+    /// The disk's `struct request_queue *`, learned from its bios: a plug flush names only
+    /// the queue, and where the queue does not name its disk (up to 5.15) this finds it.
+    pub queue: u64,
 }
 
 /// Cloud-meter unit sizes in bytes (0 = unused slot), given to the programs at load.

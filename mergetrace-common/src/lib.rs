@@ -6,7 +6,7 @@
 #![no_std]
 
 pub mod count;
-pub use count::{CountKey, Counters, DeviceState, MeterUnits, UnplugKey};
+pub use count::{CountKey, Counters, DeviceState, MeterUnits, SlotRef, UnplugKey, MAX_SLOTS};
 
 /// One block-layer event, as emitted by a probe. 56 bytes; fields not used by a kind are 0.
 #[repr(C)]
@@ -240,6 +240,24 @@ pub struct KernelOffsets {
     pub elv_type_name: u32,
     /// Non-zero where `elevator_name` is a `const char *` (6.18) rather than a `char[16]`.
     pub elv_name_is_pointer: u32,
+    /// Non-zero where a bio names its disk directly (`bio.bi_disk`, up to 5.11): `bio_bi_bdev`
+    /// is then that member's offset and `bdev_bd_disk` is unused.
+    pub bio_disk_direct: u32,
+    /// `request.rq_disk` where a request names its disk (up to 5.15), else [`NONE`] (the disk
+    /// is `rq->q->disk`; `q_disk` is [`NONE`] where the queue has no `disk`).
+    pub rq_rq_disk: u32,
+    /// Non-zero where `blk_plug.mq_list` is a `struct list_head` (up to 5.15) that a plug
+    /// merge walks from its newest request; `plug_candidate` is then `mq_list.prev` and
+    /// `rq_queuelist` the list's link in `struct request`.
+    pub plug_list_head: u32,
+    pub rq_queuelist: u32,
+    /// Non-zero where blk-throttle charges a split remainder again (1 io; since 6.0, with
+    /// `BIO_BPS_THROTTLED`); up to 5.19 a bio that passed once (`BIO_THROTTLED`) is not
+    /// throttled again.
+    pub remainders_charged: u32,
+    /// Non-zero where `bpf_get_current_task_btf` exists (5.11+); else the task is read through
+    /// `bpf_get_current_task` and probe reads.
+    pub current_task_btf: u32,
     pub _pad: u32,
 }
 
@@ -284,6 +302,7 @@ mod pod {
     unsafe impl aya::Pod for super::Modes {}
     unsafe impl aya::Pod for super::DeviceState {}
     unsafe impl aya::Pod for super::TracedDevices {}
+    unsafe impl aya::Pod for super::SlotRef {}
 }
 
 #[cfg(test)]

@@ -1,17 +1,17 @@
 //! Programs on the bio tracepoints: a bio leaving blk-throttle (`block_bio_queue`), split,
 //! merged into a request (and by which path), or starting a new request.
 use aya_ebpf::{
-    helpers::{bpf_get_current_task_btf, bpf_get_stack},
+    helpers::{bpf_get_current_task, bpf_get_current_task_btf, bpf_get_stack},
     macros::btf_tracepoint,
     programs::BtfTracePointContext,
     EbpfContext,
 };
-use mergetrace_common::{flags, kind, path, Event};
+use mergetrace_common::{flags, kind, path, Event, NONE};
 
 use crate::{
     emit::{emit, now},
     maps::{frozen, off, THROTTLE_POLICY},
-    read::{blkg_cgroup_id, disk_dev, read, read_probe, ready, traced, Disk},
+    read::{bio_disk, blkg_cgroup_id, disk_dev, learn_queue, read, read_probe, ready, traced, Disk},
     throttle::{mark_released, note_split, note_queued},
 };
 
@@ -21,10 +21,10 @@ pub fn bio_event(bio: u64, kind: u8) -> Option<(Event, Disk)> {
     if bio == 0 || !ready() {
         return None;
     }
-    let bdev: u64 = read(bio, off!(bio_bi_bdev));
-    let disk_ptr: u64 = read(bdev, off!(bdev_bd_disk));
+    let disk_ptr = bio_disk(bio);
     let dev = disk_dev(disk_ptr);
     let disk = traced(dev)?;
+    learn_queue(&disk, disk_ptr);
     let opf: u32 = read(bio, off!(bio_bi_opf));
     let blkg: u64 = read(bio, off!(bio_bi_blkg));
     let ev = Event {
@@ -130,34 +130,61 @@ fn bps_charged(bio: u64) -> bool {
     bi_flags & (1u16 << (off!(bio_bps_throttled_bit) & 15)) != 0
 }
 
-#[btf_tracepoint(function = "block_bio_queue")]
-pub fn block_bio_queue(ctx: BtfTracePointContext) -> u32 {
-    let bio: u64 = ctx.arg(0);
+/// A bio left blk-throttle (once per bio, after it waited if it did).
+#[inline(always)]
+fn bio_queue(bio: u64) {
     if let Some((mut ev, disk)) = bio_event(bio, kind::BIO_QUEUE) {
         ev.flags |= rule_flags(bio, ev.op);
         note_queued(&mut ev);
         emit(&ev, disk.slot);
     }
+}
+
+#[btf_tracepoint(function = "block_bio_queue")]
+pub fn block_bio_queue(ctx: BtfTracePointContext) -> u32 {
+    bio_queue(ctx.arg(0));
     0
 }
 
-/// `block_split(split, new_sector)`: `split` is the front piece; the original bio becomes the
-/// remainder (`split->bi_private`) and re-enters the throttle, where it is charged again.
-#[btf_tracepoint(function = "block_split")]
-pub fn block_split(ctx: BtfTracePointContext) -> u32 {
-    let split: u64 = ctx.arg(0);
-    let new_sector: u64 = ctx.arg(1);
+/// Up to 5.10: `block_bio_queue(q, bio)`.
+#[btf_tracepoint(function = "block_bio_queue")]
+pub fn block_bio_queue_q(ctx: BtfTracePointContext) -> u32 {
+    bio_queue(ctx.arg(1));
+    0
+}
+
+/// `split` is the front piece; the original bio becomes the remainder (`split->bi_private`)
+/// and re-enters the throttle, where it is charged again (6.0+).
+#[inline(always)]
+fn split(split: u64, new_sector: u64) {
     if let Some((mut ev, disk)) = bio_event(split, kind::SPLIT) {
         ev.aux = new_sector as u32;
         let remainder: u64 = read(split, off!(bio_bi_private));
         ev.aux64 = remainder;
-        ev.flags |= rule_flags(split, ev.op);
-        if bps_charged(remainder) {
+        // Up to 5.19 a split remainder passed blk-throttle already (`BIO_THROTTLED`): it is
+        // not charged again.
+        if off!(remainders_charged) != 0 {
+            ev.flags |= rule_flags(split, ev.op);
+        }
+        if off!(bio_bps_throttled_bit) != NONE && bps_charged(remainder) {
             ev.flags |= flags::BPS_CHARGED;
         }
         note_split(&mut ev, remainder);
         emit(&ev, disk.slot);
     }
+}
+
+/// `block_split(split, new_sector)`.
+#[btf_tracepoint(function = "block_split")]
+pub fn block_split(ctx: BtfTracePointContext) -> u32 {
+    split(ctx.arg(0), ctx.arg(1));
+    0
+}
+
+/// Up to 5.10: `block_split(q, split, new_sector)`.
+#[btf_tracepoint(function = "block_split")]
+pub fn block_split_q(ctx: BtfTracePointContext) -> u32 {
+    split(ctx.arg(1), ctx.arg(2));
     0
 }
 
@@ -175,28 +202,38 @@ const KYBER_MASK: u64 = 0xffff_ffff_ffff;
 /// overlapping I/O in flight; there the plug is named. A plug holding requests of another
 /// queue first falls back to the kernel stack.
 #[inline(always)]
-fn merge_path_from_plug(ctx: &BtfTracePointContext, bio: u64, back: bool) -> u8 {
-    let bdev: u64 = read(bio, off!(bio_bi_bdev));
-    let disk: u64 = read(bdev, off!(bdev_bd_disk));
-    let q: u64 = read(disk, off!(disk_queue));
-    let task = unsafe { bpf_get_current_task_btf() } as u64;
-    let plug: u64 = read(task, off!(task_plug));
-    let candidate: u64 = read(plug, off!(plug_candidate));
-    if candidate != 0 {
-        if read::<u64>(candidate, off!(rq_q)) != q {
-            return merge_path_from_stack(ctx);
-        }
-        let rq_start: u64 = read(candidate, off!(rq_sector));
-        let rq_bytes: u32 = read(candidate, off!(rq_data_len));
-        let bio_start: u64 = read(bio, off!(bio_bi_sector));
-        let bio_bytes: u32 = read(bio, off!(bio_bi_size));
-        let touches = if back {
+fn merge_path_from_plug(ctx: &BtfTracePointContext, bio: u64, rq: u64, back: bool) -> u8 {
+    let q: u64 = read(bio_disk(bio), off!(disk_queue));
+    let bio_start: u64 = read(bio, off!(bio_bi_sector));
+    let bio_bytes: u32 = read(bio, off!(bio_bi_size));
+    let touches = |rq_start: u64, rq_bytes: u32| {
+        if back {
             rq_start + (rq_bytes >> 9) as u64 == bio_start
         } else {
             bio_start + (bio_bytes >> 9) as u64 == rq_start
-        };
-        if touches {
+        }
+    };
+    if off!(plug_list_head) != 0 {
+        // Up to 5.15 the plug is a list the merge walks from its newest request. 5.10's
+        // tracepoint names the request the bio joins: look for it in the plug (5.11-5.15's
+        // does not: the stack tells).
+        if rq == 0 {
+            return merge_path_from_stack(ctx);
+        }
+        if in_plug_list(rq) {
             return path::PLUG;
+        }
+    } else {
+        let task = unsafe { bpf_get_current_task_btf() } as u64;
+        let plug: u64 = read(task, off!(task_plug));
+        let candidate: u64 = read(plug, off!(plug_candidate));
+        if candidate != 0 {
+            if read::<u64>(candidate, off!(rq_q)) != q {
+                return merge_path_from_stack(ctx);
+            }
+            if touches(read(candidate, off!(rq_sector)), read(candidate, off!(rq_data_len))) {
+                return path::PLUG;
+            }
         }
     }
     let elevator: u64 = read(q, off!(q_elevator));
@@ -213,6 +250,39 @@ fn merge_path_from_plug(ctx: &BtfTracePointContext, bio: u64, back: bool) -> u8 
     } else {
         path::ELEVATOR
     }
+}
+
+/// How many requests of a plug list (up to 5.15) are looked through; a plug flushes at 32
+/// (64 across several queues).
+const PLUG_WALK: u32 = 64;
+
+/// Whether `rq` is in the current task's plug list (`struct list_head`, up to 5.15). The
+/// task is read without BTF there (`bpf_get_current_task_btf` came in 5.11), so probe reads.
+#[inline(always)]
+fn in_plug_list(rq: u64) -> bool {
+    if rq == 0 {
+        return false;
+    }
+    let task = unsafe { bpf_get_current_task() };
+    let plug: u64 = read_probe(task, off!(task_plug));
+    if plug == 0 {
+        return false;
+    }
+    let head = plug + off!(plug_candidate) as u64 - 8; // &plug->mq_list (candidate is .prev)
+    let target = rq + off!(rq_queuelist) as u64;
+    let mut link: u64 = read_probe(plug, off!(plug_candidate));
+    let mut i = 0;
+    while i < PLUG_WALK {
+        if link == 0 || link == head {
+            return false;
+        }
+        if link == target {
+            return true;
+        }
+        link = read_probe(link, 8); // list_head.prev: towards older requests
+        i += 1;
+    }
+    false
 }
 
 /// Which merge caller is on the kernel stack: the first frame inside one of the
@@ -247,13 +317,14 @@ fn merge_path_from_stack<C: EbpfContext>(ctx: &C) -> u8 {
     path::UNKNOWN
 }
 
-fn bio_merge(ctx: &BtfTracePointContext, kind: u8) {
-    let bio: u64 = ctx.arg(0);
+/// `bio` merged into a request (`rq`, where the tracepoint names it: 5.10), on some path.
+#[inline(always)]
+fn bio_merge(ctx: &BtfTracePointContext, bio: u64, rq: u64, kind: u8) {
     if let Some((mut ev, disk)) = bio_event(bio, kind) {
         ev.path = if frozen!(MODES.merge_path_from_stack) != 0 {
             merge_path_from_stack(ctx)
         } else {
-            merge_path_from_plug(ctx, ctx.arg(0), kind == kind::BACK_MERGE)
+            merge_path_from_plug(ctx, bio, rq, kind == kind::BACK_MERGE)
         };
         mark_released(&mut ev);
         emit(&ev, disk.slot);
@@ -262,19 +333,34 @@ fn bio_merge(ctx: &BtfTracePointContext, kind: u8) {
 
 #[btf_tracepoint(function = "block_bio_backmerge")]
 pub fn block_bio_backmerge(ctx: BtfTracePointContext) -> u32 {
-    bio_merge(&ctx, kind::BACK_MERGE);
+    bio_merge(&ctx, ctx.arg(0), 0, kind::BACK_MERGE);
     0
 }
 
 #[btf_tracepoint(function = "block_bio_frontmerge")]
 pub fn block_bio_frontmerge(ctx: BtfTracePointContext) -> u32 {
-    bio_merge(&ctx, kind::FRONT_MERGE);
+    bio_merge(&ctx, ctx.arg(0), 0, kind::FRONT_MERGE);
     0
 }
 
-#[btf_tracepoint(function = "block_getrq")]
-pub fn block_getrq(ctx: BtfTracePointContext) -> u32 {
-    if let Some((mut ev, disk)) = bio_event(ctx.arg(0), kind::GETRQ) {
+/// Up to 5.10: `block_bio_backmerge(q, rq, bio)`.
+#[btf_tracepoint(function = "block_bio_backmerge")]
+pub fn block_bio_backmerge_q(ctx: BtfTracePointContext) -> u32 {
+    bio_merge(&ctx, ctx.arg(2), ctx.arg(1), kind::BACK_MERGE);
+    0
+}
+
+/// Up to 5.10: `block_bio_frontmerge(q, rq, bio)`.
+#[btf_tracepoint(function = "block_bio_frontmerge")]
+pub fn block_bio_frontmerge_q(ctx: BtfTracePointContext) -> u32 {
+    bio_merge(&ctx, ctx.arg(2), ctx.arg(1), kind::FRONT_MERGE);
+    0
+}
+
+/// A bio starts a new request.
+#[inline(always)]
+fn getrq(bio: u64) {
+    if let Some((mut ev, disk)) = bio_event(bio, kind::GETRQ) {
         mark_released(&mut ev);
         if ev.flags & flags::FLUSH_SEQ != 0 {
             // This request starts a flush sequence: the flush request the flush machinery
@@ -283,5 +369,17 @@ pub fn block_getrq(ctx: BtfTracePointContext) -> u32 {
         }
         emit(&ev, disk.slot);
     }
+}
+
+#[btf_tracepoint(function = "block_getrq")]
+pub fn block_getrq(ctx: BtfTracePointContext) -> u32 {
+    getrq(ctx.arg(0));
+    0
+}
+
+/// Up to 5.10: `block_getrq(q, bio, rw)`.
+#[btf_tracepoint(function = "block_getrq")]
+pub fn block_getrq_q(ctx: BtfTracePointContext) -> u32 {
+    getrq(ctx.arg(1));
     0
 }

@@ -2,10 +2,13 @@
 //! applies to captures (`mergetrace_common::count`), and/or sent to user space.
 use aya_ebpf::helpers::bpf_ktime_get_ns;
 use mergetrace_common::{
-    count::dir_of_op, flags, kind, unplug_slot, CountKey, Event, LOST_COUNTS_FULL,
+    count::dir_of_op, flags, kind, unplug_slot, CountKey, Counters, Event, SlotRef,
+    LOST_COUNTS_FULL,
 };
 
-use crate::maps::{frozen, COUNTS, EVENTS, LOST, METER_UNITS, UNPLUGS, ZERO};
+use crate::maps::{
+    frozen, COUNTERS, COUNTS, EVENTS, LOST, METER_UNITS, SLOT_CACHE, SLOT_GEN, SLOT_OF, UNPLUGS, ZERO,
+};
 
 const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
@@ -69,23 +72,55 @@ fn aggregate(ev: &Event, disk: u32) {
         dev: ev.dev,
         dir: dir_of_op(ev.op),
     };
-    let counters = match COUNTS.get_ptr_mut(&key) {
+    let counters = match slot_counters(&key) {
         Some(c) => c,
-        None => {
-            let Some(zero) = ZERO.get(0) else { return };
-            if COUNTS.insert(&key, zero, 0).is_err() {
-                count_lost(LOST_COUNTS_FULL);
-                return;
-            }
-            match COUNTS.get_ptr_mut(&key) {
-                Some(c) => c,
-                None => return,
-            }
-        }
+        None => match hashed_counters(&key) {
+            Some(c) => c,
+            None => return,
+        },
     };
     // Volatile: the compiler must not fold the build-time zeros of a read-only global.
     let units = unsafe { core::ptr::read_volatile(&raw const METER_UNITS) };
     unsafe { (*counters).count(ev, &units) };
+}
+
+/// The key's counters in `COUNTERS`, if user space gave the key a slot: from this CPU's cache
+/// when the last event of the direction had the same key, else from `SLOT_OF`.
+#[inline(always)]
+fn slot_counters(key: &CountKey) -> Option<*mut Counters> {
+    let cached = SLOT_CACHE.get_ptr_mut(key.dir & 3)?;
+    let mut slot = unsafe { (*cached).slot };
+    if unsafe { (*cached).key } != *key || !current(slot) {
+        slot = *unsafe { SLOT_OF.get(key) }?;
+        if !current(slot) {
+            return None;
+        }
+        unsafe {
+            (*cached).key = *key;
+            (*cached).slot = slot;
+        }
+    }
+    COUNTERS.get_ptr_mut(slot.slot)
+}
+
+/// The slot still belongs to the key it was given for (its generation has not moved on).
+#[inline(always)]
+fn current(slot: SlotRef) -> bool {
+    slot.gen != 0 && SLOT_GEN.get(slot.slot).is_some_and(|g| *g == slot.gen)
+}
+
+/// The key's counters in the `COUNTS` hash map, inserted when new.
+#[inline(always)]
+fn hashed_counters(key: &CountKey) -> Option<*mut Counters> {
+    if let Some(c) = COUNTS.get_ptr_mut(key) {
+        return Some(c);
+    }
+    let zero = ZERO.get(0)?;
+    if COUNTS.insert(key, zero, 0).is_err() {
+        count_lost(LOST_COUNTS_FULL);
+        return None;
+    }
+    COUNTS.get_ptr_mut(key)
 }
 
 #[inline(always)]

@@ -60,15 +60,26 @@ pub fn throtl_release(ctx: FEntryContext) -> u32 {
     0
 }
 
-/// `blk_attempt_plug_merge(q, bio, nr_segs)` → bool.
-#[fexit(function = "blk_attempt_plug_merge")]
-pub fn plug_attempt(ctx: FExitContext) -> u32 {
-    let bio: u64 = ctx.arg(1);
-    let merged: u64 = ctx.arg(3);
+/// A plug merge attempt and whether it merged.
+#[inline(always)]
+fn plug_attempt(bio: u64, merged: u64) {
     if let Some((mut ev, disk)) = bio_event(bio, kind::PLUG_ATTEMPT) {
         ev.path = (merged & 0xff != 0) as u8;
         emit(&ev, disk.slot);
     }
+}
+
+/// `blk_attempt_plug_merge(q, bio, nr_segs)` → bool.
+#[fexit(function = "blk_attempt_plug_merge")]
+pub fn plug_attempt_exit(ctx: FExitContext) -> u32 {
+    plug_attempt(ctx.arg(1), ctx.arg(3));
+    0
+}
+
+/// Up to 5.15: `blk_attempt_plug_merge(q, bio, nr_segs, same_queue_rq)` → bool.
+#[fexit(function = "blk_attempt_plug_merge")]
+pub fn plug_attempt_exit_4(ctx: FExitContext) -> u32 {
+    plug_attempt(ctx.arg(1), ctx.arg(4));
     0
 }
 

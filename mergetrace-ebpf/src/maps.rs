@@ -1,11 +1,11 @@
 //! The maps and the frozen read-only globals every program shares.
 use aya_ebpf::{
     macros::map,
-    maps::{Array, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use mergetrace_common::{
-    CountKey, Counters, DeviceState, KernelOffsets, KernelSymbols, MeterUnits, Modes,
-    TracedDevices, LOST_SLOTS, MAX_DEVICES, UNPLUG_SLOTS,
+    CountKey, Counters, DeviceState, KernelOffsets, KernelSymbols, MeterUnits, Modes, SlotRef,
+    TracedDevices, LOST_SLOTS, MAX_DEVICES, MAX_SLOTS, UNPLUG_SLOTS,
 };
 
 use crate::throttle::Dispatch;
@@ -42,9 +42,39 @@ macro_rules! off {
 }
 pub(crate) use off;
 
-/// Per CPU: counters per (device, cgroup, direction), when `MODES.aggregate` is set.
+/// Per CPU: counters per (device, cgroup, direction) when `MODES.aggregate` is set, for keys
+/// without a slot in `COUNTERS` (new ones, until user space gives them one, and any beyond
+/// `MAX_SLOTS`). Not preallocated: an entry costs memory only once used.
 #[map]
-pub static COUNTS: PerCpuHashMap<CountKey, Counters> = PerCpuHashMap::with_max_entries(16384, 0);
+pub static COUNTS: PerCpuHashMap<CountKey, Counters> =
+    PerCpuHashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
+
+/// Per CPU: counters by slot, for the keys user space gave a slot (`SLOT_OF`).
+#[map]
+pub static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(MAX_SLOTS, 0);
+
+/// A key's slot in `COUNTERS`, written by user space.
+#[map]
+pub static SLOT_OF: HashMap<CountKey, SlotRef> = HashMap::with_max_entries(MAX_SLOTS, 0);
+
+/// Each slot's generation, written by user space (bumped when the slot changes hands).
+#[map]
+pub static SLOT_GEN: Array<u32> = Array::with_max_entries(MAX_SLOTS, 0);
+
+/// Per CPU, per direction: the last key counted and its slot, so that a run of events of one
+/// cgroup (the usual case) finds its counters without a hash lookup.
+#[map]
+pub static SLOT_CACHE: PerCpuArray<CachedSlot> = PerCpuArray::with_max_entries(4, 0);
+
+/// One entry of `SLOT_CACHE`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CachedSlot {
+    pub key: CountKey,
+    pub slot: SlotRef,
+}
+
+const BPF_F_NO_PREALLOC: u32 = 1;
 
 /// Per CPU: plug flushes per (disk slot, explicit, depth) (`mergetrace_common::unplug_slot`),
 /// when `MODES.aggregate` is set.

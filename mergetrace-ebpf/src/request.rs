@@ -6,7 +6,7 @@ use mergetrace_common::{flags, kind, Event, MAX_CHAIN};
 use crate::{
     emit::{emit, now},
     maps::{off, REQUEUED},
-    read::{blkg_cgroup_id, disk_dev, forget, read, ready, traced, Disk},
+    read::{blkg_cgroup_id, disk_dev, forget, queue_disk, read, ready, rq_disk, traced, Disk},
 };
 
 /// A request's start sector as the kernel's own block tracepoints report it
@@ -27,9 +27,7 @@ fn rq_event(rq: u64, kind: u8) -> Option<(Event, Disk)> {
     if rq == 0 || !ready() {
         return None;
     }
-    let q: u64 = read(rq, off!(rq_q));
-    let disk_ptr: u64 = read(q, off!(q_disk));
-    let dev = disk_dev(disk_ptr);
+    let dev = disk_dev(rq_disk(rq));
     let disk = traced(dev)?;
     let cmd_flags: u32 = read(rq, off!(rq_cmd_flags));
     // A request never mixes cgroups (blk_cgroup_mergeable), so its first bio tells its cgroup.
@@ -158,9 +156,7 @@ pub fn block_unplug(ctx: BtfTracePointContext) -> u32 {
     let q: u64 = ctx.arg(0);
     let depth: u64 = ctx.arg(1);
     let explicit: u64 = ctx.arg(2);
-    let disk_ptr: u64 = read(q, off!(q_disk));
-    let dev = disk_dev(disk_ptr);
-    let Some(disk) = traced(dev) else {
+    let Some((dev, disk)) = queue_disk(q) else {
         return 0;
     };
     let ev = Event {

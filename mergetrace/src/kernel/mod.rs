@@ -76,13 +76,23 @@ const THROTTLE_CONTEXT: &[(&str, &str)] = &[
     ("workqueue_execute_end", "workqueue_execute_end"),
 ];
 
-/// fentry/fexit programs of the fentry tier: (program name, kernel function, is fexit).
-const FENTRY_PROGRAMS: &[(&str, &str, bool)] = &[
-    ("throtl_bio_entry", "__blk_throtl_bio", false),
-    ("throtl_bio_exit", "__blk_throtl_bio", true),
-    ("throtl_release", "submit_bio_noacct_nocheck", false),
-    ("plug_attempt", "blk_attempt_plug_merge", true),
-    ("elv_merge_exit", "elv_merge", true),
+/// fentry/fexit programs of the fentry tier: (program name, kernel functions — the first the
+/// kernel has —, is fexit). Up to 5.x blk-throttle's entry is `blk_throtl_bio` and released
+/// bios go back through `submit_bio_noacct`.
+const FENTRY_PROGRAMS: &[(&str, &[&str], bool)] = &[
+    (
+        "throtl_bio_entry",
+        &["__blk_throtl_bio", "blk_throtl_bio"],
+        false,
+    ),
+    ("throtl_bio_exit", &["__blk_throtl_bio", "blk_throtl_bio"], true),
+    (
+        "throtl_release",
+        &["submit_bio_noacct_nocheck", "submit_bio_noacct"],
+        false,
+    ),
+    ("plug_attempt_exit", &["blk_attempt_plug_merge"], true),
+    ("elv_merge_exit", &["elv_merge"], true),
 ];
 
 /// Which tier the user asked for.
@@ -114,13 +124,15 @@ fn attach_fentry(
     aya_btf: &aya::Btf,
     notes: &mut Vec<String>,
 ) -> Result<()> {
-    for (prog, func, exit) in FENTRY_PROGRAMS {
-        if !btf.has_function(func) {
+    for (prog, funcs, exit) in FENTRY_PROGRAMS {
+        let Some(func) = funcs.iter().find(|f| btf.has_function(f)) else {
             notes.push(format!(
-                "kernel function {func} is not traceable here (inlined or renamed): {prog} not attached"
+                "kernel function {} is not traceable here (inlined or renamed): {prog} not attached",
+                funcs.join(" or ")
             ));
             continue;
-        }
+        };
+        let prog = &compat::program_variant(btf, prog, func);
         let p = ebpf
             .program_mut(prog)
             .with_context(|| format!("program {prog} missing from the eBPF object"))?;
@@ -143,8 +155,11 @@ fn attach_fentry(
 
 /// Unloads whatever fentry-tier programs did load (after a failed attempt).
 fn unload_fentry(ebpf: &mut Ebpf) {
-    for (prog, _, _) in FENTRY_PROGRAMS {
-        match ebpf.program_mut(prog) {
+    let variants = FENTRY_PROGRAMS
+        .iter()
+        .flat_map(|(p, _, _)| [p.to_string(), format!("{p}_4")]);
+    for prog in variants {
+        match ebpf.program_mut(&prog) {
             Some(aya::programs::Program::FEntry(p)) => {
                 let _ = p.unload();
             }
@@ -286,7 +301,7 @@ impl Session {
                 notes.push(format!("tracepoint {tp} does not exist on this kernel"));
                 continue;
             }
-            attach(prog, tp)?;
+            attach(&compat::program_variant(&btf, prog, tp), tp)?;
         }
         if symbols.throtl_dispatch_fn != 0 {
             for (prog, tp) in THROTTLE_CONTEXT {
