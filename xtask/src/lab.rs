@@ -27,11 +27,11 @@ use kernel::Series;
 
 #[derive(Args, Debug)]
 pub struct LabArgs {
-    /// Guest kernel, the newest Debian cloud kernel of: 5.10 (Debian 11), 6.1 or 6.12
-    /// (Debian 12), trixie (Debian 13's 6.12); all = 5.10, 6.1 and 6.12.
-    #[arg(long, default_value = "all",
+    /// Guest kernels, comma-separated, each the newest Debian cloud kernel of: 5.10 (Debian
+    /// 11), 6.1 or 6.12 (Debian 12), trixie (Debian 13's 6.12); all = 5.10, 6.1 and 6.12.
+    #[arg(long, default_value = "all", value_delimiter = ',',
           value_parser = clap::builder::PossibleValuesParser::new(kernel::KERNEL_NAMES))]
-    kernel: String,
+    kernel: Vec<String>,
     /// Keep each run's directory (scratch disks, serial logs, guest script) and say where.
     #[arg(long)]
     keep: bool,
@@ -347,10 +347,18 @@ pub fn lab(args: LabArgs) -> Result<ExitCode> {
         .with_context(|| format!("cannot run {}", setup.display()))?;
     ensure!(st.success(), "{} --lab failed ({st})", setup.display());
 
-    let series: Vec<Series> = match args.kernel.as_str() {
-        "all" => Series::all(),
-        k => vec![Series::by_name(k).with_context(|| format!("unknown kernel {k}"))?],
-    };
+    let mut series: Vec<Series> = Vec::new();
+    for k in &args.kernel {
+        let add = match k.as_str() {
+            "all" => Series::all(),
+            k => vec![Series::by_name(k).with_context(|| format!("unknown kernel {k}"))?],
+        };
+        for s in add {
+            if !series.iter().any(|have| have.name == s.name) {
+                series.push(s);
+            }
+        }
+    }
     let body = match &args.shell_cmd {
         Some(cmd) => cmd.clone(),
         None => {
