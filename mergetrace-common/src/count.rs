@@ -37,6 +37,22 @@ pub struct CountKey {
     pub dir: u32,
 }
 
+/// How many (cgroup, disk, direction) keys are counted in per-CPU arrays, by a slot user space
+/// gives each key it learns of; until it has one, and beyond this, a key is counted in a
+/// per-CPU hash map (slower: a hash lookup per event instead of an array index).
+pub const MAX_SLOTS: u32 = 1024;
+
+/// A key's slot in the counter arrays and the slot's generation when it was given: user space
+/// bumps a slot's generation when it gives the slot to another key, so a stale cached
+/// mapping is noticed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotRef {
+    pub slot: u32,
+    /// Never 0 for a slot in use (0 marks an empty cache entry).
+    pub gen: u32,
+}
+
 /// Key of the plug flush histogram: (device, requests in the flush, explicit or not).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -59,6 +75,9 @@ pub struct DeviceState {
     /// Non-zero once a request issued on the disk was handed back (requeued): from then on
     /// the issue probe checks whether a request is issued again.
     pub requeues_seen: u64,
+    /// The disk's `struct request_queue *`, learned from its bios: a plug flush names only
+    /// the queue, and where the queue does not name its disk (up to 5.15) this finds it.
+    pub queue: u64,
 }
 
 /// Cloud-meter unit sizes in bytes (0 = unused slot), given to the programs at load.
@@ -66,6 +85,46 @@ pub struct DeviceState {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MeterUnits {
     pub bytes: [u64; METER_SLOTS],
+    /// log2 of a unit that is a power of two (a shift instead of a division), else 0.
+    pub shift: [u64; METER_SLOTS],
+}
+
+impl MeterUnits {
+    /// The slots for up to [`METER_SLOTS`] unit sizes (zeros are left unused).
+    pub fn new(sizes: &[u64]) -> MeterUnits {
+        let mut m = MeterUnits::default();
+        let mut slot = 0;
+        for size in sizes {
+            if *size == 0 || slot == METER_SLOTS {
+                continue;
+            }
+            m.bytes[slot] = *size;
+            m.shift[slot] = if size.is_power_of_two() {
+                size.trailing_zeros() as u64
+            } else {
+                0
+            };
+            slot += 1;
+        }
+        m
+    }
+
+    /// Units a request of `bytes` costs under slot `i`: `ceil(bytes / unit)`, at least 1.
+    #[inline(always)]
+    pub fn units(&self, i: usize, bytes: u64) -> u64 {
+        let unit = self.bytes[i];
+        let shift = self.shift[i];
+        let n = if shift > 0 {
+            (bytes + unit - 1) >> shift
+        } else {
+            bytes.div_ceil(unit)
+        };
+        if n == 0 {
+            1
+        } else {
+            n
+        }
+    }
 }
 
 /// Raw counts of one (device, cgroup, direction), straight from events. Only u64s, so sums and
@@ -234,10 +293,8 @@ impl Counters {
                 }
                 let mut i = 0;
                 while i < METER_SLOTS {
-                    let unit = units.bytes[i];
-                    if unit > 0 {
-                        let n = (ev.bytes as u64).div_ceil(unit);
-                        self.meter_units[i] += if n == 0 { 1 } else { n };
+                    if units.bytes[i] > 0 {
+                        self.meter_units[i] += units.units(i, ev.bytes as u64);
                     }
                     i += 1;
                 }

@@ -6,7 +6,7 @@
 #![no_std]
 
 pub mod count;
-pub use count::{CountKey, Counters, DeviceState, MeterUnits, UnplugKey};
+pub use count::{CountKey, Counters, DeviceState, MeterUnits, SlotRef, UnplugKey, MAX_SLOTS};
 /// Names and device numbers for user space (the programs never need them).
 #[cfg(feature = "user")]
 pub mod vocab;
@@ -108,6 +108,7 @@ pub mod path {
 }
 
 /// Modes of the programs, set before load (`KernelSymbols` is address data; this is policy).
+/// Frozen read-only data: the verifier drops the code a mode turns off.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Modes {
@@ -115,7 +116,43 @@ pub struct Modes {
     pub aggregate: u32,
     /// Send every event to the ring buffer (capture).
     pub emit: u32,
+    /// Tell merge paths from the kernel stack (`bpf_get_stack` and kallsyms ranges, ~1 µs a
+    /// merge) instead of from the plug list and the queue's scheduler (a few loads). For tests
+    /// that check the two agree.
+    pub merge_path_from_stack: u32,
+    pub _pad: u32,
 }
+
+/// How many disks one run can trace.
+pub const MAX_DEVICES: usize = 16;
+
+/// The traced disks, in the kernel's `dev_t` encoding, frozen at load: a disk's index here
+/// is its slot in the per-disk maps. Unused entries are 0 (no disk has dev_t 0).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TracedDevices {
+    pub devs: [u32; MAX_DEVICES],
+    pub count: u32,
+    pub _pad: u32,
+}
+
+/// Plug flush depths counted per disk and kind (explicit or from schedule): 0 ..= this; deeper
+/// flushes count as this.
+pub const UNPLUG_MAX_DEPTH: u32 = 128;
+
+/// Index of the plug flush counter of (disk slot, explicit, depth) in `UNPLUGS`.
+#[inline(always)]
+pub fn unplug_slot(device: u32, explicit: bool, depth: u32) -> u32 {
+    let depth = if depth > UNPLUG_MAX_DEPTH {
+        UNPLUG_MAX_DEPTH
+    } else {
+        depth
+    };
+    (device * 2 + explicit as u32) * (UNPLUG_MAX_DEPTH + 1) + depth
+}
+
+/// Entries of `UNPLUGS`.
+pub const UNPLUG_SLOTS: u32 = MAX_DEVICES as u32 * 2 * (UNPLUG_MAX_DEPTH + 1);
 
 /// Event flag bits. Append only.
 pub mod flags {
@@ -193,6 +230,38 @@ pub struct KernelOffsets {
     /// `request.start_time_ns` (set when the request is allocated): tells a requeued request
     /// issued again from a new one that reuses its memory.
     pub rq_start_time_ns: u32,
+    /// `task_struct.plug`: the task's plug list, where plug merges happen.
+    pub task_plug: u32,
+    /// The request of `blk_plug.mq_list` a plug merge tries first: the list's head up to 6.12
+    /// (`struct request *mq_list`, newest first), its tail from 6.13 (`struct rq_list`).
+    pub plug_candidate: u32,
+    /// `gendisk.queue`, `request_queue.elevator`, `elevator_queue.type`,
+    /// `elevator_type.elevator_name`: which scheduler (if any) merges bios off the plug.
+    pub disk_queue: u32,
+    pub q_elevator: u32,
+    pub elv_type: u32,
+    pub elv_type_name: u32,
+    /// Non-zero where `elevator_name` is a `const char *` (6.18) rather than a `char[16]`.
+    pub elv_name_is_pointer: u32,
+    /// Non-zero where a bio names its disk directly (`bio.bi_disk`, up to 5.11): `bio_bi_bdev`
+    /// is then that member's offset and `bdev_bd_disk` is unused.
+    pub bio_disk_direct: u32,
+    /// `request.rq_disk` where a request names its disk (up to 5.15), else [`NONE`] (the disk
+    /// is `rq->q->disk`; `q_disk` is [`NONE`] where the queue has no `disk`).
+    pub rq_rq_disk: u32,
+    /// Non-zero where `blk_plug.mq_list` is a `struct list_head` (up to 5.15) that a plug
+    /// merge walks from its newest request; `plug_candidate` is then `mq_list.prev` and
+    /// `rq_queuelist` the list's link in `struct request`.
+    pub plug_list_head: u32,
+    pub rq_queuelist: u32,
+    /// Non-zero where blk-throttle charges a split remainder again (1 io; since 6.0, with
+    /// `BIO_BPS_THROTTLED`); up to 5.19 a bio that passed once (`BIO_THROTTLED`) is not
+    /// throttled again.
+    pub remainders_charged: u32,
+    /// Non-zero where `bpf_get_current_task_btf` exists (5.11+); else the task is read through
+    /// `bpf_get_current_task` and probe reads.
+    pub current_task_btf: u32,
+    pub _pad: u32,
 }
 
 /// The longest bio chain the issue probe walks (a request's bios; loop devices allow 128
@@ -235,6 +304,8 @@ mod pod {
     unsafe impl aya::Pod for super::MeterUnits {}
     unsafe impl aya::Pod for super::Modes {}
     unsafe impl aya::Pod for super::DeviceState {}
+    unsafe impl aya::Pod for super::TracedDevices {}
+    unsafe impl aya::Pod for super::SlotRef {}
 }
 
 #[cfg(test)]

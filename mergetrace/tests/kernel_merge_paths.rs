@@ -86,12 +86,28 @@ fn device(sched: &str, nomerges: u32) -> TestDisk {
 }
 
 /// Traces `lo` while `work` runs; returns the output and the diskstats delta over `work`.
+///
+/// A second tracer on the same I/O tells merge paths the old way, from the kernel stack
+/// (`bpf_get_stack` matched against the merge functions' kallsyms ranges): the plug-list and
+/// scheduler check the programs use instead (a few loads rather than ~1 µs a merge) must
+/// name the same path for every merge, so both give the same `merged_by_path`.
 fn traced<T>(lo: &BlockDev, work: impl FnOnce() -> T) -> (TraceOutput, DiskStats, T) {
     let tracer = Tracer::on(lo);
+    let from_stack = Tracer::start_with_env(
+        &["-d", lo.name.as_str()],
+        &[("MERGETRACE_MERGE_PATH_FROM_STACK", "1")],
+    );
     let before = lo.diskstats();
     let r = work();
     let after = lo.diskstats();
-    let out = tracer.stop();
+    let (out, stack) = (tracer.stop(), from_stack.stop());
+    for dir in ["read", "write", "discard"] {
+        let (a, b) = (&out.device_total(lo)[dir], &stack.device_total(lo)[dir]);
+        assert_eq!(
+            a["merged_by_path"], b["merged_by_path"],
+            "{dir}: merge paths from the plug check {a} vs from the kernel stack {b}"
+        );
+    }
     (out, after.since(&before), r)
 }
 

@@ -570,8 +570,10 @@ fn tiers_agree_sw_queue_none() {
 }
 
 /// The article's throttle: 4 KiB sequential writes, iodepth 64, one at a time (fio keeps 64
-/// bios in flight), in a cgroup with a write-iops limit of 2000 (v2 `io.max wiops=2000`; v1
-/// `blkio.throttle.write_iops_device` on the host), both tiers at once. The tiers agree on the
+/// bios in flight), in a cgroup with a write-iops limit of 500 (v2 `io.max wiops=500`; v1
+/// `blkio.throttle.write_iops_device` on the host), both tiers at once. The limit is well below
+/// what the emulated guests sustain even on a loaded host (~900 IOPS seen at load average 7;
+/// a limit of 2000 did not bind there), so the throttle is the bottleneck the relations assume. The tiers agree on the
 /// charges and on which bios waited; the fentry tier's measured delays must be what Little's
 /// law says for that queue.
 ///
@@ -585,11 +587,11 @@ fn tiers_agree_sw_queue_none() {
 /// - L1 (Little's law, counts only). Mean wait over the bios, W = D / bios, equals L / X: the
 ///   mean number waiting over the throughput. The limit binds (bios waited), so X is the
 ///   limit; fio keeps `iodepth` bios in flight, so L <= iodepth, and since the device serves
-///   a request far faster than the 0.5 ms per bio the limit leaves, most of them are in the
+///   a request far faster than the 2 ms per bio the limit leaves, most of them are in the
 ///   throttle: L >= (iodepth - 1) / 2 (half of them may be elsewhere: completing, in fio
 ///   between reaping and resubmitting, at the device). Hence W in [(iodepth - 1) / (2 limit),
 ///   iodepth / limit], checked with room for X down to limit / 2 (a slower start, the timer's
-///   granularity): [(iodepth - 1) / (2 limit), 2 iodepth / limit] = [15.75, 64] ms.
+///   granularity): [(iodepth - 1) / (2 limit), 2 iodepth / limit] = [63, 256] ms.
 /// - L2 (the queue the delays imply). L = D / T over fio's run time T (fio's own clock, the
 ///   guest's CLOCK_MONOTONIC, which bpf_ktime_get_ns also reads) is the mean number of bios
 ///   waiting; it can never exceed iodepth (at most 64 bios exist to wait), and by the closed
@@ -597,16 +599,12 @@ fn tiers_agree_sw_queue_none() {
 /// - the mean over the bios that waited, D / throttled.bios, is printed (81 ms on 6.12):
 ///   Little's law for that sub-stream needs its own throughput, throttled.bios / T.
 ///
-/// The tracepoint tier's estimate of the same delay (from the queue left behind at each
-/// release) is printed next to it, not checked: it assumes bios leave one at a time, and they
-/// leave in bursts — by the time the dispatch work submits a burst, `throtl_dispatch_tg` has
-/// already taken all of it off the group's queue, so every release sees 0 bios behind it and
-/// the estimate is releases / limit (measured: 0.96 s against 152-161 s measured by the
-/// fentry tier in the same run, on 6.1 and 6.12).
+/// The tracepoint tier cannot see the delay (it sees a throttled bio only when it is
+/// released): its `delay_ns_total` must be `null`.
 #[test]
 fn tiers_agree_under_io_max() {
     require_root();
-    const LIMIT: u64 = 2000;
+    const LIMIT: u64 = 500;
     const IODEPTH: u64 = 64;
     const RUNTIME_S: u64 = 3;
     let disk = TestDisk::new(64 * MIB);

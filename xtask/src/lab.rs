@@ -1,9 +1,10 @@
-//! `cargo xtask lab`: runs the project's tests (or any shell command) inside Debian's 6.1
-//! and 6.12 cloud kernels, booted as QEMU TCG guests that see the host's root read-only over
-//! virtiofs (under a tmpfs overlay), with a fresh scratch disk /dev/vdb (virtio, mq-deadline),
-//! a disk that requeues /dev/vdc (a small virtio ring without indirect descriptors) and
-//! cgroup v2 with the io controller. Tests are built on the host (compiling in a TCG
-//! guest is ~20× slower) and their executables run in the guest, at the same paths.
+//! `cargo xtask lab`: runs the project's tests (or any shell command) inside Debian's cloud
+//! kernels (11's 5.10, 12's 6.1 and 6.12, 13's 6.12), booted as QEMU TCG guests that see the
+//! host's root read-only over virtiofs (under a tmpfs overlay), with a fresh scratch disk
+//! /dev/vdb (virtio, mq-deadline), a disk that requeues /dev/vdc (a small virtio ring without
+//! indirect descriptors) and cgroup v2 with the io controller. Tests are built on the host
+//! (compiling in a TCG guest is ~20× slower) and their executables run in the guest, at the
+//! same paths.
 //!
 //! Facts this relies on: shared/docs/kvm-lab.md. Pieces: [`kernel`] (fetch, unpack,
 //! initramfs), [`vm`] (virtiofsd + QEMU + timeout), scripts/lab/init (the guest's /init).
@@ -22,13 +23,15 @@ use std::{
 use anyhow::{bail, ensure, Context, Result};
 use clap::Args;
 
-use kernel::{Series, SERIES};
+use kernel::Series;
 
 #[derive(Args, Debug)]
 pub struct LabArgs {
-    /// Guest kernel: 6.1, 6.12 or all (Debian 12's newest cloud kernel of that series).
-    #[arg(long, default_value = "all", value_parser = ["6.1", "6.12", "all"])]
-    kernel: String,
+    /// Guest kernels, comma-separated, each the newest Debian cloud kernel of: 5.10 (Debian
+    /// 11), 6.1 or 6.12 (Debian 12), trixie (Debian 13's 6.12); all = 5.10, 6.1 and 6.12.
+    #[arg(long, default_value = "all", value_delimiter = ',',
+          value_parser = clap::builder::PossibleValuesParser::new(kernel::KERNEL_NAMES))]
+    kernel: Vec<String>,
     /// Keep each run's directory (scratch disks, serial logs, guest script) and say where.
     #[arg(long)]
     keep: bool,
@@ -344,10 +347,18 @@ pub fn lab(args: LabArgs) -> Result<ExitCode> {
         .with_context(|| format!("cannot run {}", setup.display()))?;
     ensure!(st.success(), "{} --lab failed ({st})", setup.display());
 
-    let series: Vec<Series> = match args.kernel.as_str() {
-        "all" => SERIES.to_vec(),
-        k => vec![Series::by_name(k).with_context(|| format!("unknown kernel {k}"))?],
-    };
+    let mut series: Vec<Series> = Vec::new();
+    for k in &args.kernel {
+        let add = match k.as_str() {
+            "all" => Series::all(),
+            k => vec![Series::by_name(k).with_context(|| format!("unknown kernel {k}"))?],
+        };
+        for s in add {
+            if !series.iter().any(|have| have.name == s.name) {
+                series.push(s);
+            }
+        }
+    }
     let body = match &args.shell_cmd {
         Some(cmd) => cmd.clone(),
         None => {
@@ -361,11 +372,12 @@ pub fn lab(args: LabArgs) -> Result<ExitCode> {
     fs::create_dir_all(&lab_dir).with_context(|| format!("cannot create {}", lab_dir.display()))?;
     remove_stale_runs(&lab_dir);
     let init = crate::workspace_root().join("scripts/lab/init");
+    let apt = kernel::Apt::new(&cache)?;
 
     let mut outcomes = Vec::new();
     for s in series {
         let t0 = Instant::now();
-        let k = kernel::fetch(s, &cache)
+        let k = kernel::fetch(s, &apt, &cache)
             .with_context(|| format!("getting the {} guest kernel", s.name))?;
         let initramfs = kernel::initramfs(&k, &cache, &init)?;
         let run_dir = lab_dir.join(format!("run-{}-{}", s.name, std::process::id()));

@@ -62,6 +62,7 @@ pub async fn run(args: LiveArgs) -> Result<()> {
             modes: Modes {
                 aggregate: 1,
                 emit: 0,
+                ..Modes::default()
             },
             meter_units: aggregate::meter_units(&meter_units),
             stats: args.stats,

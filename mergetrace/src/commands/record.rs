@@ -208,6 +208,7 @@ pub async fn run(args: RecordArgs) -> Result<()> {
             modes: Modes {
                 aggregate: 0,
                 emit: 1,
+                ..Modes::default()
             },
             meter_units: aggregate::meter_units(&args.trace.meter_unit),
             stats: false,

@@ -186,6 +186,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             modes: Modes {
                 aggregate: 1,
                 emit: 0,
+                ..Modes::default()
             },
             meter_units: aggregate::meter_units(&args.trace.meter_unit),
             stats: false,

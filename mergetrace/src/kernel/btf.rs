@@ -171,7 +171,18 @@ fn read_type(
                 t.enumerators.push((name, ((hi << 32) | lo) as i64));
             }
         }
-        KIND_FUNC_PROTO => r.skip(vlen.checked_mul(8).context("BTF overflow")?)?,
+        KIND_FUNC_PROTO => {
+            // Parameters, as members at offset 0 (name, type).
+            for _ in 0..vlen {
+                let name = string_at(r.u32()?)?;
+                let type_id = r.u32()?;
+                t.members.push(Member {
+                    name,
+                    type_id,
+                    bit_offset: 0,
+                });
+            }
+        }
         KIND_DATASEC => r.skip(vlen.checked_mul(12).context("BTF overflow")?)?,
         other => bail!("BTF type {id} has unknown kind {other}"),
     }
@@ -359,6 +370,49 @@ impl Btf {
         self.find(KIND_TYPEDEF, &format!("btf_trace_{name}"))
             .is_some()
     }
+
+    /// The parameters of the function prototype `id` leads to (through typedefs, qualifiers,
+    /// a pointer, or a FUNC).
+    fn proto_params(&self, id: u32) -> Option<&[Member]> {
+        let mut id = self.resolve(id)?;
+        for _ in 0..4 {
+            let t = self.get(id)?;
+            match t.kind {
+                KIND_FUNC_PROTO => return Some(&t.members),
+                KIND_PTR | KIND_FUNC => id = self.resolve(t.size_or_type)?,
+                _ => return None,
+            }
+        }
+        None
+    }
+
+    /// Whether type `id` is a pointer to `struct target`.
+    fn points_to(&self, id: u32, target: &str) -> bool {
+        let Some(p) = self.resolve(id).and_then(|i| self.get(i)) else {
+            return false;
+        };
+        p.kind == KIND_PTR
+            && self
+                .resolve(p.size_or_type)
+                .and_then(|i| self.get(i))
+                .is_some_and(|t| t.kind == KIND_STRUCT && t.name == target)
+    }
+
+    /// Index of the first argument of tracepoint `name` that points to `struct target`, as a
+    /// BTF program sees its arguments (the prototype's leading `void *` is the tracepoint's
+    /// own data, not passed). Up to 5.10 the bio tracepoints take the queue first.
+    pub fn tracepoint_arg(&self, name: &str, target: &str) -> Option<u32> {
+        let id = self.find(KIND_TYPEDEF, &format!("btf_trace_{name}"))?;
+        let params = self.proto_params(id)?;
+        let i = params.iter().skip(1).position(|m| self.points_to(m.type_id, target))?;
+        u32::try_from(i).ok()
+    }
+
+    /// The number of parameters of kernel function `name` (an fexit program finds the return
+    /// value after them).
+    pub fn function_arity(&self, name: &str) -> Option<u32> {
+        u32::try_from(self.proto_params(self.find(KIND_FUNC, name)?)?.len()).ok()
+    }
 }
 
 #[cfg(test)]
@@ -414,6 +468,18 @@ pub(crate) mod tests {
         pub fn func(&mut self, name: &str) -> u32 {
             self.head(name, KIND_FUNC, 0, 0)
         }
+        /// A FUNC_PROTO returning int (type 0 here) with unnamed parameters of these types.
+        pub fn proto(&mut self, params: &[u32]) -> u32 {
+            let id = self.head("", KIND_FUNC_PROTO, params.len() as u32, 0);
+            for ty in params {
+                self.types.extend_from_slice(&0u32.to_le_bytes());
+                self.types.extend_from_slice(&ty.to_le_bytes());
+            }
+            id
+        }
+        pub fn func_of(&mut self, name: &str, proto: u32) -> u32 {
+            self.head(name, KIND_FUNC, 0, proto)
+        }
         /// members: (name, type id, byte offset)
         pub fn record(
             &mut self,
@@ -454,6 +520,31 @@ pub(crate) mod tests {
             out.extend_from_slice(&self.strings);
             out
         }
+    }
+
+    #[test]
+    fn argument_indexes_from_prototypes() {
+        let mut b = Builder::new();
+        let bio = b.record(KIND_STRUCT, "bio", 8, &[]);
+        let queue = b.record(KIND_STRUCT, "request_queue", 8, &[]);
+        let u32_t = b.int("unsigned int", 4);
+        let (bio_p, q_p, void_p) = (b.ptr(bio), b.ptr(queue), b.ptr(0));
+        // 6.x: block_bio_queue(bio); 5.10: block_split(q, bio, new_sector)
+        let new = b.proto(&[void_p, bio_p]);
+        let new_p = b.ptr(new);
+        b.typedef("btf_trace_block_bio_queue", new_p);
+        let old = b.proto(&[void_p, q_p, bio_p, u32_t]);
+        let old_p = b.ptr(old);
+        b.typedef("btf_trace_block_split", old_p);
+        let f = b.proto(&[q_p, bio_p, u32_t, void_p]);
+        b.func_of("blk_attempt_plug_merge", f);
+        let btf = Btf::parse(&b.build()).unwrap();
+        assert_eq!(btf.tracepoint_arg("block_bio_queue", "bio"), Some(0));
+        assert_eq!(btf.tracepoint_arg("block_split", "bio"), Some(1));
+        assert_eq!(btf.tracepoint_arg("block_split", "request_queue"), Some(0));
+        assert_eq!(btf.tracepoint_arg("block_split", "request"), None);
+        assert_eq!(btf.function_arity("blk_attempt_plug_merge"), Some(4));
+        assert_eq!(btf.tracepoint_arg("nosuch", "bio"), None);
     }
 
     #[test]

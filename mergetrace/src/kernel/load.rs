@@ -3,12 +3,14 @@
 //! where it is chosen or allowed. A [`Session`] holds them; dropping it detaches everything.
 use anyhow::{Context, Result};
 use aya::{
-    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{BtfTracePoint, FEntry, FExit, ProgramError},
     Ebpf, EbpfLoader,
 };
+use anyhow::bail;
 use mergetrace_common::{
-    CountKey, Counters, DeviceState, KernelSymbols, MeterUnits, Modes, UnplugKey, LOST_SLOTS,
+    unplug_slot, CountKey, Counters, KernelSymbols, MeterUnits, Modes, TracedDevices, UnplugKey,
+    LOST_SLOTS, MAX_DEVICES, UNPLUG_MAX_DEPTH,
 };
 
 use super::{
@@ -56,7 +58,12 @@ struct Loaded {
     notes: Vec<String>,
 }
 
-fn load_object(modes: Modes, ring_bytes: u32, meter_units: &MeterUnits) -> Result<Loaded> {
+fn load_object(
+    modes: Modes,
+    ring_bytes: u32,
+    meter_units: &MeterUnits,
+    traced: &TracedDevices,
+) -> Result<Loaded> {
     let btf = Btf::from_sys_fs()?;
     let offsets = compat::resolve_offsets(&btf)
         .context("this kernel's block layer does not have the layout mergetrace reads")?;
@@ -82,6 +89,7 @@ fn load_object(modes: Modes, ring_bytes: u32, meter_units: &MeterUnits) -> Resul
         .override_global("SYMBOLS", &symbols, true)
         .override_global("MODES", &modes, true)
         .override_global("METER_UNITS", meter_units, true)
+        .override_global("TRACED", traced, true)
         .map_max_entries("EVENTS", ring_bytes)
         .load(OBJECT)
         .context("cannot load mergetrace's eBPF object")?;
@@ -96,7 +104,7 @@ fn load_object(modes: Modes, ring_bytes: u32, meter_units: &MeterUnits) -> Resul
 
 impl Loaded {
     fn attach_tracepoint(&mut self, hook: &Hook, p: &Program) -> Result<()> {
-        let (prog, tp) = (p.name, hook.name);
+        let (prog, tp) = (&compat::program_variant(&self.btf, hook, p), hook.name);
         let t: &mut BtfTracePoint = program(&mut self.ebpf, prog)?.try_into()?;
         t.load(tp, &self.aya_btf)
             .with_context(|| format!("cannot load program {prog} for tracepoint {tp}"))?;
@@ -107,7 +115,8 @@ impl Loaded {
 
     /// Loads and attaches an fentry or fexit program on its function.
     fn attach_function(&mut self, hook: &Hook, p: &Program) -> Result<()> {
-        let program = program(&mut self.ebpf, p.name)?;
+        let name = compat::program_variant(&self.btf, hook, p);
+        let program = program(&mut self.ebpf, &name)?;
         if p.attach == Attach::Fexit {
             let f: &mut FExit = program.try_into()?;
             f.load(hook.name, &self.aya_btf)?;
@@ -147,14 +156,25 @@ impl Loaded {
     /// The fentry tier's programs; the first failure is returned (and the caller falls back
     /// or reports it). Functions missing from BTF are skipped with a note.
     fn attach_fentry(&mut self) -> Result<()> {
-        for (hook, p) in hooks::programs_of(TierKind::Fentry) {
-            if !self.btf.has_function(hook.name) {
-                self.notes.push(format!(
-                    "kernel function {} is not traceable here (inlined or renamed): {} not attached",
-                    hook.name, p.name
-                ));
+        let mut done = std::collections::BTreeSet::new();
+        for (_, p) in hooks::programs_of(TierKind::Fentry) {
+            if !done.insert(p.name) {
                 continue;
             }
+            // The function's spellings, newest first (rows carrying the same program).
+            let spellings: Vec<&Hook> = hooks::programs_of(TierKind::Fentry)
+                .filter(|(_, q)| q.name == p.name)
+                .map(|(h, _)| h)
+                .collect();
+            let Some(hook) = spellings.iter().find(|h| self.btf.has_function(h.name)) else {
+                let names: Vec<&str> = spellings.iter().map(|h| h.name).collect();
+                self.notes.push(format!(
+                    "kernel function {} is not traceable here (inlined or renamed): {} not attached",
+                    names.join(" or "),
+                    p.name
+                ));
+                continue;
+            };
             let what = if p.attach == Attach::Fexit {
                 "fexit"
             } else {
@@ -172,8 +192,9 @@ impl Loaded {
 
     /// Unloads whatever fentry-tier programs did load (after a failed attempt).
     fn unload_fentry(&mut self) {
-        for (_, p) in hooks::programs_of(TierKind::Fentry) {
-            match self.ebpf.program_mut(p.name) {
+        let names = hooks::programs_of(TierKind::Fentry).flat_map(|(_, p)| p.object_names());
+        for name in names {
+            match self.ebpf.program_mut(&name) {
                 Some(aya::programs::Program::FEntry(f)) => {
                     let _ = f.unload();
                 }
@@ -235,7 +256,10 @@ pub struct Session {
     lost: PerCpuArray<MapData, u64>,
     lost_seen: [u64; LOST_SLOTS as usize],
     counts: PerCpuHashMap<MapData, CountKey, Counters>,
-    unplugs: PerCpuHashMap<MapData, UnplugKey, u64>,
+    /// Plug flushes by `mergetrace_common::unplug_slot`.
+    unplugs: PerCpuArray<MapData, u64>,
+    /// The traced disks' `dev_t`s, by their slot in the programs' per-disk maps.
+    devs: Vec<u32>,
     /// Held while BPF run-time statistics are on (closing it turns them off).
     _stats: Option<std::os::fd::OwnedFd>,
 }
@@ -252,17 +276,24 @@ impl Session {
         } else {
             None
         };
-        let mut loaded = load_object(opts.modes, opts.ring_bytes, &opts.meter_units)?;
-        {
-            let devices_map = loaded
-                .ebpf
-                .map_mut("DEVICES")
-                .context("DEVICES map missing")?;
-            let mut filter: BpfHashMap<_, u32, DeviceState> = BpfHashMap::try_from(devices_map)?;
-            for d in devices {
-                filter.insert(d.dev().0, DeviceState::default(), 0)?;
-            }
+        if devices.len() > MAX_DEVICES {
+            bail!(
+                "mergetrace traces at most {MAX_DEVICES} disks at once ({} given): trace fewer with -d",
+                devices.len()
+            );
         }
+        let mut traced = TracedDevices {
+            count: devices.len() as u32,
+            ..TracedDevices::default()
+        };
+        for (slot, d) in traced.devs.iter_mut().zip(devices) {
+            *slot = d.dev().0;
+        }
+        let mut modes = opts.modes;
+        // A testing knob: tell merge paths from the kernel stack, as before the plug check.
+        modes.merge_path_from_stack =
+            std::env::var("MERGETRACE_MERGE_PATH_FROM_STACK").is_ok_and(|v| v == "1") as u32;
+        let mut loaded = load_object(modes, opts.ring_bytes, &opts.meter_units, &traced)?;
         loaded.attach_tracepoints(opts.modes)?;
         let tier = loaded.choose_tier(opts.tier)?;
         let Loaded {
@@ -273,7 +304,7 @@ impl Session {
         let counts =
             PerCpuHashMap::try_from(ebpf.take_map("COUNTS").context("COUNTS map missing")?)?;
         let unplugs =
-            PerCpuHashMap::try_from(ebpf.take_map("UNPLUGS").context("UNPLUGS map missing")?)?;
+            PerCpuArray::try_from(ebpf.take_map("UNPLUGS").context("UNPLUGS map missing")?)?;
         Ok(Session {
             ebpf: Some(ebpf),
             tier,
@@ -283,6 +314,7 @@ impl Session {
             lost_seen: [0; LOST_SLOTS as usize],
             counts,
             unplugs,
+            devs: devices.iter().map(|d| d.dev().0).collect(),
             _stats: stats,
         })
     }
@@ -305,9 +337,26 @@ impl Session {
             counts.push((k, sum));
         }
         let mut unplugs = Vec::new();
-        for item in self.unplugs.iter() {
-            let (k, per_cpu) = item.context("cannot read the UNPLUGS map")?;
-            unplugs.push((k, per_cpu.iter().sum::<u64>()));
+        for (slot, dev) in self.devs.iter().enumerate() {
+            for explicit in [false, true] {
+                for depth in 0..=UNPLUG_MAX_DEPTH {
+                    let i = unplug_slot(slot as u32, explicit, depth);
+                    let per_cpu = self
+                        .unplugs
+                        .get(&i, 0)
+                        .context("cannot read the UNPLUGS map")?;
+                    let n: u64 = per_cpu.iter().sum();
+                    if n > 0 {
+                        let key = UnplugKey {
+                            dev: *dev,
+                            depth,
+                            explicit: explicit as u32,
+                            _pad: 0,
+                        };
+                        unplugs.push((key, n));
+                    }
+                }
+            }
         }
         let mut w = Window::from_kernel(counts, unplugs);
         for k in 0..LOST_SLOTS {
@@ -368,23 +417,23 @@ impl Session {
 }
 
 /// Whether this kernel lets mergetrace attach fentry programs: loads the object as a counting
-/// run would and attaches [`hooks::fentry_probe`]'s program for an instant. `Ok(false)`: the
+/// run would and attaches [`hooks::fentry_probe`]'s program for an instant. `Ok(Some(f))`: it
+/// attached to function `f`. `Ok(None)`: the
 /// kernel refused with EPERM (a policy such as lockdown or a BPF LSM — call this only with
 /// privileges, or EPERM means just that). `Err`: any other failure, with the errno and the
 /// verifier's first line.
-pub fn fentry_allowed(btf: &Btf) -> Result<bool, String> {
-    let (hook, p) = hooks::fentry_probe();
-    if !btf.has_function(hook.name) {
-        return Err(format!("{} is not in this kernel's BTF", hook.name));
-    }
+pub fn fentry_allowed(btf: &Btf) -> Result<Option<&'static str>, String> {
+    let (hook, p) = hooks::fentry_probe(btf)?;
     let modes = Modes {
         aggregate: 1,
         emit: 0,
+        ..Modes::default()
     };
     let refused = |e: &anyhow::Error| errno(e) == Some(libc::EPERM);
-    let mut loaded = match load_object(modes, MIN_RING_BYTES, &MeterUnits::default()) {
+    let traced = TracedDevices::default();
+    let mut loaded = match load_object(modes, MIN_RING_BYTES, &MeterUnits::default(), &traced) {
         Ok(l) => l,
-        Err(e) if refused(&e) => return Ok(false),
+        Err(e) if refused(&e) => return Ok(None),
         Err(e) => return Err(format!("{e:#}")),
     };
     let f: &mut FEntry = program(&mut loaded.ebpf, p.name)
@@ -393,7 +442,7 @@ pub fn fentry_allowed(btf: &Btf) -> Result<bool, String> {
     if let Err(e) = f.load(hook.name, &loaded.aya_btf) {
         let e = anyhow::Error::from(e);
         if refused(&e) {
-            return Ok(false);
+            return Ok(None);
         }
         return Err(format!(
             "loading an fentry program on {}: {}",
@@ -402,11 +451,11 @@ pub fn fentry_allowed(btf: &Btf) -> Result<bool, String> {
         ));
     }
     match f.attach() {
-        Ok(_) => Ok(true),
+        Ok(_) => Ok(Some(hook.name)),
         Err(e) => {
             let e = anyhow::Error::from(e);
             if refused(&e) {
-                return Ok(false);
+                return Ok(None);
             }
             Err(format!(
                 "attaching an fentry program to {}: {}",
@@ -464,7 +513,7 @@ mod tests {
         let btf = Btf::parse(&b.build()).unwrap();
         assert_eq!(
             fentry_allowed(&btf),
-            Err("__blk_throtl_bio is not in this kernel's BTF".into())
+            Err("__blk_throtl_bio or blk_throtl_bio is not in this kernel's BTF".into())
         );
     }
 }

@@ -181,11 +181,7 @@ pub const DEFAULT_METER_UNITS: [u64; 2] = [256 << 10, 1 << 20];
 
 /// The meter unit slots for up to [`METER_SLOTS`] sizes (zeros are unused).
 pub fn meter_units(sizes: &[u64]) -> MeterUnits {
-    let mut m = MeterUnits::default();
-    for (slot, size) in m.bytes.iter_mut().zip(sizes.iter().filter(|s| **s > 0)) {
-        *slot = *size;
-    }
-    m
+    MeterUnits::new(sizes)
 }
 
 /// Counts events (from a capture) into a running total of the whole run. Intervals are

@@ -36,6 +36,11 @@ use std::{
 
 use serde_json::Value;
 
+/// Real programs' I/O (ext4, fsync, fstrim, SQLite, PostgreSQL...) for the conformance suite.
+pub mod workloads;
+/// The real blktrace + blkparse as a second oracle (guests only: it needs debugfs).
+pub mod blktrace;
+
 /// How long the tracer may take to load and attach its probes (BPF verification on a busy
 /// 2-core machine can be slow). A bound against hangs, not an assertion on speed.
 pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(120);
@@ -1097,8 +1102,14 @@ impl Tracer {
     ///
     /// Adds `--tier $MERGETRACE_TEST_TIER` when that is set and `args` choose no tier.
     pub fn start<S: AsRef<str>>(args: &[S]) -> Tracer {
+        Tracer::start_with_env(args, &[])
+    }
+
+    /// [`Tracer::start`] with extra environment variables for the tracer.
+    pub fn start_with_env<S: AsRef<str>>(args: &[S], env: &[(&str, &str)]) -> Tracer {
         let bin = env!("CARGO_BIN_EXE_mergetrace");
         let mut cmd = Command::new(bin);
+        cmd.envs(env.iter().copied());
         let args: Vec<&str> = args.iter().map(|a| a.as_ref()).collect();
         cmd.arg("--json").args(&args);
         if let Some(tier) = test_tier() {

@@ -1,7 +1,8 @@
 //! What the benchmark sets up and must take down again, whatever happens: the work directory
-//! in /dev/shm, the loop device, tracefs (when we mounted it), and every child process. Each
-//! is a guard whose `Drop` undoes it; Ctrl-C, SIGTERM and SIGHUP only set a flag that the
-//! waits poll, so an interrupted run unwinds through the same drops as a finished one.
+//! in /dev/shm, the loop device (and the queue settings it had), tracefs (when we mounted it),
+//! and every child process. Each is a guard whose `Drop` undoes it; Ctrl-C, SIGTERM and SIGHUP
+//! only set a flag that the waits poll, so an interrupted run unwinds through the same drops
+//! as a finished one.
 use std::{
     fs::{self, File},
     io,
@@ -139,7 +140,7 @@ fn stale_pid(back_file: &str) -> Option<u32> {
         .ok()
 }
 
-/// A loop device on a sparse file; detached on drop.
+/// A loop device on a sparse file; its queue settings put back and detached on drop.
 pub struct LoopDev {
     /// /dev/loopN
     pub dev: String,
@@ -147,7 +148,13 @@ pub struct LoopDev {
     pub name: String,
     /// MAJ:MIN
     pub majmin: String,
+    /// Queue settings as they were before [`LoopDev::prepare_queue`] (a reused loop device
+    /// keeps an earlier user's), put back before it is detached.
+    saved: Vec<(&'static str, String)>,
 }
+
+/// The queue settings [`LoopDev::prepare_queue`] changes.
+const QUEUE_ATTRS: [&str; 3] = ["scheduler", "nomerges", "max_sectors_kb"];
 
 impl LoopDev {
     pub fn create(file: &Path, size: u64) -> Result<LoopDev> {
@@ -162,6 +169,7 @@ impl LoopDev {
             dev,
             name,
             majmin: String::new(),
+            saved: Vec::new(),
         };
         l.majmin = fs::read_to_string(format!("/sys/block/{}/dev", l.name))
             .with_context(|| format!("cannot read /sys/block/{}/dev", l.name))?
@@ -180,9 +188,61 @@ impl LoopDev {
         Ok(())
     }
 
-    pub fn set_scheduler(&self, sched: &str) -> Result<()> {
-        let p = format!("/sys/block/{}/queue/scheduler", self.name);
-        fs::write(&p, sched).with_context(|| format!("cannot write {sched} to {p}"))
+    fn queue_file(&self, attr: &str) -> String {
+        format!("/sys/block/{}/queue/{attr}", self.name)
+    }
+
+    /// A queue attribute's value; for the scheduler, the active one ("[none] mq-deadline").
+    pub fn queue(&self, attr: &str) -> Result<String> {
+        let p = self.queue_file(attr);
+        let v = fs::read_to_string(&p).with_context(|| format!("cannot read {p}"))?;
+        let v = v.trim();
+        Ok(match (v.find('['), v.find(']')) {
+            (Some(a), Some(b)) if a < b => v[a + 1..b].to_string(),
+            _ => v.to_string(),
+        })
+    }
+
+    pub fn set_queue(&self, attr: &str, value: &str) -> Result<()> {
+        let p = self.queue_file(attr);
+        fs::write(&p, value).with_context(|| format!("cannot write {value} to {p}"))
+    }
+
+    /// Scheduler none, merging on, and requests as big as the device takes (max_sectors_kb
+    /// = max_hw_sectors_kb, so that 32 bios of 4 KiB fit one request), whatever an earlier
+    /// user of the loop device left. What it could not set comes back as warnings; the old
+    /// values are put back on drop.
+    pub fn prepare_queue(&mut self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        for attr in QUEUE_ATTRS {
+            match self.queue(attr) {
+                Ok(v) => self.saved.push((attr, v)),
+                Err(e) => warnings.push(format!("{e:#}")),
+            }
+        }
+        let max_hw = self.queue("max_hw_sectors_kb");
+        for (attr, value) in [
+            ("max_sectors_kb", max_hw.map_err(|e| format!("{e:#}"))),
+            ("nomerges", Ok("0".to_string())),
+            ("scheduler", Ok("none".to_string())),
+        ] {
+            match value {
+                Ok(v) => {
+                    if let Err(e) = self.set_queue(attr, &v) {
+                        warnings.push(format!("{e:#}"));
+                    }
+                }
+                Err(e) => warnings.push(e),
+            }
+        }
+        warnings
+    }
+
+    /// The device's read and write counters (/sys/block/NAME/stat).
+    pub fn stat(&self) -> Option<super::fio::DiskStat> {
+        super::fio::parse_disk_stat(
+            &fs::read_to_string(format!("/sys/block/{}/stat", self.name)).ok()?,
+        )
     }
 
     /// The kernel's dev_t as block tracepoints print it: major << 20 | minor.
@@ -198,6 +258,12 @@ impl LoopDev {
 
 impl Drop for LoopDev {
     fn drop(&mut self) {
+        // max_sectors_kb before the scheduler, in the reverse of the order they were read.
+        for (attr, value) in self.saved.iter().rev() {
+            if let Err(e) = self.set_queue(attr, value) {
+                eprintln!("bench: warning: {e:#}");
+            }
+        }
         if let Err(e) = run_quiet(Command::new("losetup").args(["-d", &self.dev])) {
             eprintln!("bench: warning: {e:#}");
         }

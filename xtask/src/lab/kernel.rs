@@ -1,41 +1,84 @@
-//! Guest kernels for the lab: Debian's prebuilt cloud kernels, fetched with `apt-get download`,
-//! unpacked with `dpkg -x` into a cache (never installed on the host), and a small initramfs
-//! per kernel: busybox, scripts/lab/init and the modules needed to reach the host's root.
+//! Guest kernels for the lab: Debian's prebuilt cloud kernels, fetched with `apt-get download`
+//! through the lab's own apt configuration ([`Apt`]: its own sources.list, lists, cache and
+//! trusted keys under the cache directory; the host's /etc/apt sources and lists are never
+//! read or changed), unpacked with `dpkg -x` into a cache (never installed on the host), and a
+//! small initramfs per kernel: busybox, scripts/lab/init and the modules needed to reach the
+//! host's root.
 use std::{
     collections::{hash_map::DefaultHasher, HashMap, HashSet},
+    ffi::OsString,
     fs,
     hash::{Hash, Hasher},
     io::Write,
     path::{Path, PathBuf},
     process::Command,
+    time::{Duration, SystemTime},
 };
 
 use anyhow::{bail, ensure, Context, Result};
 
-/// A kernel series the lab knows: how Debian names its cloud-kernel packages.
+/// A kernel series the lab knows: which Debian release has it and how Debian names its
+/// cloud-kernel packages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Series {
-    /// What `--kernel` takes: "6.1", "6.12".
+    /// What `--kernel` takes: "5.10", "6.1", "6.12", "trixie".
     pub name: &'static str,
-    /// Package name = prefix + a number + suffix; the highest number wins.
+    /// The Debian release whose suites (`S`, `S-updates`, `S-security`) carry it.
+    pub suite: &'static str,
+    /// Package name = prefix + a number + infix (+ "." + a rebuild number) + suffix; the
+    /// highest (number, rebuild) wins.
     prefix: &'static str,
+    infix: &'static str,
     suffix: &'static str,
+    /// Part of `--kernel all`.
+    pub in_all: bool,
 }
 
-pub const SERIES: [Series; 2] = [
-    // linux-image-6.1.0-57-cloud-amd64-unsigned (6.1.192)
+pub const SERIES: [Series; 4] = [
+    // Debian 11: linux-image-5.10.0-46-cloud-amd64 (5.10.262-1, bullseye-security). The signed
+    // package (source linux-signed-amd64: the same kernel and modules, with signatures): the
+    // mirror lists bullseye's -unsigned ones but answers 404 for their files.
+    Series {
+        name: "5.10",
+        suite: "bullseye",
+        prefix: "linux-image-5.10.0-",
+        infix: "",
+        suffix: "-cloud-amd64",
+        in_all: true,
+    },
+    // Debian 12: linux-image-6.1.0-57-cloud-amd64-unsigned (6.1.192)
     Series {
         name: "6.1",
+        suite: "bookworm",
         prefix: "linux-image-6.1.0-",
+        infix: "",
         suffix: "-cloud-amd64-unsigned",
+        in_all: true,
     },
-    // linux-image-6.12.117+deb12-cloud-amd64-unsigned
+    // Debian 12: linux-image-6.12.117+deb12-cloud-amd64-unsigned
     Series {
         name: "6.12",
+        suite: "bookworm",
         prefix: "linux-image-6.12.",
-        suffix: "+deb12-cloud-amd64-unsigned",
+        infix: "+deb12",
+        suffix: "-cloud-amd64-unsigned",
+        in_all: true,
+    },
+    // Debian 13: linux-image-6.12.118+deb13-cloud-amd64-unsigned (trixie-security). The same
+    // series as bookworm's 6.12 (a patch level apart, built by trixie's toolchain), so not in
+    // `all`.
+    Series {
+        name: "trixie",
+        suite: "trixie",
+        prefix: "linux-image-6.12.",
+        infix: "+deb13",
+        suffix: "-cloud-amd64-unsigned",
+        in_all: false,
     },
 ];
+
+/// What `--kernel` accepts: every series, and "all".
+pub const KERNEL_NAMES: [&str; 5] = ["5.10", "6.1", "6.12", "trixie", "all"];
 
 /// Modules the initramfs loads, in this order (each after its own dependencies), when the
 /// kernel has them as modules; built-in ones are skipped. mq_deadline comes before virtio_blk,
@@ -57,13 +100,33 @@ impl Series {
         SERIES.iter().copied().find(|s| s.name == name)
     }
 
-    /// The number in `pkg` if it is one of this series' packages.
-    fn number(&self, pkg: &str) -> Option<u64> {
-        let n = pkg.strip_prefix(self.prefix)?.strip_suffix(self.suffix)?;
-        if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+    /// The series `--kernel all` means.
+    pub fn all() -> Vec<Series> {
+        SERIES.iter().copied().filter(|s| s.in_all).collect()
+    }
+
+    /// (number, rebuild) in `pkg` if it is one of this series' packages: "…-57-…" is
+    /// (57, 0), "…6.12.115+deb13.1-…" (115, 1).
+    fn number(&self, pkg: &str) -> Option<(u64, u64)> {
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        let mid = pkg.strip_prefix(self.prefix)?.strip_suffix(self.suffix)?;
+        let end = mid.find(|c: char| !c.is_ascii_digit()).unwrap_or(mid.len());
+        let (n, rest) = mid.split_at(end);
+        let rest = rest.strip_prefix(self.infix)?;
+        let rebuild = match rest {
+            "" => 0,
+            r => {
+                let r = r.strip_prefix('.')?;
+                if !digits(r) {
+                    return None;
+                }
+                r.parse().ok()?
+            }
+        };
+        if !digits(n) {
             return None;
         }
-        n.parse().ok()
+        Some((n.parse().ok()?, rebuild))
     }
 
     /// The newest of `pkgs` in this series.
@@ -104,32 +167,203 @@ fn run_quiet(cmd: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Cloud-kernel package names apt knows (`apt-cache search`, local and fast).
-fn apt_kernel_packages() -> Result<Vec<String>> {
-    let out = run_quiet(Command::new("apt-cache").args([
-        "search",
-        "--names-only",
-        "^linux-image-.*-cloud-amd64-unsigned$",
-    ]))?;
-    Ok(out
-        .lines()
-        .filter_map(|l| l.split_once(" - ").map(|(n, _)| n.trim().to_string()))
-        .collect())
+/// The Debian archive keys (debian-archive-keyring), which cover bullseye, bookworm and trixie.
+const DEBIAN_KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
+/// Lists older than this are refreshed (a failed refresh keeps the old ones).
+const LISTS_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The lab's private apt configuration, in `cache/apt`: `sources.list` (main, -updates and
+/// -security of every suite in [`SERIES`], amd64 `Packages` indexes only, signed by
+/// [`DEBIAN_KEYRING`]), `state/` (lists, an empty dpkg status), `cache/`, and empty trusted
+/// keys (`trusted.gpg`, `trusted.gpg.d/`: the host's apt keys are not trusted either). The
+/// host's apt.conf.d still applies (proxies), its sources, lists and pins do not.
+pub struct Apt {
+    dir: PathBuf,
+    /// An update was tried in this run (one per run, even if it failed).
+    tried: std::cell::Cell<bool>,
+    /// [`Apt::kernel_packages`] since the last update.
+    known: std::cell::RefCell<Option<Vec<String>>>,
 }
 
-/// Which package to use for `series`: the newest apt knows (after `apt-get update` if it
-/// knows none), else the newest already in the cache (offline).
-fn pick_package(series: Series, cache: &Path) -> Result<String> {
-    let mut known = apt_kernel_packages().unwrap_or_default();
-    if series.newest(known.iter().map(String::as_str)).is_none() {
-        eprintln!(
-            "lab: no {} cloud kernel in apt's lists; running apt-get update",
-            series.name
+impl Apt {
+    /// Mirrors: `MERGETRACE_LAB_MIRROR` (default http://deb.debian.org/debian) and
+    /// `MERGETRACE_LAB_SECURITY_MIRROR` (default http://deb.debian.org/debian-security).
+    fn sources_list() -> String {
+        let env = |k: &str, d: &str| {
+            std::env::var(k)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| d.to_string())
+        };
+        let mirror = env("MERGETRACE_LAB_MIRROR", "http://deb.debian.org/debian");
+        let security = env(
+            "MERGETRACE_LAB_SECURITY_MIRROR",
+            "http://deb.debian.org/debian-security",
         );
-        if let Err(e) = run_quiet(Command::new("apt-get").arg("update")) {
-            eprintln!("lab: apt-get update failed: {e:#}");
+        let mut suites: Vec<&str> = Vec::new();
+        for s in SERIES {
+            if !suites.contains(&s.suite) {
+                suites.push(s.suite);
+            }
         }
-        known = apt_kernel_packages().unwrap_or_default();
+        let opts = format!("[arch=amd64 signed-by={DEBIAN_KEYRING} target=Packages]");
+        let mut s = String::from(
+            "# The lab's own apt sources (xtask/src/lab/kernel.rs writes them), not the host's.\n",
+        );
+        for suite in suites {
+            s.push_str(&format!("deb {opts} {mirror} {suite} main\n"));
+            s.push_str(&format!("deb {opts} {mirror} {suite}-updates main\n"));
+            s.push_str(&format!("deb {opts} {security} {suite}-security main\n"));
+        }
+        s
+    }
+
+    /// Creates the directories and (re)writes sources.list.
+    pub fn new(cache: &Path) -> Result<Apt> {
+        let dir = cache.join("apt");
+        for d in [
+            "state/lists/partial",
+            "cache/archives/partial",
+            "trusted.gpg.d",
+        ] {
+            fs::create_dir_all(dir.join(d))
+                .with_context(|| format!("cannot create {}", dir.join(d).display()))?;
+        }
+        let status = dir.join("state/status");
+        if !status.exists() {
+            fs::write(&status, "")?;
+        }
+        let list = dir.join("sources.list");
+        let text = Self::sources_list();
+        if fs::read_to_string(&list).ok().as_deref() != Some(text.as_str()) {
+            let tmp = dir.join(format!("sources.list.{}", std::process::id()));
+            fs::write(&tmp, &text)?;
+            fs::rename(&tmp, &list)?;
+        }
+        Ok(Apt {
+            dir,
+            tried: Default::default(),
+            known: Default::default(),
+        })
+    }
+
+    /// The `-o` options that point apt-get and apt-cache at this configuration only.
+    fn opts(&self) -> Vec<OsString> {
+        let d = |p: &str| self.dir.join(p).into_os_string();
+        let mut v = Vec::new();
+        for (k, val) in [
+            ("Dir::Etc::sourcelist", d("sources.list")),
+            ("Dir::Etc::sourceparts", "/dev/null".into()),
+            ("Dir::Etc::trusted", d("trusted.gpg")),
+            ("Dir::Etc::trustedparts", d("trusted.gpg.d")),
+            ("Dir::Etc::preferences", "/dev/null".into()),
+            ("Dir::Etc::preferencesparts", "/dev/null".into()),
+            ("Dir::State", d("state")),
+            ("Dir::State::status", d("state/status")),
+            ("Dir::Cache", d("cache")),
+            // The host's apt.conf.d may turn the binary cache off (Docker images do); without
+            // it every apt-cache call parses all nine lists again (~6 s, 0.7 s with it).
+            ("Dir::Cache::pkgcache", "pkgcache.bin".into()),
+            ("Dir::Cache::srcpkgcache", "".into()),
+            ("Acquire::Languages", "none".into()),
+        ] {
+            let mut o = OsString::from(format!("{k}="));
+            o.push(val);
+            v.push("-o".into());
+            v.push(o);
+        }
+        v
+    }
+
+    fn apt_get(&self) -> Command {
+        let mut c = Command::new("apt-get");
+        c.args(self.opts());
+        c
+    }
+
+    /// Whether the lists should be fetched: never fetched for this sources.list, or older than
+    /// [`LISTS_MAX_AGE`]; and no update was tried yet in this run.
+    fn stale(&self) -> bool {
+        if self.tried.get() {
+            return false;
+        }
+        let stamp = self.dir.join("state/updated");
+        let same = fs::read_to_string(&stamp).ok()
+            == fs::read_to_string(self.dir.join("sources.list")).ok();
+        let age = fs::metadata(&stamp)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| SystemTime::now().duration_since(t).ok());
+        !same || age.is_none_or(|a| a > LISTS_MAX_AGE)
+    }
+
+    /// `apt-get update` with the lab's configuration.
+    fn update(&self) -> Result<()> {
+        self.tried.set(true);
+        ensure!(
+            Path::new(DEBIAN_KEYRING).exists(),
+            "{DEBIAN_KEYRING} is missing (apt-get install debian-archive-keyring)"
+        );
+        eprintln!(
+            "lab: apt-get update with the lab's own sources ({})",
+            self.dir.join("sources.list").display()
+        );
+        self.known.replace(None);
+        run_quiet(self.apt_get().args(["-q", "update"]))?;
+        fs::copy(
+            self.dir.join("sources.list"),
+            self.dir.join("state/updated"),
+        )?;
+        Ok(())
+    }
+
+    /// Cloud-kernel package names (signed and unsigned) in the lab's lists (`apt-cache search`,
+    /// local; once per run unless the lists change).
+    fn kernel_packages(&self) -> Result<Vec<String>> {
+        if let Some(k) = self.known.borrow().as_ref() {
+            return Ok(k.clone());
+        }
+        let out = run_quiet(Command::new("apt-cache").args(self.opts()).args([
+            "search",
+            "--names-only",
+            "^linux-image-.*-cloud-amd64(-unsigned)?$",
+        ]))?;
+        let k: Vec<String> = out
+            .lines()
+            .filter_map(|l| l.split_once(" - ").map(|(n, _)| n.trim().to_string()))
+            .collect();
+        self.known.replace(Some(k.clone()));
+        Ok(k)
+    }
+
+    /// `apt-get download PACKAGE` into `dir`.
+    fn download(&self, package: &str, dir: &Path) -> Result<()> {
+        run_quiet(
+            self.apt_get()
+                .args(["-q", "download", package])
+                .current_dir(dir),
+        )
+        .map(drop)
+    }
+}
+
+/// Which package to use for `series`: the newest the lab's apt lists know (after an
+/// `apt-get update` when they are stale or know none of the series), else the newest already
+/// in the cache (offline).
+fn pick_package(series: Series, apt: &Apt, cache: &Path) -> Result<String> {
+    let mut known = apt.kernel_packages().unwrap_or_default();
+    let none = series.newest(known.iter().map(String::as_str)).is_none();
+    if (none && !apt.tried.get()) || apt.stale() {
+        if none {
+            eprintln!(
+                "lab: no {} cloud kernel in the lab's apt lists",
+                series.name
+            );
+        }
+        match apt.update() {
+            Ok(()) => known = apt.kernel_packages().unwrap_or_default(),
+            Err(e) => eprintln!("lab: apt-get update failed: {e:#}"),
+        }
     }
     if let Some(p) = series.newest(known.iter().map(String::as_str)) {
         return Ok(p);
@@ -145,8 +379,8 @@ fn pick_package(series: Series, cache: &Path) -> Result<String> {
         .newest(cached.iter().map(String::as_str))
         .with_context(|| {
             format!(
-                "no package {}N{} in apt's lists, even after apt-get update, and none cached",
-                series.prefix, series.suffix
+                "no package {}N{}{} in the lab's apt lists ({} suites), even after apt-get update, and none cached",
+                series.prefix, series.infix, series.suffix, series.suite
             )
         })
 }
@@ -156,8 +390,8 @@ const READY: &str = ".mt-lab-ready";
 
 /// Fetches and unpacks the newest kernel of `series` into `cache/kernels/<package>`, unless
 /// it is already there.
-pub fn fetch(series: Series, cache: &Path) -> Result<Kernel> {
-    let package = pick_package(series, cache)?;
+pub fn fetch(series: Series, apt: &Apt, cache: &Path) -> Result<Kernel> {
+    let package = pick_package(series, apt, cache)?;
     let tree = cache.join("kernels").join(&package);
     if !tree.join(READY).exists() {
         let debs = cache.join("debs");
@@ -165,14 +399,9 @@ pub fn fetch(series: Series, cache: &Path) -> Result<Kernel> {
         let deb = match find_deb(&debs, &package) {
             Some(d) => d,
             None => {
-                eprintln!("lab: downloading {package} (apt-get download)");
-                run_quiet(
-                    Command::new("apt-get")
-                        .arg("download")
-                        .arg(&package)
-                        .current_dir(&debs),
-                )
-                .with_context(|| format!("cannot download {package}"))?;
+                eprintln!("lab: downloading {package} (apt-get download, the lab's sources)");
+                apt.download(&package, &debs)
+                    .with_context(|| format!("cannot download {package}"))?;
                 find_deb(&debs, &package).with_context(|| {
                     format!(
                         "apt-get download left no {package}_*.deb in {}",
@@ -182,11 +411,19 @@ pub fn fetch(series: Series, cache: &Path) -> Result<Kernel> {
             }
         };
         eprintln!("lab: unpacking {} (dpkg -x, not installed)", deb.display());
-        let tmp = tree.with_extension("partial");
+        // Not tree.with_extension, which makes "linux-image-6.12.117+deb12-…" into
+        // "linux-image-6.12.partial", the same for bookworm's and trixie's 6.12.
+        let tmp = cache.join("kernels").join(format!("{package}.partial"));
         let _ = fs::remove_dir_all(&tmp);
         let _ = fs::remove_dir_all(&tree);
         fs::create_dir_all(&tmp)?;
         run_quiet(Command::new("dpkg").arg("-x").arg(&deb).arg(&tmp))?;
+        // Trixie's packages ship merged-/usr trees (usr/lib/modules); give them the lib ->
+        // usr/lib link a merged-/usr system has, for depmod -b and the paths below.
+        if !tmp.join("lib").exists() && tmp.join("usr/lib/modules").is_dir() {
+            std::os::unix::fs::symlink("usr/lib", tmp.join("lib"))
+                .context("cannot link lib to usr/lib in the unpacked kernel")?;
+        }
         let release = release_of(&tmp)?;
         if !tmp
             .join("lib/modules")
@@ -477,9 +714,38 @@ mod tests {
             "linux-image-6.12.107+deb12-cloud-amd64-unsigned",
             "linux-image-6.12.117+deb12-cloud-amd64-unsigned",
             "linux-image-6.12.99+deb12-cloud-amd64-unsigned",
+            "linux-image-6.12.118+deb13-cloud-amd64-unsigned",
+            "linux-image-6.12.116+deb13.2-cloud-amd64-unsigned",
+            "linux-image-6.1.0-0.deb11.52-cloud-amd64-unsigned",
+            "linux-image-5.10.0-47-cloud-amd64-unsigned",
+            "linux-image-5.10.0-46-cloud-amd64",
+            "linux-image-5.10.0-9-cloud-amd64",
+            "linux-image-6.1.0-58-cloud-amd64",
         ];
+        let s510 = Series::by_name("5.10").unwrap();
         let s61 = Series::by_name("6.1").unwrap();
         let s612 = Series::by_name("6.12").unwrap();
+        let trixie = Series::by_name("trixie").unwrap();
+        assert_eq!(
+            s510.newest(pkgs).as_deref(),
+            Some("linux-image-5.10.0-46-cloud-amd64")
+        );
+        assert_eq!(
+            trixie.newest(pkgs).as_deref(),
+            Some("linux-image-6.12.118+deb13-cloud-amd64-unsigned")
+        );
+        assert_eq!(
+            trixie.number("linux-image-6.12.115+deb13.1-cloud-amd64-unsigned"),
+            Some((115, 1))
+        );
+        assert_eq!(
+            trixie.number("linux-image-6.12.115+deb13x-cloud-amd64-unsigned"),
+            None
+        );
+        assert_eq!(
+            s61.number("linux-image-6.1.0-0.deb11.52-cloud-amd64-unsigned"),
+            None
+        );
         assert_eq!(
             s61.newest(pkgs).as_deref(),
             Some("linux-image-6.1.0-57-cloud-amd64-unsigned")
@@ -488,6 +754,35 @@ mod tests {
             s612.newest(pkgs).as_deref(),
             Some("linux-image-6.12.117+deb12-cloud-amd64-unsigned")
         );
+    }
+
+    #[test]
+    fn kernel_names_and_all() {
+        let mut names: Vec<&str> = SERIES.iter().map(|s| s.name).collect();
+        names.push("all");
+        assert_eq!(names, KERNEL_NAMES);
+        let all: Vec<&str> = Series::all().iter().map(|s| s.name).collect();
+        assert_eq!(all, ["5.10", "6.1", "6.12"]);
+    }
+
+    #[test]
+    fn sources_list_has_each_suite_once_and_only_debian_keys() {
+        let s = Apt::sources_list();
+        let lines: Vec<&str> = s.lines().filter(|l| l.starts_with("deb ")).collect();
+        assert_eq!(lines.len(), 9, "{s}");
+        for suite in ["bullseye", "bookworm", "trixie"] {
+            for sfx in ["", "-updates", "-security"] {
+                let want = format!(" {suite}{sfx} main");
+                assert_eq!(
+                    lines.iter().filter(|l| l.ends_with(&want)).count(),
+                    1,
+                    "{want} in {s}"
+                );
+            }
+        }
+        assert!(lines
+            .iter()
+            .all(|l| l.contains(&format!("signed-by={DEBIAN_KEYRING}"))));
     }
 
     #[test]

@@ -17,7 +17,7 @@ pub struct KernelEnv {
     pub tracefs: Option<PathBuf>,
     pub privileges: Privileges,
     /// `None`: not probed (no BTF or no privileges). `Some(Ok(allowed))` / `Some(Err(why))`.
-    pub fentry: Option<Result<bool, String>>,
+    pub fentry: Option<Result<Option<&'static str>, String>>,
 }
 
 impl KernelEnv {
@@ -75,14 +75,13 @@ pub fn tier(env: &KernelEnv) -> TierCheck {
         return none("the block tracepoints are not in this kernel's BTF");
     }
     match &env.fentry {
-        Some(Ok(true)) => TierCheck {
+        Some(Ok(Some(function))) => TierCheck {
             name: "fentry",
             reason: format!(
-                "fentry tier available: the kernel accepted an fentry program on {}",
-                hooks::fentry_probe().0.name
+                "fentry tier available: the kernel accepted an fentry program on {function}"
             ),
         },
-        Some(Ok(false)) => TierCheck {
+        Some(Ok(None)) => TierCheck {
             name: "tracepoint",
             reason: "fentry refused by this kernel's policy: tracepoint tier".into(),
         },
@@ -107,7 +106,7 @@ pub(super) mod tests {
             block_tracepoints: true,
             tracefs: None,
             privileges: Privileges::Root,
-            fentry: Some(Ok(false)),
+            fentry: Some(Ok(None)),
         }
     }
 
@@ -121,7 +120,7 @@ pub(super) mod tests {
                 reason: "fentry refused by this kernel's policy: tracepoint tier".into()
             }
         );
-        e.fentry = Some(Ok(true));
+        e.fentry = Some(Ok(Some("__blk_throtl_bio")));
         assert_eq!(tier(&e).name, "fentry");
         assert_eq!(
             tier(&e).reason,

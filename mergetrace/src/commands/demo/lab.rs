@@ -266,6 +266,7 @@ impl Lab {
                 modes: Modes {
                     aggregate: 1,
                     emit: 0,
+                    ..Modes::default()
                 },
                 meter_units: aggregate::meter_units(&aggregate::DEFAULT_METER_UNITS),
                 stats: false,

@@ -41,12 +41,44 @@ pub enum Needs {
     Symbol(&'static str),
 }
 
+/// A second build of a program for an older prototype of its hook, named `<program><suffix>`
+/// in the object; the loader attaches the one that fits the running kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    None,
+    /// `_q`: the bio tracepoints took the request queue first up to 5.10
+    /// (`block_bio_queue(q, bio)`).
+    QueueFirst,
+    /// `_4`: `blk_attempt_plug_merge` had a fourth parameter up to 5.15.
+    FourParams,
+}
+
+impl Variant {
+    fn suffix(self) -> Option<&'static str> {
+        match self {
+            Variant::None => None,
+            Variant::QueueFirst => Some("_q"),
+            Variant::FourParams => Some("_4"),
+        }
+    }
+}
+
 /// A program of the embedded eBPF object (its name in mergetrace-ebpf).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Program {
     pub name: &'static str,
     pub attach: Attach,
     pub needs: Needs,
+    pub variant: Variant,
+}
+
+impl Program {
+    /// Its name and its variant's, as in the object.
+    pub fn object_names(&self) -> Vec<String> {
+        let mut names = vec![self.name.to_string()];
+        names.extend(self.variant.suffix().map(|s| format!("{}{s}", self.name)));
+        names
+    }
 }
 
 /// One hook: what it is for, how it is reached, on which kernels mergetrace expects it, and
@@ -74,7 +106,7 @@ const fn hook(concept: &'static str, kind: HookKind, name: &'static str) -> Hook
         concept,
         kind,
         name,
-        since: (6, 1),
+        since: (5, 10),
         until: None,
         optional: None,
         tier: TierKind::Tracepoint,
@@ -108,6 +140,7 @@ const fn program(name: &'static str, attach: Attach) -> Program {
         name,
         attach,
         needs: Needs::Nothing,
+        variant: Variant::None,
     }
 }
 
@@ -115,28 +148,52 @@ const fn tp(name: &'static str) -> Program {
     program(name, Attach::Tracepoint)
 }
 
+/// A bio tracepoint's program, with its variant for the 5.10 prototype.
+const fn bio_tp(name: &'static str) -> Program {
+    Program {
+        variant: Variant::QueueFirst,
+        ..tp(name)
+    }
+}
+
+/// A hook used from `since` on.
+const fn since(since: (u32, u32), hook: Hook) -> Hook {
+    Hook { since, ..hook }
+}
+
+/// A hook used up to `until` (an older kernel's name for what a later row names).
+const fn until(until: (u32, u32), hook: Hook) -> Hook {
+    Hook {
+        until: Some(until),
+        ..hook
+    }
+}
+
 /// The release context is only known with the dispatch work's address.
 pub const THROTTLE_WORK: &str = "blk_throtl_dispatch_work_fn";
 
-/// Every hook mergetrace uses, 6.1 → 6.18+. Kernel drift is expressed here and nowhere else.
+/// Every hook mergetrace uses, 5.10 → 6.18+. Kernel drift is expressed here and nowhere else:
+/// where a kernel renamed a hook, the rows name each spelling with the kernels it is expected
+/// on (the ones the lab runs bound the ranges) and carry the same programs, newest first; the
+/// loader attaches each program to the first row the running kernel has.
 pub const HOOKS: &[Hook] = &[
     tracepoint(
         "bio passed the throttle",
         "block_bio_queue",
-        &[tp("block_bio_queue")],
+        &[bio_tp("block_bio_queue")],
     ),
-    tracepoint("bio split", "block_split", &[tp("block_split")]),
+    tracepoint("bio split", "block_split", &[bio_tp("block_split")]),
     tracepoint(
         "bio back merge",
         "block_bio_backmerge",
-        &[tp("block_bio_backmerge")],
+        &[bio_tp("block_bio_backmerge")],
     ),
     tracepoint(
         "bio front merge",
         "block_bio_frontmerge",
-        &[tp("block_bio_frontmerge")],
+        &[bio_tp("block_bio_frontmerge")],
     ),
-    tracepoint("new request", "block_getrq", &[tp("block_getrq")]),
+    tracepoint("new request", "block_getrq", &[bio_tp("block_getrq")]),
     tracepoint(
         "request-request merge",
         "block_rq_merge",
@@ -192,7 +249,7 @@ pub const HOOKS: &[Hook] = &[
         ..hook("throttle dispatch work", HookKind::Kallsyms, THROTTLE_WORK)
     },
     Hook {
-        optional: Some("plug merges show as path \"unknown\""),
+        optional: Some("merges into a plug holding several queues' requests show as path \"unknown\""),
         ..hook(
             "merge path: plug",
             HookKind::Kallsyms,
@@ -200,7 +257,7 @@ pub const HOOKS: &[Hook] = &[
         )
     },
     Hook {
-        optional: Some("elevator merges show as path \"unknown\""),
+        optional: Some("stack fallback: elevator merges show as path \"unknown\""),
         ..hook(
             "merge path: elevator",
             HookKind::Kallsyms,
@@ -208,7 +265,7 @@ pub const HOOKS: &[Hook] = &[
         )
     },
     Hook {
-        optional: Some("software-queue merges show as path \"unknown\""),
+        optional: Some("stack fallback: software-queue merges show as path \"unknown\""),
         ..hook(
             "merge path: software queue",
             HookKind::Kallsyms,
@@ -217,21 +274,32 @@ pub const HOOKS: &[Hook] = &[
     },
     Hook {
         optional: Some("fentry tier: no exact throttle delay"),
-        ..function(
-            "throttle charge (fentry)",
-            "__blk_throtl_bio",
-            &[
-                program("throtl_bio_entry", Attach::Fentry),
-                program("throtl_bio_exit", Attach::Fexit),
-            ],
+        ..since((6, 1), function("throttle charge (fentry)", "__blk_throtl_bio", THROTTLE_CHARGE))
+    },
+    Hook {
+        optional: Some("fentry tier: no exact throttle delay"),
+        ..until((5, 10), function("throttle charge (fentry)", "blk_throtl_bio", THROTTLE_CHARGE))
+    },
+    Hook {
+        optional: Some("fentry tier: no exact throttle delay"),
+        ..since(
+            (6, 1),
+            function(
+                "throttle release (fentry)",
+                "submit_bio_noacct_nocheck",
+                THROTTLE_RELEASE,
+            ),
         )
     },
     Hook {
         optional: Some("fentry tier: no exact throttle delay"),
-        ..function(
-            "throttle release (fentry)",
-            "submit_bio_noacct_nocheck",
-            &[program("throtl_release", Attach::Fentry)],
+        ..until(
+            (5, 10),
+            function(
+                "throttle release (fentry)",
+                "submit_bio_noacct",
+                THROTTLE_RELEASE,
+            ),
         )
     },
     Hook {
@@ -239,7 +307,10 @@ pub const HOOKS: &[Hook] = &[
         ..function(
             "plug merge attempt (fexit)",
             "blk_attempt_plug_merge",
-            &[program("plug_attempt", Attach::Fexit)],
+            &[Program {
+                variant: Variant::FourParams,
+                ..program("plug_attempt_exit", Attach::Fexit)
+            }],
         )
     },
     Hook {
@@ -260,19 +331,58 @@ pub const HOOKS: &[Hook] = &[
         HookKind::Field,
         "request.start_time_ns",
     ),
-    hook(
-        "throttle rules",
-        HookKind::Field,
-        "throtl_grp.has_rules_iops",
+    since(
+        (6, 1),
+        hook(
+            "throttle rules",
+            HookKind::Field,
+            "throtl_grp.has_rules_iops",
+        ),
+    ),
+    since(
+        (6, 1),
+        hook(
+            "throttle rules",
+            HookKind::Field,
+            "throtl_grp.has_rules_bps",
+        ),
+    ),
+    until(
+        (5, 10),
+        hook("throttle rules", HookKind::Field, "throtl_grp.has_rules"),
+    ),
+    hook("merge path: plug", HookKind::Field, "task_struct.plug"),
+    until(
+        (6, 12),
+        hook("merge path: plug", HookKind::Field, "blk_plug.mq_list"),
+    ),
+    since(
+        (6, 13),
+        hook("merge path: plug", HookKind::Field, "blk_plug.mq_list.tail"),
     ),
     hook(
-        "throttle rules",
+        "merge path: scheduler",
         HookKind::Field,
-        "throtl_grp.has_rules_bps",
+        "elevator_type.elevator_name",
     ),
     hook("bio's cgroup", HookKind::Field, "bio.bi_blkg"),
-    hook("request's disk", HookKind::Field, "request_queue.disk"),
+    since((6, 1), hook("bio's disk", HookKind::Field, "bio.bi_bdev")),
+    until((5, 10), hook("bio's disk", HookKind::Field, "bio.bi_disk")),
+    since(
+        (6, 1),
+        hook("request's disk", HookKind::Field, "request_queue.disk"),
+    ),
+    until((5, 10), hook("request's disk", HookKind::Field, "request.rq_disk")),
 ];
+
+/// The programs of blk-throttle's entry, 5.10's and 6.x's.
+const THROTTLE_CHARGE: &[Program] = &[
+    program("throtl_bio_entry", Attach::Fentry),
+    program("throtl_bio_exit", Attach::Fexit),
+];
+
+/// Where released bios go back into the block layer.
+const THROTTLE_RELEASE: &[Program] = &[program("throtl_release", Attach::Fentry)];
 
 /// The programs of the hooks first used on `tier`, with their hook, in table order.
 pub fn programs_of(tier: TierKind) -> impl Iterator<Item = (&'static Hook, &'static Program)> {
@@ -291,11 +401,37 @@ pub fn required_tracepoints() -> impl Iterator<Item = &'static str> {
 }
 
 /// What `check` loads to learn whether the kernel allows fentry: the fentry tier's first
-/// fentry program, on the function a real run attaches it to.
-pub fn fentry_probe() -> (&'static Hook, &'static Program) {
-    programs_of(TierKind::Fentry)
+/// fentry program, on the function a real run attaches it to (the first of its spellings this
+/// kernel has). `Err`: the kernel has none of them, named.
+pub fn fentry_probe(btf: &Btf) -> Result<(&'static Hook, &'static Program), String> {
+    let (_, first) = programs_of(TierKind::Fentry)
         .find(|(_, p)| p.attach == Attach::Fentry)
-        .expect("the hook table has an fentry program")
+        .expect("the hook table has an fentry program");
+    let spellings: Vec<_> = programs_of(TierKind::Fentry)
+        .filter(|(_, p)| p.name == first.name)
+        .collect();
+    spellings
+        .iter()
+        .find(|(h, _)| btf.has_function(h.name))
+        .copied()
+        .ok_or_else(|| {
+            let names: Vec<&str> = spellings.iter().map(|(h, _)| h.name).collect();
+            format!("{} is not in this kernel's BTF", names.join(" or "))
+        })
+}
+
+/// The object's name for `p` on this kernel: its variant's where the running kernel's
+/// prototype of `hook` is the older one ([`Variant`]).
+pub fn program_variant(btf: &Btf, hook: &Hook, p: &Program) -> String {
+    let older = match p.variant {
+        Variant::None => false,
+        Variant::QueueFirst => btf.tracepoint_arg(hook.name, "bio").is_some_and(|i| i > 0),
+        Variant::FourParams => btf.function_arity(hook.name) == Some(4),
+    };
+    match p.variant.suffix() {
+        Some(suffix) if older => format!("{}{suffix}", p.name),
+        _ => p.name.to_string(),
+    }
 }
 
 /// A hook as found (or not) on the running kernel.
@@ -353,6 +489,7 @@ pub fn markdown_table() -> String {
         };
         let programs: Vec<String> = h.programs.iter().map(program_cell).collect();
         let kernels = match h.until {
+            Some(u) if u == h.since => format!("{}.{}", u.0, u.1),
             Some((a, b)) => format!("{}.{}–{a}.{b}", h.since.0, h.since.1),
             None => format!("{}.{}+", h.since.0, h.since.1),
         };
@@ -426,7 +563,7 @@ mod tests {
             .into_iter()
             .flat_map(programs_of)
             .filter(|(_, p)| emit || p.needs != Needs::Events)
-            .map(|(_, p)| (p.name.to_string(), p.attach))
+            .flat_map(|(_, p)| p.object_names().into_iter().map(|n| (n, p.attach)))
             .collect()
     }
 
@@ -455,11 +592,21 @@ mod tests {
                 .collect::<Vec<_>>(),
             ["block_rq_complete"]
         );
-        // Each program once; tracepoint programs are named after their tracepoint.
-        let mut seen = BTreeSet::new();
+        // Each program once, but for the spellings of one renamed function (same concept,
+        // disjoint kernels); tracepoint programs are named after their tracepoint.
+        let mut seen: BTreeMap<&str, &Hook> = BTreeMap::new();
         for h in HOOKS {
             for p in h.programs {
-                assert!(seen.insert(p.name), "{} twice in the table", p.name);
+                if let Some(first) = seen.insert(p.name, h) {
+                    assert!(
+                        first.concept == h.concept
+                            && h.kind == HookKind::Fentry
+                            && first.until.is_none()
+                            && h.until.is_some_and(|u| u < first.since),
+                        "{} twice in the table",
+                        p.name
+                    );
+                }
                 match p.attach {
                     Attach::Tracepoint => {
                         assert_eq!(
@@ -478,7 +625,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(fentry_probe().1.name, "throtl_bio_entry");
+        assert_eq!(programs_of(TierKind::Fentry).next().unwrap().1.name, "throtl_bio_entry");
         assert!(required_tracepoints().any(|t| t == "block_bio_queue"));
         assert!(!required_tracepoints().any(|t| t == "block_unplug"));
     }

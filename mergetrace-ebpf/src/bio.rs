@@ -1,0 +1,385 @@
+//! Programs on the bio tracepoints: a bio leaving blk-throttle (`block_bio_queue`), split,
+//! merged into a request (and by which path), or starting a new request.
+use aya_ebpf::{
+    helpers::{bpf_get_current_task, bpf_get_current_task_btf, bpf_get_stack},
+    macros::btf_tracepoint,
+    programs::BtfTracePointContext,
+    EbpfContext,
+};
+use mergetrace_common::{flags, kind, path, Event, NONE};
+
+use crate::{
+    emit::{emit, now},
+    maps::{frozen, off, THROTTLE_POLICY},
+    read::{bio_disk, blkg_cgroup_id, disk_dev, learn_queue, read, read_probe, ready, traced, Disk},
+    throttle::{mark_released, note_split, note_queued},
+};
+
+/// The common part of every bio event and the bio's disk; `None` if the disk is not traced.
+#[inline(always)]
+pub fn bio_event(bio: u64, kind: u8) -> Option<(Event, Disk)> {
+    if bio == 0 || !ready() {
+        return None;
+    }
+    let disk_ptr = bio_disk(bio);
+    let dev = disk_dev(disk_ptr);
+    let disk = traced(dev)?;
+    learn_queue(&disk, disk_ptr);
+    let opf: u32 = read(bio, off!(bio_bi_opf));
+    let blkg: u64 = read(bio, off!(bio_bi_blkg));
+    let ev = Event {
+        ts_ns: now(),
+        cgroup_id: blkg_cgroup_id(blkg),
+        id: bio,
+        aux64: 0,
+        sector: read(bio, off!(bio_bi_sector)),
+        dev,
+        bytes: read(bio, off!(bio_bi_size)),
+        aux: 0,
+        kind,
+        op: (opf & 0xff) as u8,
+        path: 0,
+        flags: if opf & off!(req_flush_mask) != 0 {
+            flags::FLUSH_SEQ
+        } else {
+            0
+        },
+    };
+    Some((ev, disk))
+}
+
+/// blk-throttle's group (`struct throtl_grp *`) of a bio, or 0 if the queue has no throttle
+/// data (no limit was ever set on this disk) or the group is not found.
+///
+/// The group is the `blkg->pd[]` entry of blk-throttle's policy id. That id is the same for
+/// every blkg, but not visible to BPF: the first bio finds it by looking for the `pd` whose
+/// `td` is the queue's, and the id is kept for every later bio (one probe read instead of up
+/// to eight).
+#[inline(always)]
+fn throttle_group(bio: u64) -> u64 {
+    let blkg: u64 = read(bio, off!(bio_bi_blkg));
+    let q: u64 = read(blkg, off!(blkg_q));
+    let td: u64 = read(q, off!(q_td));
+    if td == 0 {
+        return 0;
+    }
+    let pd_base = off!(blkg_pd);
+    let Some(policy) = THROTTLE_POLICY.get_ptr_mut(0) else {
+        return 0;
+    };
+    let known = unsafe { *policy };
+    if known != 0 {
+        // A constant offset in each arm: plain typed loads, no helper call. An arm past the
+        // kernel's `pd[]` (frozen `blkg_pd_count`) is dropped by the verifier.
+        let n = off!(blkg_pd_count);
+        return match known - 1 {
+            0 => read(blkg, pd_base),
+            1 if n > 1 => read(blkg, pd_base + 8),
+            2 if n > 2 => read(blkg, pd_base + 16),
+            3 if n > 3 => read(blkg, pd_base + 24),
+            4 if n > 4 => read(blkg, pd_base + 32),
+            5 if n > 5 => read(blkg, pd_base + 40),
+            6 if n > 6 => read(blkg, pd_base + 48),
+            7 if n > 7 => read(blkg, pd_base + 56),
+            _ => 0,
+        };
+    }
+    let tg_td = off!(tg_td);
+    for i in 0..8u32 {
+        if i >= off!(blkg_pd_count) {
+            break;
+        }
+        let pd: u64 = read_probe(blkg, pd_base + i * 8);
+        if pd != 0 && read_probe::<u64>(pd, tg_td) == td {
+            unsafe { *policy = i + 1 };
+            return pd; // pd is the first member of throtl_grp
+        }
+    }
+    0
+}
+
+/// Does the bio's group have iops / bps rules (own or inherited) for its direction.
+#[inline(always)]
+pub fn rule_flags(bio: u64, op: u8) -> u8 {
+    let tg = throttle_group(bio);
+    if tg == 0 {
+        return 0;
+    }
+    let rw = (op & 1) as u32; // bio_data_dir(): op_is_write()
+    // `has_rules_iops[2]` and `has_rules_bps[2]` are neighbours: one read for both.
+    let (iops, bps) = (off!(tg_has_rules_iops) + rw, off!(tg_has_rules_bps) + rw);
+    let base = if iops < bps { iops } else { bps };
+    // Little-endian: byte `i` of the read is bits 8i..8i+8 (shifts, not stack indexing,
+    // which the verifier refuses as pointer arithmetic).
+    let word: u64 = read_probe(tg, base);
+    let byte = |at: u32| (word >> (((at - base) & 7) * 8)) & 0xff;
+    let mut out = 0;
+    if byte(iops) != 0 {
+        out |= flags::RULES_IOPS;
+    }
+    if byte(bps) != 0 {
+        out |= flags::RULES_BPS;
+    }
+    out
+}
+
+#[inline(always)]
+fn bps_charged(bio: u64) -> bool {
+    // `bio` comes from `bi_private` (a void pointer): not BTF-typed, so probe-read.
+    let bi_flags: u16 = read_probe(bio, off!(bio_bi_flags));
+    bi_flags & (1u16 << (off!(bio_bps_throttled_bit) & 15)) != 0
+}
+
+/// A bio left blk-throttle (once per bio, after it waited if it did).
+#[inline(always)]
+fn bio_queue(bio: u64) {
+    if let Some((mut ev, disk)) = bio_event(bio, kind::BIO_QUEUE) {
+        ev.flags |= rule_flags(bio, ev.op);
+        note_queued(&mut ev);
+        emit(&ev, disk.slot);
+    }
+}
+
+#[btf_tracepoint(function = "block_bio_queue")]
+pub fn block_bio_queue(ctx: BtfTracePointContext) -> u32 {
+    bio_queue(ctx.arg(0));
+    0
+}
+
+/// Up to 5.10: `block_bio_queue(q, bio)`.
+#[btf_tracepoint(function = "block_bio_queue")]
+pub fn block_bio_queue_q(ctx: BtfTracePointContext) -> u32 {
+    bio_queue(ctx.arg(1));
+    0
+}
+
+/// `split` is the front piece; the original bio becomes the remainder (`split->bi_private`)
+/// and re-enters the throttle, where it is charged again (6.0+).
+#[inline(always)]
+fn split(split: u64, new_sector: u64) {
+    if let Some((mut ev, disk)) = bio_event(split, kind::SPLIT) {
+        ev.aux = new_sector as u32;
+        let remainder: u64 = read(split, off!(bio_bi_private));
+        ev.aux64 = remainder;
+        // Up to 5.19 a split remainder passed blk-throttle already (`BIO_THROTTLED`): it is
+        // not charged again.
+        if off!(remainders_charged) != 0 {
+            ev.flags |= rule_flags(split, ev.op);
+        }
+        if off!(bio_bps_throttled_bit) != NONE && bps_charged(remainder) {
+            ev.flags |= flags::BPS_CHARGED;
+        }
+        note_split(&mut ev, remainder);
+        emit(&ev, disk.slot);
+    }
+}
+
+/// `block_split(split, new_sector)`.
+#[btf_tracepoint(function = "block_split")]
+pub fn block_split(ctx: BtfTracePointContext) -> u32 {
+    split(ctx.arg(0), ctx.arg(1));
+    0
+}
+
+/// Up to 5.10: `block_split(q, split, new_sector)`.
+#[btf_tracepoint(function = "block_split")]
+pub fn block_split_q(ctx: BtfTracePointContext) -> u32 {
+    split(ctx.arg(1), ctx.arg(2));
+    0
+}
+
+/// "kyber" and its NUL, the one scheduler that merges bios on plain request lists, as the
+/// low 6 bytes of a little-endian read (what follows a `const char *` name is not ours).
+const KYBER: u64 = u64::from_le_bytes(*b"kyber\0\0\0");
+const KYBER_MASK: u64 = 0xffff_ffff_ffff;
+
+/// Which mechanism merged `bio` (at `block_bio_back/frontmerge`, before the request grows).
+/// A plug merge joins the request `blk_attempt_plug_merge` tries first, and only one the bio
+/// touches: if that request of the task's plug ends where the bio starts (a back merge) or
+/// starts where it ends (a front merge), the plug merged it. Otherwise the queue's scheduler
+/// did (`blk_mq_sched_try_merge`), or its software queues (`blk_bio_list_merge`) where there
+/// is no scheduler or it is kyber. Two requests touching the bio at the same end would need
+/// overlapping I/O in flight; there the plug is named. A plug holding requests of another
+/// queue first falls back to the kernel stack.
+#[inline(always)]
+fn merge_path_from_plug(ctx: &BtfTracePointContext, bio: u64, rq: u64, back: bool) -> u8 {
+    let q: u64 = read(bio_disk(bio), off!(disk_queue));
+    let bio_start: u64 = read(bio, off!(bio_bi_sector));
+    let bio_bytes: u32 = read(bio, off!(bio_bi_size));
+    let touches = |rq_start: u64, rq_bytes: u32| {
+        if back {
+            rq_start + (rq_bytes >> 9) as u64 == bio_start
+        } else {
+            bio_start + (bio_bytes >> 9) as u64 == rq_start
+        }
+    };
+    if off!(plug_list_head) != 0 {
+        // Up to 5.15 the plug is a list the merge walks from its newest request. 5.10's
+        // tracepoint names the request the bio joins: look for it in the plug (5.11-5.15's
+        // does not: the stack tells).
+        if rq == 0 {
+            return merge_path_from_stack(ctx);
+        }
+        if in_plug_list(rq) {
+            return path::PLUG;
+        }
+    } else {
+        let task = unsafe { bpf_get_current_task_btf() } as u64;
+        let plug: u64 = read(task, off!(task_plug));
+        let candidate: u64 = read(plug, off!(plug_candidate));
+        if candidate != 0 {
+            if read::<u64>(candidate, off!(rq_q)) != q {
+                return merge_path_from_stack(ctx);
+            }
+            if touches(read(candidate, off!(rq_sector)), read(candidate, off!(rq_data_len))) {
+                return path::PLUG;
+            }
+        }
+    }
+    let elevator: u64 = read(q, off!(q_elevator));
+    if elevator == 0 {
+        return path::SW_QUEUE;
+    }
+    let etype: u64 = read(elevator, off!(elv_type));
+    let mut name: u64 = read_probe(etype, off!(elv_type_name));
+    if off!(elv_name_is_pointer) != 0 {
+        name = read_probe(name, 0);
+    }
+    if name & KYBER_MASK == KYBER {
+        path::SW_QUEUE
+    } else {
+        path::ELEVATOR
+    }
+}
+
+/// How many requests of a plug list (up to 5.15) are looked through; a plug flushes at 32
+/// (64 across several queues).
+const PLUG_WALK: u32 = 64;
+
+/// Whether `rq` is in the current task's plug list (`struct list_head`, up to 5.15). The
+/// task is read without BTF there (`bpf_get_current_task_btf` came in 5.11), so probe reads.
+#[inline(always)]
+fn in_plug_list(rq: u64) -> bool {
+    if rq == 0 {
+        return false;
+    }
+    let task = unsafe { bpf_get_current_task() };
+    let plug: u64 = read_probe(task, off!(task_plug));
+    if plug == 0 {
+        return false;
+    }
+    let head = plug + off!(plug_candidate) as u64 - 8; // &plug->mq_list (candidate is .prev)
+    let target = rq + off!(rq_queuelist) as u64;
+    let mut link: u64 = read_probe(plug, off!(plug_candidate));
+    let mut i = 0;
+    while i < PLUG_WALK {
+        if link == 0 || link == head {
+            return false;
+        }
+        if link == target {
+            return true;
+        }
+        link = read_probe(link, 8); // list_head.prev: towards older requests
+        i += 1;
+    }
+    false
+}
+
+/// Which merge caller is on the kernel stack: the first frame inside one of the
+/// `merge_callers` ranges decides. `path::UNKNOWN` if none (or no ranges were given).
+#[inline(always)]
+fn merge_path_from_stack<C: EbpfContext>(ctx: &C) -> u8 {
+    const FRAMES: usize = 8;
+    let mut stack = [0u64; FRAMES];
+    let got = unsafe {
+        bpf_get_stack(
+            ctx.as_ptr(),
+            stack.as_mut_ptr() as *mut _,
+            (FRAMES * 8) as u32,
+            0,
+        )
+    };
+    if got <= 0 {
+        return path::UNKNOWN;
+    }
+    let frames = (got as usize / 8).min(FRAMES);
+    let callers = frozen!(SYMBOLS.merge_callers);
+    for (i, ip) in stack.iter().enumerate() {
+        if i >= frames {
+            break;
+        }
+        for (p, range) in callers.iter().enumerate() {
+            if range[0] != 0 && *ip >= range[0] && *ip < range[1] {
+                return p as u8 + 1;
+            }
+        }
+    }
+    path::UNKNOWN
+}
+
+/// `bio` merged into a request (`rq`, where the tracepoint names it: 5.10), on some path.
+#[inline(always)]
+fn bio_merge(ctx: &BtfTracePointContext, bio: u64, rq: u64, kind: u8) {
+    if let Some((mut ev, disk)) = bio_event(bio, kind) {
+        ev.path = if frozen!(MODES.merge_path_from_stack) != 0 {
+            merge_path_from_stack(ctx)
+        } else {
+            merge_path_from_plug(ctx, bio, rq, kind == kind::BACK_MERGE)
+        };
+        mark_released(&mut ev);
+        emit(&ev, disk.slot);
+    }
+}
+
+#[btf_tracepoint(function = "block_bio_backmerge")]
+pub fn block_bio_backmerge(ctx: BtfTracePointContext) -> u32 {
+    bio_merge(&ctx, ctx.arg(0), 0, kind::BACK_MERGE);
+    0
+}
+
+#[btf_tracepoint(function = "block_bio_frontmerge")]
+pub fn block_bio_frontmerge(ctx: BtfTracePointContext) -> u32 {
+    bio_merge(&ctx, ctx.arg(0), 0, kind::FRONT_MERGE);
+    0
+}
+
+/// Up to 5.10: `block_bio_backmerge(q, rq, bio)`.
+#[btf_tracepoint(function = "block_bio_backmerge")]
+pub fn block_bio_backmerge_q(ctx: BtfTracePointContext) -> u32 {
+    bio_merge(&ctx, ctx.arg(2), ctx.arg(1), kind::BACK_MERGE);
+    0
+}
+
+/// Up to 5.10: `block_bio_frontmerge(q, rq, bio)`.
+#[btf_tracepoint(function = "block_bio_frontmerge")]
+pub fn block_bio_frontmerge_q(ctx: BtfTracePointContext) -> u32 {
+    bio_merge(&ctx, ctx.arg(2), ctx.arg(1), kind::FRONT_MERGE);
+    0
+}
+
+/// A bio starts a new request.
+#[inline(always)]
+fn getrq(bio: u64) {
+    if let Some((mut ev, disk)) = bio_event(bio, kind::GETRQ) {
+        mark_released(&mut ev);
+        if ev.flags & flags::FLUSH_SEQ != 0 {
+            // This request starts a flush sequence: the flush request the flush machinery
+            // issues for it (without a bio) is counted for this cgroup.
+            unsafe { (*disk.state).flush_cgroup = ev.cgroup_id };
+        }
+        emit(&ev, disk.slot);
+    }
+}
+
+#[btf_tracepoint(function = "block_getrq")]
+pub fn block_getrq(ctx: BtfTracePointContext) -> u32 {
+    getrq(ctx.arg(0));
+    0
+}
+
+/// Up to 5.10: `block_getrq(q, bio, rw)`.
+#[btf_tracepoint(function = "block_getrq")]
+pub fn block_getrq_q(ctx: BtfTracePointContext) -> u32 {
+    getrq(ctx.arg(1));
+    0
+}

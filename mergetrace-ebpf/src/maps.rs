@@ -1,0 +1,121 @@
+//! The maps and the frozen read-only globals every program shares.
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+};
+use mergetrace_common::{
+    CountKey, Counters, DeviceState, KernelOffsets, KernelSymbols, MeterUnits, Modes, SlotRef,
+    TracedDevices, LOST_SLOTS, MAX_DEVICES, MAX_SLOTS, UNPLUG_SLOTS,
+};
+
+use crate::throttle::Dispatch;
+
+#[no_mangle]
+pub static OFFSETS: KernelOffsets = unsafe { core::mem::zeroed() };
+
+#[no_mangle]
+pub static SYMBOLS: KernelSymbols = unsafe { core::mem::zeroed() };
+
+#[no_mangle]
+pub static MODES: Modes = unsafe { core::mem::zeroed() };
+
+#[no_mangle]
+pub static METER_UNITS: MeterUnits = unsafe { core::mem::zeroed() };
+
+#[no_mangle]
+pub static TRACED: TracedDevices = unsafe { core::mem::zeroed() };
+
+/// Reads one field of a frozen global. Volatile, so the compiler cannot fold the zero it sees
+/// at build time; the verifier sees the real, frozen value (and drops the code it rules out).
+macro_rules! frozen {
+    ($global:ident . $($field:tt)+) => {
+        unsafe { core::ptr::read_volatile(&raw const crate::maps::$global.$($field)+) }
+    };
+}
+pub(crate) use frozen;
+
+/// A struct offset of the running kernel (see `KernelOffsets`).
+macro_rules! off {
+    ($field:ident) => {
+        crate::maps::frozen!(OFFSETS.$field)
+    };
+}
+pub(crate) use off;
+
+/// Per CPU: counters per (device, cgroup, direction) when `MODES.aggregate` is set, for keys
+/// without a slot in `COUNTERS` (new ones, until user space gives them one, and any beyond
+/// `MAX_SLOTS`). Not preallocated: an entry costs memory only once used.
+#[map]
+pub static COUNTS: PerCpuHashMap<CountKey, Counters> =
+    PerCpuHashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
+
+/// Per CPU: counters by slot, for the keys user space gave a slot (`SLOT_OF`).
+#[map]
+pub static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(MAX_SLOTS, 0);
+
+/// A key's slot in `COUNTERS`, written by user space.
+#[map]
+pub static SLOT_OF: HashMap<CountKey, SlotRef> = HashMap::with_max_entries(MAX_SLOTS, 0);
+
+/// Each slot's generation, written by user space (bumped when the slot changes hands).
+#[map]
+pub static SLOT_GEN: Array<u32> = Array::with_max_entries(MAX_SLOTS, 0);
+
+/// Per CPU, per direction: the last key counted and its slot, so that a run of events of one
+/// cgroup (the usual case) finds its counters without a hash lookup.
+#[map]
+pub static SLOT_CACHE: PerCpuArray<CachedSlot> = PerCpuArray::with_max_entries(4, 0);
+
+/// One entry of `SLOT_CACHE`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CachedSlot {
+    pub key: CountKey,
+    pub slot: SlotRef,
+}
+
+const BPF_F_NO_PREALLOC: u32 = 1;
+
+/// Per CPU: plug flushes per (disk slot, explicit, depth) (`mergetrace_common::unplug_slot`),
+/// when `MODES.aggregate` is set.
+#[map]
+pub static UNPLUGS: PerCpuArray<u64> = PerCpuArray::with_max_entries(UNPLUG_SLOTS, 0);
+
+/// A zeroed `Counters` to insert from (too big for the BPF stack).
+#[map]
+pub static ZERO: PerCpuArray<Counters> = PerCpuArray::with_max_entries(1, 0);
+
+/// Events for user space. User space sizes it (`set_max_entries`) before load.
+#[map]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 24, 0);
+
+/// What the programs keep per traced disk, by its slot in `TRACED`.
+#[map]
+pub static DISKS: Array<DeviceState> = Array::with_max_entries(MAX_DEVICES as u32, 0);
+
+/// Per CPU, per event kind: events that could not be sent or counted.
+#[map]
+pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOST_SLOTS, 0);
+
+/// Per CPU: blk-throttle's dispatch work running on this CPU, if it is (see [`Dispatch`]).
+#[map]
+pub static DISPATCH: PerCpuArray<Dispatch> = PerCpuArray::with_max_entries(1, 0);
+
+/// Requests handed back by the driver after they were issued: request address → its
+/// `start_time_ns`, so that its next issue is known as the same request again. LRU: a
+/// requeued request that is never issued again (its disk went away) cannot fill the map.
+#[map]
+pub static REQUEUED: LruHashMap<u64, u64> = LruHashMap::with_max_entries(4096, 0);
+
+/// fentry tier: bio address → when it entered `__blk_throtl_bio` (ns). LRU, so a bio that
+/// never comes back (cancelled with its disk) cannot fill the map.
+#[map]
+pub static THROTTLE_ENTRY: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
+
+/// blk-throttle's policy id + 1 (0: not found yet), the index of its data in `blkg->pd[]`.
+#[map]
+pub static THROTTLE_POLICY: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Per CPU: one slot to pass a value through so that the verifier stops tracking it.
+#[map]
+pub static SCRATCH: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);

@@ -1,0 +1,142 @@
+//! Reading kernel memory with the running kernel's offsets, the traced-disk filter, and the
+//! values every event carries (disk, cgroup).
+use aya_ebpf::helpers::bpf_probe_read_kernel;
+use mergetrace_common::{DeviceState, MAX_DEVICES, NONE};
+
+use crate::maps::{frozen, off, DISKS, SCRATCH};
+
+/// Reads a `T` at `base + offset` of a BTF-typed kernel pointer (a tracepoint argument or a
+/// pointer field read from one): a plain load the verifier checks against BTF and guards
+/// against faults — far cheaper than a helper call. Zero for NULL.
+#[inline(always)]
+pub fn read<T: Copy + Default>(base: u64, offset: u32) -> T {
+    if base == 0 {
+        return T::default();
+    }
+    unsafe { core::ptr::read_volatile((base + offset as u64) as *const T) }
+}
+
+/// Reads through `bpf_probe_read_kernel`: for pointers the verifier cannot type, such as
+/// `blkg->pd[i]` used as the `struct throtl_grp` it is embedded in (container_of).
+#[inline(always)]
+pub fn read_probe<T: Copy + Default>(base: u64, offset: u32) -> T {
+    if base == 0 {
+        return T::default();
+    }
+    unsafe { bpf_probe_read_kernel((base + offset as u64) as *const T) }.unwrap_or_default()
+}
+
+/// Returns `v` as a value the verifier knows nothing about (see `block_rq_issue`).
+#[inline(always)]
+pub fn forget(v: u64) -> u64 {
+    match SCRATCH.get_ptr_mut(0) {
+        Some(slot) => unsafe {
+            core::ptr::write_volatile(slot, v);
+            core::ptr::read_volatile(slot)
+        },
+        None => v,
+    }
+}
+
+/// User space filled the offsets in (programs do nothing before).
+#[inline(always)]
+pub fn ready() -> bool {
+    off!(ready) != 0
+}
+
+/// `major << 20 | first_minor` of a `struct gendisk`.
+#[inline(always)]
+pub fn disk_dev(disk: u64) -> u32 {
+    let major: i32 = read(disk, off!(disk_major));
+    let minor: i32 = read(disk, off!(disk_first_minor));
+    ((major as u32) << 20) | (minor as u32 & 0xfffff)
+}
+
+/// The `struct gendisk *` of a bio: `bi_bdev->bd_disk`, or `bi_disk` up to 5.11.
+#[inline(always)]
+pub fn bio_disk(bio: u64) -> u64 {
+    let first: u64 = read(bio, off!(bio_bi_bdev));
+    if off!(bio_disk_direct) != 0 {
+        first
+    } else {
+        read(first, off!(bdev_bd_disk))
+    }
+}
+
+/// The `struct gendisk *` of a request: `rq->q->disk`, or `rq->rq_disk` up to 5.15.
+#[inline(always)]
+pub fn rq_disk(rq: u64) -> u64 {
+    if off!(rq_rq_disk) != NONE {
+        read(rq, off!(rq_rq_disk))
+    } else {
+        let q: u64 = read(rq, off!(rq_q));
+        read(q, off!(q_disk))
+    }
+}
+
+/// The traced disk whose request queue is `q` (a plug flush names only the queue): its
+/// `q->disk` where the queue has one, else the queue the disk's bios were seen with.
+#[inline(always)]
+pub fn queue_disk(q: u64) -> Option<(u32, Disk)> {
+    if off!(q_disk) != NONE {
+        let dev = disk_dev(read(q, off!(q_disk)));
+        return Some((dev, traced(dev)?));
+    }
+    let count = frozen!(TRACED.count);
+    let mut i = 0u32;
+    while (i as usize) < MAX_DEVICES {
+        if i >= count {
+            return None;
+        }
+        let state = DISKS.get_ptr_mut(i)?;
+        if q != 0 && unsafe { (*state).queue } == q {
+            return Some((frozen!(TRACED.devs[i as usize]), Disk { slot: i, state }));
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Notes the queue of a traced disk (for [`queue_disk`] where queues do not name disks).
+#[inline(always)]
+pub fn learn_queue(disk: &Disk, gendisk: u64) {
+    if off!(q_disk) == NONE && unsafe { (*disk.state).queue } == 0 {
+        let q: u64 = read(gendisk, off!(disk_queue));
+        unsafe { (*disk.state).queue = q };
+    }
+}
+
+/// A traced disk: its slot in the per-disk maps and its state there.
+#[derive(Clone, Copy)]
+pub struct Disk {
+    pub slot: u32,
+    pub state: *mut DeviceState,
+}
+
+/// The traced disk `dev` (`None` if it is not traced): compared with the frozen list, so a
+/// run that traces one disk pays one comparison, no map lookup.
+#[inline(always)]
+pub fn traced(dev: u32) -> Option<Disk> {
+    let count = frozen!(TRACED.count);
+    let mut i = 0u32;
+    while (i as usize) < MAX_DEVICES {
+        if i >= count {
+            return None;
+        }
+        if frozen!(TRACED.devs[i as usize]) == dev {
+            let state = DISKS.get_ptr_mut(i)?;
+            return Some(Disk { slot: i, state });
+        }
+        i += 1;
+    }
+    None
+}
+
+/// The cgroup id (kernfs inode) a `struct blkcg_gq` belongs to; 0 for NULL.
+#[inline(always)]
+pub fn blkg_cgroup_id(blkg: u64) -> u64 {
+    let blkcg: u64 = read(blkg, off!(blkg_blkcg));
+    let cgroup: u64 = read(blkcg, off!(blkcg_css_cgroup));
+    let kn: u64 = read(cgroup, off!(cgroup_kn));
+    read(kn, off!(kn_id))
+}

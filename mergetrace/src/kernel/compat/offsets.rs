@@ -1,0 +1,141 @@
+//! Struct offsets and enum values the programs read, from the running kernel's BTF, with the
+//! layout drift between 5.10 and 6.18 resolved here (the programs branch on flags, never on a
+//! kernel version).
+use anyhow::{ensure, Context, Result};
+use mergetrace_common::{KernelOffsets, NONE};
+
+use super::Btf;
+
+/// Resolves every offset the programs read. Fails with the first missing struct or member,
+/// named, so a kernel we cannot read is refused instead of traced wrongly.
+pub fn resolve_offsets(btf: &Btf) -> Result<KernelOffsets> {
+    let off = |s: &str, m: &str| btf.member_offset(s, m);
+    // 6.0+ charges a split remainder again and marks a bio whose bytes were charged
+    // (BIO_BPS_THROTTLED); before, a bio that passed blk-throttle once (BIO_THROTTLED) was
+    // never throttled again, remainders included.
+    let (bps_bit, remainders_charged) = match btf.enum_value("BIO_BPS_THROTTLED") {
+        Some(bit) => (
+            u32::try_from(bit).context("BIO_BPS_THROTTLED out of range")?,
+            1,
+        ),
+        None => {
+            btf.enum_value("BIO_THROTTLED").context(
+                "neither BIO_BPS_THROTTLED (6.0+) nor BIO_THROTTLED is in this kernel's BTF",
+            )?;
+            (NONE, 0)
+        }
+    };
+    let pd_count = btf
+        .array_len("blkcg_gq", "pd")
+        .context("blkcg_gq.pd is not an array in this kernel's BTF")?;
+    // Rules per direction and kind (6.x), or per direction only (`has_rules[2]`, up to 5.x:
+    // then an iops and a bytes rule come together).
+    let (iops_rules, bps_rules) = match (
+        off("throtl_grp", "has_rules_iops"),
+        off("throtl_grp", "has_rules_bps"),
+    ) {
+        (Ok(i), Ok(b)) => (i, b),
+        _ => {
+            let both = off("throtl_grp", "has_rules")
+                .context("throtl_grp has neither has_rules_iops/has_rules_bps nor has_rules")?;
+            (both, both)
+        }
+    };
+    // The programs read both rule arrays (bool[2] each) in one 8-byte read.
+    ensure!(
+        iops_rules.abs_diff(bps_rules) <= 6,
+        "throtl_grp.has_rules_iops and has_rules_bps are {} bytes apart: mergetrace reads them \
+         as one",
+        iops_rules.abs_diff(bps_rules)
+    );
+    // A bio's disk: bi_bdev->bd_disk (5.12+) or bi_disk.
+    let (bio_bi_bdev, bdev_bd_disk, bio_disk_direct) = match off("bio", "bi_bdev") {
+        Ok(o) => (o, off("block_device", "bd_disk")?, 0),
+        Err(_) => (
+            off("bio", "bi_disk").context("struct bio has neither bi_bdev (5.12+) nor bi_disk")?,
+            NONE,
+            1,
+        ),
+    };
+    // A request's disk: rq->q->disk (5.16+) or rq->rq_disk.
+    let rq_rq_disk = off("request", "rq_disk").unwrap_or(NONE);
+    let q_disk = off("request_queue", "disk").unwrap_or(NONE);
+    ensure!(
+        rq_rq_disk != NONE || q_disk != NONE,
+        "neither request.rq_disk nor request_queue.disk is in this kernel's BTF"
+    );
+    // The request a plug merge tries first: up to 6.12 the head of `struct request *mq_list`
+    // (newest first), from 6.13 the tail of `struct rq_list mq_list`; up to 5.15 the plug is a
+    // `struct list_head`, walked from its newest entry (`prev`).
+    let (plug_candidate, plug_list_head, rq_queuelist) =
+        if let Ok(tail) = off("blk_plug", "mq_list.tail") {
+            (tail, 0, 0)
+        } else if let Ok(prev) = off("blk_plug", "mq_list.prev") {
+            (prev, 1, off("request", "queuelist")?)
+        } else {
+            (off("blk_plug", "mq_list")?, 0, 0)
+        };
+    let flag_bit = |name: &str| -> Result<u32> {
+        let bit = btf
+            .enum_value(name)
+            .with_context(|| format!("enum value {name} is not in this kernel's BTF"))?;
+        u32::try_from(bit)
+            .ok()
+            .filter(|b| *b < 32)
+            .with_context(|| format!("{name} = {bit} is not a bit of a 32-bit blk_opf_t"))
+    };
+    let req_flush_mask = (1 << flag_bit("__REQ_PREFLUSH")?) | (1 << flag_bit("__REQ_FUA")?);
+    Ok(KernelOffsets {
+        ready: 1,
+        bio_bi_opf: off("bio", "bi_opf")?,
+        bio_bi_bdev,
+        bio_bi_blkg: off("bio", "bi_blkg")?,
+        bio_bi_flags: off("bio", "bi_flags")?,
+        bio_bi_sector: off("bio", "bi_iter.bi_sector")?,
+        bio_bi_size: off("bio", "bi_iter.bi_size")?,
+        bio_bi_private: off("bio", "bi_private")?,
+        bio_bi_next: off("bio", "bi_next")?,
+        bdev_bd_disk,
+        disk_major: off("gendisk", "major")?,
+        disk_first_minor: off("gendisk", "first_minor")?,
+        blkg_blkcg: off("blkcg_gq", "blkcg")?,
+        blkcg_css_cgroup: off("blkcg", "css")? + off("cgroup_subsys_state", "cgroup")?,
+        cgroup_kn: off("cgroup", "kn")?,
+        kn_id: off("kernfs_node", "id")?,
+        rq_q: off("request", "q")?,
+        rq_cmd_flags: off("request", "cmd_flags")?,
+        rq_data_len: off("request", "__data_len")?,
+        rq_sector: off("request", "__sector")?,
+        rq_bio: off("request", "bio")?,
+        q_disk,
+        work_func: off("work_struct", "func")?,
+        blkg_pd: off("blkcg_gq", "pd")?,
+        tg_has_rules_iops: iops_rules,
+        tg_has_rules_bps: bps_rules,
+        bio_bps_throttled_bit: bps_bit,
+        blkg_q: off("blkcg_gq", "q")?,
+        q_td: off("request_queue", "td")?,
+        tg_td: off("throtl_grp", "td")?,
+        blkg_pd_count: pd_count,
+        req_flush_mask,
+        rq_state: off("request", "state")?,
+        rq_start_time_ns: off("request", "start_time_ns")?,
+        task_plug: off("task_struct", "plug")?,
+        plug_candidate,
+        disk_queue: off("gendisk", "queue")?,
+        q_elevator: off("request_queue", "elevator")?,
+        elv_type: off("elevator_queue", "type")?,
+        elv_type_name: off("elevator_type", "elevator_name")?,
+        elv_name_is_pointer: btf.array_len("elevator_type", "elevator_name").is_err() as u32,
+        bio_disk_direct,
+        rq_rq_disk,
+        plug_list_head,
+        rq_queuelist,
+        remainders_charged,
+        // The helper list of this kernel, in BTF (5.11+ has it).
+        current_task_btf: btf
+            .enum_value("BPF_FUNC_get_current_task_btf")
+            .is_some() as u32,
+        _pad: 0,
+    })
+}

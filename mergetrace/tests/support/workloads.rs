@@ -1,0 +1,1171 @@
+//! Real programs' I/O on a test disk, for the conformance suite (kernel_conformance): a
+//! scratch ext4, fsync / fdatasync / O_DSYNC writers, many small files, fstrim, write zeroes,
+//! umount, SQLite, a PostgreSQL server started here, and a copy of a directory tree. Unlike fio
+//! O_DIRECT on a raw device, these send cache flushes (empty `REQ_PREFLUSH` bios and journal
+//! commit blocks with `PREFLUSH|FUA`), discards and write-zeroes, and their writeback and
+//! journal I/O is submitted by kernel threads outside the workload's cgroup.
+//!
+//! Each [`Kind`] is prepared before the measured window ([`Kind::prepare`]: mkfs, mount, a file
+//! to overwrite, initdb and a running server — mkfs alone writes a lot) and run inside it
+//! ([`Prepared::run`]), which for the filesystem workloads ends with the filesystem unmounted:
+//! umount writes back everything dirty, commits the journal and checkpoints it, so all of a
+//! workload's I/O is inside the window and nothing is left for a timer to write later (the
+//! flusher's 30 s expiry, jbd2's 5 s commit interval). Preparation ends with `sync -f` and
+//! [`quiesce`], so no I/O is in flight when the window opens either; mkfs runs with
+//! `lazy_itable_init=0,lazy_journal_init=0` and the mount with `no_prefetch_block_bitmaps`,
+//! so the mount gives the `ext4lazyinit` thread nothing to do in the background (no inode
+//! tables to zero, no block bitmaps to prefetch: see [`Ext4::new`]).
+//!
+//! Every process started here runs in its own process group, optionally in a [`Cgroup`] (its
+//! pid written to `cgroup.procs` in `pre_exec`, before it does any I/O) and optionally as
+//! another user (postgres refuses root: `nobody`); [`Running`]'s drop kills it by pid and
+//! process group, [`Postgres`]'s drop the server and its backends (which start sessions of
+//! their own), [`Ext4`]'s drop unmounts. Missing tools are a failure, never a skip.
+#![allow(dead_code)]
+
+use std::{
+    ffi::CString,
+    fmt, fs,
+    io::Read,
+    os::unix::{ffi::OsStrExt, fs::PermissionsExt, process::CommandExt},
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use super::{in_lab, scaled, unique_name, BlockDev, Cgroup, DiskStats, Fio};
+
+/// A bound against hangs for one program of a workload (the lab's emulated guests are ~10x
+/// slower than the host), not an assertion on speed.
+pub const PROGRAM_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Size of the scratch filesystem (the lab's /dev/vdb is 1 GiB).
+pub const FS_SIZE: u64 = 512 << 20;
+
+// ---------------------------------------------------------------------------------------
+// Tools
+
+/// The path of `tool` (PATH, then /usr/sbin and /sbin); panics when it is missing: the
+/// conformance suite fails, never skips (`scripts/setup --test` installs them).
+pub fn require_tool(tool: &str) -> PathBuf {
+    let path = std::env::var("PATH").unwrap_or_default();
+    let found = path
+        .split(':')
+        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"])
+        .map(|d| Path::new(d).join(tool))
+        .find(|p| p.is_file());
+    found.unwrap_or_else(|| {
+        panic!("`{tool}` is required by the conformance workloads and was not found (scripts/setup --test installs it)")
+    })
+}
+
+/// The directory with PostgreSQL's server binaries (`initdb`, `postgres`, `pg_ctl`,
+/// `pgbench`, `psql`, `pg_isready`): Debian's /usr/lib/postgresql/N/bin (the newest N), or
+/// where `postgres` on PATH points. Panics when there is none.
+pub fn postgres_bindir() -> PathBuf {
+    let need = ["initdb", "postgres", "pg_ctl", "pgbench", "psql", "pg_isready"];
+    let complete = |d: &Path| need.iter().all(|b| d.join(b).is_file());
+    let mut dirs: Vec<PathBuf> = fs::read_dir("/usr/lib/postgresql")
+        .map(|r| r.flatten().map(|e| e.path().join("bin")).collect())
+        .unwrap_or_default();
+    dirs.sort_by_key(|d| {
+        d.parent()
+            .and_then(|v| v.file_name())
+            .and_then(|v| v.to_str())
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    if let Some(d) = dirs.into_iter().rev().find(|d| complete(d)) {
+        return d;
+    }
+    for d in std::env::var("PATH").unwrap_or_default().split(':') {
+        let p = Path::new(d).join("postgres");
+        if let Some(dir) = fs::canonicalize(&p).ok().and_then(|p| p.parent().map(Path::to_path_buf)) {
+            if complete(&dir) {
+                return dir;
+            }
+        }
+    }
+    panic!(
+        "PostgreSQL's server binaries ({}) were not found in /usr/lib/postgresql/*/bin or next to \
+         `postgres` on PATH (scripts/setup --test installs postgresql)",
+        need.join(", ")
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// Processes
+
+/// A user to run a program as (postgres refuses to run as root).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct User {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// `nobody` (65534:65534), present on every Debian system and in the lab's guests (they see
+/// the host's /etc/passwd).
+pub const NOBODY: User = User {
+    uid: 65534,
+    gid: 65534,
+};
+
+/// Makes `cmd` start in its own process group, inside `cg` (its pid written to
+/// `cgroup.procs` by the child itself, before exec, so its first I/O is already the cgroup's)
+/// and as `user` (after joining the cgroup: the cgroup files are root's).
+pub fn confine(cmd: &mut Command, cg: Option<&Cgroup>, user: Option<User>) {
+    let procs = cg.map(|c| CString::new(c.procs_file().as_os_str().as_bytes()).unwrap());
+    cmd.process_group(0);
+    // SAFETY: only async-signal-safe calls (open, write, close, setgroups, setgid, setuid)
+    // on data prepared before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            if let Some(p) = &procs {
+                let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // "0": the writing process itself (cgroup v1 and v2).
+                let n = libc::write(fd, b"0".as_ptr().cast(), 1);
+                let err = std::io::Error::last_os_error();
+                libc::close(fd);
+                if n != 1 {
+                    return Err(err);
+                }
+            }
+            if let Some(u) = user {
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(u.gid) != 0
+                    || libc::setuid(u.uid) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
+/// A program a driver started. Dropping it before [`Running::wait`] kills it: SIGKILL to
+/// its process group and to its pid.
+pub struct Running {
+    child: Option<Child>,
+    what: String,
+    stdout: Option<thread::JoinHandle<String>>,
+    stderr: Option<thread::JoinHandle<String>>,
+}
+
+/// What a finished program printed.
+#[derive(Debug)]
+pub struct Output {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Running {
+    /// Starts `cmd` (stdin from /dev/null unless set, stdout and stderr captured) confined as
+    /// [`confine`] says.
+    pub fn start(mut cmd: Command, cg: Option<&Cgroup>, user: Option<User>) -> Running {
+        confine(&mut cmd, cg, user);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let what = format!("{cmd:?}");
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+        let reader = |s: Option<Box<dyn Read + Send>>| {
+            s.map(|mut s| {
+                thread::spawn(move || {
+                    let mut v = Vec::new();
+                    let _ = s.read_to_end(&mut v);
+                    String::from_utf8_lossy(&v).into_owned()
+                })
+            })
+        };
+        let stdout = reader(child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>));
+        let stderr = reader(child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>));
+        Running {
+            child: Some(child),
+            what,
+            stdout,
+            stderr,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// Waits up to `timeout` (then kills it and panics).
+    pub fn wait(mut self, timeout: Duration) -> Output {
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            let c = self.child.as_mut().expect("waited for twice");
+            if let Some(s) = c.try_wait().expect("try_wait") {
+                break s;
+            }
+            if Instant::now() >= deadline {
+                self.kill();
+                panic!("{} did not finish within {timeout:?}", self.what);
+            }
+            thread::sleep(Duration::from_millis(20));
+        };
+        self.child = None;
+        let join = |h: Option<thread::JoinHandle<String>>| {
+            h.map(|h| h.join().unwrap_or_default()).unwrap_or_default()
+        };
+        Output {
+            status,
+            stdout: join(self.stdout.take()),
+            stderr: join(self.stderr.take()),
+        }
+    }
+
+    /// Waits, requires exit status 0, returns stdout.
+    pub fn wait_ok(self) -> String {
+        let what = self.what.clone();
+        let out = self.wait(PROGRAM_TIMEOUT);
+        assert!(
+            out.status.success(),
+            "{what} failed ({}):\n{}{}",
+            out.status,
+            out.stdout,
+            out.stderr
+        );
+        out.stdout
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            unsafe {
+                libc::kill(-(c.id() as libc::pid_t), libc::SIGKILL);
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Runs `cmd` to completion (confined), requiring success; returns its stdout.
+pub fn run(cmd: Command, cg: Option<&Cgroup>, user: Option<User>) -> String {
+    Running::start(cmd, cg, user).wait_ok()
+}
+
+/// `Command::new(program).args(args)`, with a C locale (no locale warnings from postgres).
+pub fn cmd<S: AsRef<std::ffi::OsStr>>(program: impl AsRef<std::ffi::OsStr>, args: &[S]) -> Command {
+    let mut c = Command::new(program);
+    c.args(args).env("LC_ALL", "C").stdin(Stdio::null());
+    c
+}
+
+/// A shell command line.
+pub fn sh(script: &str) -> Command {
+    cmd("sh", &["-c", script])
+}
+
+// ---------------------------------------------------------------------------------------
+// Quiescence
+
+/// Waits until nothing is in flight on `dev` and its /proc/diskstats line has not changed
+/// for 300 ms (at most 30 s, then panics): the window may open (or close) with no request
+/// issued on one side of it and completed on the other.
+pub fn quiesce(dev: &BlockDev) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = dev.diskstats();
+    let mut since = Instant::now();
+    loop {
+        thread::sleep(Duration::from_millis(50));
+        let now = dev.diskstats();
+        if now != last {
+            last = now;
+            since = Instant::now();
+        } else if now.in_flight == 0 && since.elapsed() >= Duration::from_millis(300) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} did not go quiet within 30 s: {now:?}",
+            dev.name
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// A scratch ext4
+
+/// A fresh ext4 on a test disk, mounted on a fresh directory. Unmounted (and the directory
+/// removed) on drop if [`Ext4::unmount`] did not do it.
+#[derive(Debug)]
+pub struct Ext4 {
+    dev: PathBuf,
+    mnt: PathBuf,
+    mounted: bool,
+}
+
+impl Ext4 {
+    /// `mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0` over the first
+    /// `min(dev.size, FS_SIZE)` bytes of `dev` (inode tables and journal zeroed now, so no
+    /// `ext4lazyinit` thread writes later), mounted on a fresh directory with the defaults
+    /// but `no_prefetch_block_bitmaps` (below), then synced. Call before the measured window.
+    pub fn new(dev: &BlockDev) -> Ext4 {
+        let mkfs = require_tool("mkfs.ext4");
+        let kib = dev.size.min(FS_SIZE) / 1024;
+        let mut c = cmd(&mkfs, &["-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0"]);
+        c.arg(&dev.path).arg(format!("{kib}k"));
+        run(c, None, None);
+        let mnt = std::env::temp_dir().join(format!("{}.mnt", unique_name()));
+        fs::create_dir(&mnt).unwrap_or_else(|e| panic!("cannot create {}: {e}", mnt.display()));
+        let mut fs_ = Ext4 {
+            dev: dev.path.clone(),
+            mnt,
+            mounted: false,
+        };
+        // no_prefetch_block_bitmaps: otherwise every mount registers an ext4lazyinit request
+        // that reads the block bitmaps in the background, starting at a random moment within
+        // EXT4_DEF_LI_MAX_START_DELAY (5 s) of the mount (fs/ext4/super.c,
+        // ext4_register_li_request / ext4_li_request_new, 6.1 and 6.12 alike) — reads that
+        // can straddle the window's start (seen in 6.12: 3 read bios before blktrace and the
+        // diskstats snapshot, after mergetrace attached). With the inode tables zeroed by mkfs
+        // and this option no request is registered at all.
+        let mut m = cmd("mount", &["-t", "ext4", "-o", "no_prefetch_block_bitmaps"]);
+        m.arg(&fs_.dev).arg(&fs_.mnt);
+        run(m, None, None);
+        fs_.mounted = true;
+        fs::set_permissions(&fs_.mnt, fs::Permissions::from_mode(0o755)).expect("chmod mnt");
+        fs_.sync();
+        fs_
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.mnt
+    }
+
+    /// A directory on the filesystem (created), owned by `owner` if given.
+    pub fn dir(&self, name: &str, owner: Option<User>) -> PathBuf {
+        let d = self.mnt.join(name);
+        fs::create_dir_all(&d).unwrap_or_else(|e| panic!("cannot create {}: {e}", d.display()));
+        if let Some(u) = owner {
+            chown(&d, u);
+        }
+        d
+    }
+
+    /// `sync -f` on the filesystem (syncfs: writeback, journal commit, cache flush). Not a
+    /// measured workload: preparation ends with it.
+    pub fn sync(&self) {
+        let mut c = cmd("sync", &["-f"]);
+        c.arg(&self.mnt);
+        run(c, None, None);
+    }
+
+    /// Unmounts (a measured workload: umount writes back what is dirty, commits and
+    /// checkpoints the journal, flushes). `umount` runs inside `cg`.
+    pub fn unmount(&mut self, cg: Option<&Cgroup>) -> Did {
+        let mut c = cmd("umount", &[] as &[&str]);
+        c.arg(&self.mnt);
+        run(c, cg, None);
+        self.mounted = false;
+        let _ = fs::remove_dir(&self.mnt);
+        Did {
+            unmounts: 1,
+            ..Did::default()
+        }
+    }
+}
+
+impl Drop for Ext4 {
+    fn drop(&mut self) {
+        if self.mounted {
+            for _ in 0..50 {
+                let ok = Command::new("umount")
+                    .arg(&self.mnt)
+                    .stderr(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success());
+                if ok {
+                    self.mounted = false;
+                    break;
+                }
+                thread::sleep(Duration::from_millis(100));
+            }
+            if self.mounted {
+                eprintln!("warning: {} still mounted; detaching it lazily", self.mnt.display());
+                let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+            }
+        }
+        // Not remove_dir_all: never delete through a mount that is still there.
+        let _ = fs::remove_dir(&self.mnt);
+    }
+}
+
+fn chown(path: &Path, u: User) {
+    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+    let r = unsafe { libc::chown(c.as_ptr(), u.uid, u.gid) };
+    assert_eq!(r, 0, "chown {} {}:{}: {}", path.display(), u.uid, u.gid, std::io::Error::last_os_error());
+}
+
+/// A temporary directory outside the measured disk (scripts, sockets, logs), readable by
+/// everyone.
+fn scratch() -> tempfile::TempDir {
+    let d = tempfile::Builder::new()
+        .prefix(&format!("{}.", unique_name()))
+        .tempdir()
+        .expect("cannot create a scratch directory");
+    fs::set_permissions(d.path(), fs::Permissions::from_mode(0o755)).expect("chmod scratch");
+    d
+}
+
+// ---------------------------------------------------------------------------------------
+// What a workload did
+
+/// What a workload did, as the programs report it (fio's JSON, fstrim's output, the
+/// driver's own counts). Zero where it does not apply.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Did {
+    /// write(2) calls (fio's I/Os, dd's blocks).
+    pub writes: u64,
+    pub bytes_written: u64,
+    /// fsync(2) / fdatasync(2) calls, or O_DSYNC writes.
+    pub syncs: u64,
+    pub files: u64,
+    /// Database transactions committed.
+    pub transactions: u64,
+    /// Bytes fstrim reports trimmed.
+    pub trimmed: u64,
+    /// Bytes zeroed with write zeroes.
+    pub zeroed: u64,
+    pub unmounts: u64,
+}
+
+impl std::ops::Add for Did {
+    type Output = Did;
+    fn add(self, o: Did) -> Did {
+        Did {
+            writes: self.writes + o.writes,
+            bytes_written: self.bytes_written + o.bytes_written,
+            syncs: self.syncs + o.syncs,
+            files: self.files + o.files,
+            transactions: self.transactions + o.transactions,
+            trimmed: self.trimmed + o.trimmed,
+            zeroed: self.zeroed + o.zeroed,
+            unmounts: self.unmounts + o.unmounts,
+        }
+    }
+}
+
+impl fmt::Display for Did {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        let mut parts = Vec::new();
+        for (n, v) in [
+            ("writes", self.writes),
+            ("bytes", self.bytes_written),
+            ("syncs", self.syncs),
+            ("files", self.files),
+            ("transactions", self.transactions),
+            ("trimmed", self.trimmed),
+            ("zeroed", self.zeroed),
+            ("unmounts", self.unmounts),
+        ] {
+            if v > 0 {
+                parts.push(format!("{n} {v}"));
+            }
+        }
+        write!(f, "{}", parts.join(", "))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The drivers
+
+/// `dd` of `bytes` (1 MiB blocks, buffered) into a new file, then `sync`: the page cache is
+/// written back by the flusher (on cgroup v1 in the root cgroup; v2 charges the cgroup that
+/// dirtied it), the journal committed by jbd2 (root).
+pub fn buffered_then_sync(fs: &Ext4, cg: Option<&Cgroup>, bytes: u64) -> Did {
+    let did = dd(fs, cg, "buffered", bytes);
+    run(cmd("sync", &[] as &[&str]), cg, None);
+    did
+}
+
+/// `dd` of `bytes` (1 MiB blocks, buffered) into a new file, nothing synced.
+pub fn dd(fs: &Ext4, cg: Option<&Cgroup>, name: &str, bytes: u64) -> Did {
+    let blocks = bytes.div_ceil(1 << 20);
+    let mut c = cmd("dd", &["if=/dev/zero", "bs=1M", "status=none"]);
+    c.arg(format!("of={}", fs.path().join(name).display()))
+        .arg(format!("count={blocks}"));
+    run(c, cg, None);
+    Did {
+        writes: blocks,
+        bytes_written: blocks << 20,
+        files: 1,
+        ..Did::default()
+    }
+}
+
+/// fio, one job, psync: `n` writes of 4 KiB to `file`, with `opts` (fsync=1, sync=dsync...).
+fn fio_writes(file: &Path, cg: Option<&Cgroup>, n: u64, opts: &[(&str, &str)]) -> Value {
+    let mut f = Fio::new("conformance", file)
+        .opt("rw", "write")
+        .opt("bs", "4k")
+        .opt("ioengine", "psync")
+        .opt("size", &(n * 4096).to_string())
+        .opt("fallocate", "none");
+    for (k, v) in opts {
+        f = f.opt(k, v);
+    }
+    if let Some(cg) = cg {
+        f = f.in_cgroup(cg);
+    }
+    f.run()
+}
+
+fn fio_did(report: &Value) -> Did {
+    let job = &report["jobs"][0];
+    Did {
+        writes: job["write"]["total_ios"].as_u64().unwrap_or(0),
+        bytes_written: job["write"]["io_bytes"].as_u64().unwrap_or(0),
+        // fio counts fsync calls in sync.total_ios, but fdatasync calls only as samples of
+        // their latency (sync.lat_ns.N; total_ios stays 0): the larger of the two.
+        syncs: job["sync"]["total_ios"]
+            .as_u64()
+            .unwrap_or(0)
+            .max(job["sync"]["lat_ns"]["N"].as_u64().unwrap_or(0)),
+        files: 1,
+        ..Did::default()
+    }
+}
+
+/// `n` appending 4 KiB writes, each followed by fsync (fio `fsync=1`): every fsync commits
+/// the journal (i_size changed), whose commit block is a `PREFLUSH|FUA` write — on a disk
+/// without FUA a pre-flush, the block, and a post-flush.
+pub fn fsync_per_write(fs: &Ext4, cg: Option<&Cgroup>, n: u64) -> Did {
+    fio_did(&fio_writes(&fs.path().join("fsync"), cg, n, &[("fsync", "1")]))
+}
+
+/// Lays out the file [`fdatasync_per_write`] overwrites (`n` × 4 KiB, synced). Preparation.
+pub fn prepare_overwrite(fs: &Ext4, n: u64) {
+    fio_writes(
+        &fs.path().join("overwrite"),
+        None,
+        n,
+        &[("bs", "64k"), ("end_fsync", "1")],
+    );
+    fs.sync();
+}
+
+/// `n` 4 KiB overwrites of the file [`prepare_overwrite`] laid out, each followed by
+/// fdatasync (fio `fdatasync=1`, `overwrite=1`): nothing a datasync must commit changes (only
+/// timestamps), so ext4 sends an empty `REQ_PREFLUSH` bio per call (`blkdev_issue_flush`):
+/// the flush-only writes /proc/diskstats counts as writes.
+pub fn fdatasync_per_write(fs: &Ext4, cg: Option<&Cgroup>, n: u64) -> Did {
+    fio_did(&fio_writes(
+        &fs.path().join("overwrite"),
+        cg,
+        n,
+        &[("fdatasync", "1"), ("overwrite", "1")],
+    ))
+}
+
+/// `n` appending 4 KiB writes through O_DSYNC (fio `sync=dsync`): each write is a datasync
+/// of its range, a journal commit (i_size).
+pub fn o_dsync_writes(fs: &Ext4, cg: Option<&Cgroup>, n: u64) -> Did {
+    let mut did = fio_did(&fio_writes(&fs.path().join("dsync"), cg, n, &[("sync", "dsync")]));
+    did.syncs = did.writes;
+    did
+}
+
+/// `n` files of 512 bytes created by a shell loop in one directory, then `sync -f` (syncfs):
+/// many inodes and directory blocks in few journal commits.
+pub fn small_files(fs: &Ext4, cg: Option<&Cgroup>, n: u64) -> Did {
+    let d = fs.dir("small", None);
+    let script = format!(
+        "cd '{}' && i=0 && while [ $i -lt {n} ]; do i=$((i+1)); printf '%0512d' $i > f$i; done && sync -f .",
+        d.display()
+    );
+    run(sh(&script), cg, None);
+    Did {
+        writes: n,
+        bytes_written: n * 512,
+        syncs: 1,
+        files: n,
+        ..Did::default()
+    }
+}
+
+/// Panics unless `dev` takes discards (`queue/discard_max_bytes` > 0).
+pub fn require_discard(dev: &BlockDev) {
+    let max = dev.queue_attr("discard_max_bytes");
+    assert!(
+        max.parse::<u64>().unwrap_or(0) > 0,
+        "{} does not take discards (queue/discard_max_bytes = {max}); the fstrim workload needs them",
+        dev.name
+    );
+}
+
+/// Preparation for [`fstrim`]: 16 MiB written, synced and deleted, so there is freshly
+/// freed space besides the never-used rest (a fresh mount trims every free extent).
+pub fn prepare_fstrim(fs: &Ext4, dev: &BlockDev) {
+    require_discard(dev);
+    require_tool("fstrim");
+    dd(fs, None, "to-delete", 16 << 20);
+    fs.sync();
+    fs::remove_file(fs.path().join("to-delete")).expect("rm to-delete");
+    fs.sync();
+}
+
+/// `fstrim -v` of the mounted filesystem: ext4 discards its free extents
+/// (`ext4_trim_fs`), submitted by fstrim itself.
+pub fn fstrim(fs: &Ext4, cg: Option<&Cgroup>) -> Did {
+    let mut c = cmd(require_tool("fstrim"), &["-v"]);
+    c.arg(fs.path());
+    let out = run(c, cg, None);
+    // "/tmp/x.mnt: 485.4 MiB (508948480 bytes) trimmed"
+    let trimmed = out
+        .split_once('(')
+        .and_then(|(_, r)| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no byte count in fstrim's output: {out:?}"));
+    Did {
+        trimmed,
+        ..Did::default()
+    }
+}
+
+/// Panics unless `dev` takes write zeroes (`queue/write_zeroes_max_bytes` > 0). (A loop
+/// device over tmpfs takes them only without REQ_NOUNMAP, which tmpfs can do as a hole punch:
+/// a NOUNMAP one — `blkdiscard -z` — fails with EOPNOTSUPP and the loop driver then turns
+/// write zeroes off for the device until it is set up again.)
+pub fn require_write_zeroes(dev: &BlockDev) {
+    let max = dev.queue_attr("write_zeroes_max_bytes");
+    assert!(
+        max.parse::<u64>().unwrap_or(0) > 0,
+        "{} does not take write zeroes (queue/write_zeroes_max_bytes = {max})",
+        dev.name
+    );
+}
+
+/// `fallocate --punch-hole` of the first `bytes` of the raw device: `blkdev_fallocate` →
+/// `blkdev_issue_zeroout(.., BLKDEV_ZERO_NOFALLBACK)` → REQ_OP_WRITE_ZEROES bios (without
+/// REQ_NOUNMAP), never a fallback to writing zero pages (it fails instead). /proc/diskstats
+/// counts them as writes with their sectors.
+pub fn write_zeroes(dev: &BlockDev, cg: Option<&Cgroup>, bytes: u64) -> Did {
+    require_write_zeroes(dev);
+    assert!(bytes <= dev.size, "write_zeroes: {bytes} > the {} bytes the test may use", dev.size);
+    let mut c = cmd(
+        require_tool("fallocate"),
+        &["--punch-hole", "--offset", "0", "--length", &bytes.to_string()],
+    );
+    c.arg(&dev.path);
+    run(c, cg, None);
+    Did {
+        zeroed: bytes,
+        ..Did::default()
+    }
+}
+
+/// The statements of [`sqlite`]: `journal_mode` (WAL, DELETE), synchronous=FULL, one table,
+/// `n` INSERT statements, each its own transaction (autocommit).
+pub fn sqlite_script(journal_mode: &str, n: u64) -> String {
+    let mut s = format!(
+        "PRAGMA journal_mode={journal_mode};\nPRAGMA synchronous=FULL;\n\
+         CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT);\n"
+    );
+    for i in 0..n {
+        s.push_str(&format!(
+            "INSERT INTO t(v) VALUES('row {i} of the conformance workload, padded a little');\n"
+        ));
+    }
+    s
+}
+
+/// `sqlite3` (the real shell) running [`sqlite_script`] against a new database on the
+/// filesystem: each commit fsyncs (WAL: the -wal file, checkpointed into the database when it
+/// closes; DELETE: the rollback journal, the database, the journal deleted).
+pub fn sqlite(fs: &Ext4, cg: Option<&Cgroup>, journal_mode: &str, n: u64) -> Did {
+    let bin = require_tool("sqlite3");
+    let tmp = scratch();
+    let script = tmp.path().join("script.sql");
+    fs::write(&script, sqlite_script(journal_mode, n)).expect("write the sqlite script");
+    let mut c = cmd(bin, &[] as &[&str]);
+    c.arg(fs.path().join("db.sqlite"))
+        .stdin(fs::File::open(&script).expect("open the sqlite script"));
+    let out = run(c, cg, None);
+    if journal_mode.eq_ignore_ascii_case("wal") {
+        assert_eq!(out.lines().next(), Some("wal"), "sqlite3 did not switch to WAL: {out}");
+    }
+    Did {
+        transactions: n + 1,
+        files: 1,
+        ..Did::default()
+    }
+}
+
+/// The first directories of `root` (sorted) with at least `files` files between them, and
+/// their file and byte counts.
+pub fn pick_tree(root: &Path, files: u64) -> (Vec<PathBuf>, u64, u64) {
+    fn walk(p: &Path, files: &mut u64, bytes: &mut u64) {
+        let Ok(md) = fs::symlink_metadata(p) else { return };
+        if md.is_dir() {
+            if let Ok(rd) = fs::read_dir(p) {
+                for e in rd.flatten() {
+                    walk(&e.path(), files, bytes);
+                }
+            }
+        } else {
+            *files += 1;
+            if md.is_file() {
+                *bytes += md.len();
+            }
+        }
+    }
+    let mut dirs: Vec<PathBuf> = fs::read_dir(root)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", root.display()))
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    dirs.sort();
+    let (mut picked, mut n, mut b) = (Vec::new(), 0, 0);
+    for d in dirs {
+        if n >= files {
+            break;
+        }
+        walk(&d, &mut n, &mut b);
+        picked.push(d);
+    }
+    assert!(n >= files.min(1), "{} has no files to copy", root.display());
+    (picked, n, b)
+}
+
+/// `cp -a` of the first directories of /usr/share/doc (at least `files` files) onto the
+/// filesystem, then `sync`.
+pub fn copy_tree(fs: &Ext4, cg: Option<&Cgroup>, files: u64) -> Did {
+    let (dirs, n, bytes) = pick_tree(Path::new("/usr/share/doc"), files);
+    let dest = fs.dir("copy", None);
+    let mut c = cmd("cp", &["-a"]);
+    c.args(&dirs).arg(&dest);
+    run(c, cg, None);
+    run(cmd("sync", &[] as &[&str]), cg, None);
+    Did {
+        files: n,
+        bytes_written: bytes,
+        syncs: 1,
+        ..Did::default()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// PostgreSQL
+
+/// A PostgreSQL cluster on the scratch filesystem, owned by and run as [`NOBODY`], listening
+/// only on a unix socket in a temp dir (`listen_addresses=''`). Autovacuum is off (it would
+/// wake up on its own schedule); everything else is the default durability: fsync on,
+/// synchronous_commit on, full_page_writes on. Dropping it stops the server (SIGQUIT, then
+/// SIGKILL to the postmaster and every backend, by pid).
+pub struct Postgres {
+    bin: PathBuf,
+    data: PathBuf,
+    sock: tempfile::TempDir,
+    server: Option<Running>,
+}
+
+impl Postgres {
+    /// `initdb -N` (no fsync: the caller syncs the filesystem before its window) into
+    /// `<fs>/pgdata`.
+    pub fn init(fs: &Ext4) -> Postgres {
+        let bin = postgres_bindir();
+        let data = fs.dir("pgdata", Some(NOBODY));
+        fs::set_permissions(&data, fs::Permissions::from_mode(0o700)).expect("chmod pgdata");
+        let sock = scratch();
+        chown(sock.path(), NOBODY);
+        let mut c = cmd(
+            bin.join("initdb"),
+            &["-N", "-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C", "-D"],
+        );
+        c.arg(&data);
+        run(c, None, Some(NOBODY));
+        Postgres {
+            bin,
+            data,
+            sock,
+            server: None,
+        }
+    }
+
+    /// Starts the server (inside `cg`: its backends, WAL writer, checkpointer and background
+    /// writer inherit it) and waits until it accepts connections.
+    pub fn start(&mut self, cg: Option<&Cgroup>) {
+        let mut c = cmd(self.bin.join("postgres"), &["-D"]);
+        c.arg(&self.data)
+            .args(["-c", "listen_addresses=", "-k"])
+            .arg(self.sock.path())
+            .args([
+                "-c", "autovacuum=off",
+                "-c", "shared_buffers=16MB",
+                "-c", "max_wal_size=64MB",
+                "-c", "logging_collector=off",
+                "-c", "fsync=on",
+                "-c", "synchronous_commit=on",
+            ]);
+        self.server = Some(Running::start(c, cg, Some(NOBODY)));
+        let deadline = Instant::now() + Duration::from_secs(300);
+        loop {
+            let mut r = cmd(self.bin.join("pg_isready"), &["-q", "-U", "postgres", "-h"]);
+            r.arg(self.sock.path());
+            if r.status().is_ok_and(|s| s.success()) {
+                return;
+            }
+            let s = self.server.as_mut().unwrap();
+            if let Some(st) = s.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                let out = self.server.take().unwrap().wait(Duration::from_secs(5));
+                panic!("postgres exited ({st}) before accepting connections:\n{}{}", out.stdout, out.stderr);
+            }
+            assert!(Instant::now() < deadline, "postgres did not accept connections within 300 s");
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn client(&self, tool: &str) -> Command {
+        let mut c = cmd(self.bin.join(tool), &["-U", "postgres", "-h"]);
+        c.arg(self.sock.path());
+        c
+    }
+
+    /// Runs SQL with psql (as nobody: the socket directory is nobody's).
+    pub fn psql(&self, sql: &str, cg: Option<&Cgroup>) -> String {
+        let mut c = self.client("psql");
+        c.args(["-q", "-X", "-v", "ON_ERROR_STOP=1", "-c", sql, "postgres"]);
+        run(c, cg, Some(NOBODY))
+    }
+
+    /// `pgbench -n -c CLIENTS -t TX` with a one-INSERT script: each transaction a commit the
+    /// server makes durable (WAL written and fdatasync'ed) before it answers.
+    pub fn pgbench_inserts(&self, cg: Option<&Cgroup>, clients: u64, tx: u64) -> Did {
+        let tmp = scratch();
+        let script = tmp.path().join("insert.sql");
+        fs::write(
+            &script,
+            "INSERT INTO conformance(v) VALUES ('client ' || :client_id || ' of the conformance workload');\n",
+        )
+        .expect("write the pgbench script");
+        let mut c = self.client("pgbench");
+        c.args(["-n", "-c", &clients.to_string(), "-t", &tx.to_string(), "-f"])
+            .arg(&script)
+            .arg("postgres");
+        let out = run(c, cg, Some(NOBODY));
+        let done: u64 = out
+            .lines()
+            .find_map(|l| l.strip_prefix("number of transactions actually processed: "))
+            .and_then(|r| r.split('/').next())
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no transaction count in pgbench's output:\n{out}"));
+        assert_eq!(done, clients * tx, "pgbench did not finish every transaction:\n{out}");
+        Did {
+            transactions: done,
+            ..Did::default()
+        }
+    }
+
+    /// `pg_ctl stop -m fast` (a shutdown checkpoint: dirty buffers written and fsynced),
+    /// then waits for the postmaster to exit.
+    pub fn stop(&mut self, cg: Option<&Cgroup>) {
+        let mut c = cmd(self.bin.join("pg_ctl"), &["stop", "-m", "fast", "-t", "300", "-D"]);
+        c.arg(&self.data);
+        run(c, cg, Some(NOBODY));
+        if let Some(s) = self.server.take() {
+            let out = s.wait(Duration::from_secs(60));
+            assert!(out.status.success(), "postgres exited with {}:\n{}", out.status, out.stderr);
+        }
+    }
+}
+
+/// The pids whose parent is `pid` (from /proc/*/stat).
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut v = Vec::new();
+    for e in fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid ...
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().nth(1))
+            .and_then(|s| s.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            v.push(p);
+        }
+    }
+    v
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let Some(mut server) = self.server.take() else { return };
+        let pid = server.pid();
+        // Backends are session leaders of their own: find them before their parent goes.
+        let kids = children_of(pid);
+        unsafe {
+            libc::kill(pid as libc::pid_t, libc::SIGQUIT);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline
+            && server.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_none())
+        {
+            thread::sleep(Duration::from_millis(50));
+        }
+        for k in kids {
+            unsafe {
+                libc::kill(k as libc::pid_t, libc::SIGKILL);
+            }
+        }
+        server.kill();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The workloads, prepared and run
+
+/// The conformance workloads. See each driver for what it does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// [`buffered_then_sync`], then umount.
+    BufferedSync,
+    /// [`fsync_per_write`], then umount.
+    FsyncPerWrite,
+    /// [`fdatasync_per_write`] (overwrites), then umount.
+    FdatasyncPerWrite,
+    /// [`o_dsync_writes`], then umount.
+    ODsync,
+    /// [`small_files`], then umount.
+    SmallFiles,
+    /// [`fstrim`], then umount.
+    Fstrim,
+    /// [`write_zeroes`] on the raw device (no filesystem).
+    WriteZeroes,
+    /// [`dd`] and a few small files, nothing synced: umount writes it all.
+    Umount,
+    /// [`sqlite`] with journal_mode=WAL, then umount.
+    SqliteWal,
+    /// [`sqlite`] with journal_mode=DELETE, then umount.
+    SqliteDelete,
+    /// [`Postgres::pgbench_inserts`], the server stopped, then umount.
+    Postgres,
+    /// [`copy_tree`], then umount.
+    CopyTree,
+}
+
+/// A workload ready to run: its filesystem mounted, its files and server in place.
+pub struct Prepared {
+    pub kind: Kind,
+    /// Where the raw-device workloads write (the test disk's node).
+    dev: PathBuf,
+    dev_info: BlockDev,
+    pub fs: Option<Ext4>,
+    pub pg: Option<Postgres>,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::BufferedSync => "buffered writes + sync",
+            Kind::FsyncPerWrite => "write + fsync",
+            Kind::FdatasyncPerWrite => "overwrite + fdatasync",
+            Kind::ODsync => "O_DSYNC writes",
+            Kind::SmallFiles => "small files + syncfs",
+            Kind::Fstrim => "fstrim",
+            Kind::WriteZeroes => "write zeroes",
+            Kind::Umount => "umount of dirty data",
+            Kind::SqliteWal => "sqlite WAL",
+            Kind::SqliteDelete => "sqlite DELETE journal",
+            Kind::Postgres => "postgres pgbench inserts",
+            Kind::CopyTree => "cp -a + sync",
+        }
+    }
+
+    /// Sizes: a few seconds on the host, smaller in the ~10x slower lab guests.
+    fn count(self) -> u64 {
+        match self {
+            Kind::BufferedSync => scaled(64 << 20, 16 << 20),
+            Kind::FsyncPerWrite | Kind::FdatasyncPerWrite | Kind::ODsync => scaled(200, 50),
+            Kind::SmallFiles => scaled(2000, 300),
+            Kind::WriteZeroes => scaled(64 << 20, 16 << 20),
+            Kind::Umount => scaled(32 << 20, 8 << 20),
+            Kind::SqliteWal | Kind::SqliteDelete => scaled(300, 50),
+            Kind::Postgres => scaled(200, 25),
+            Kind::CopyTree => scaled(3000, 300),
+            Kind::Fstrim => 0,
+        }
+    }
+
+    /// Everything before the measured window. Ends with the disk quiet.
+    pub fn prepare(self, dev: &BlockDev, cg: Option<&Cgroup>) -> Prepared {
+        let mut p = Prepared {
+            kind: self,
+            dev: dev.path.clone(),
+            dev_info: BlockDev {
+                name: dev.name.clone(),
+                path: dev.path.clone(),
+                major: dev.major,
+                minor: dev.minor,
+                size: dev.size,
+            },
+            fs: None,
+            pg: None,
+        };
+        match self {
+            Kind::WriteZeroes => {
+                require_write_zeroes(dev);
+                require_tool("fallocate");
+            }
+            _ => {
+                let fs = Ext4::new(dev);
+                match self {
+                    Kind::FdatasyncPerWrite => prepare_overwrite(&fs, self.count()),
+                    Kind::Fstrim => prepare_fstrim(&fs, dev),
+                    Kind::SqliteWal | Kind::SqliteDelete => {
+                        require_tool("sqlite3");
+                    }
+                    Kind::Postgres => {
+                        let mut pg = Postgres::init(&fs);
+                        fs.sync();
+                        pg.start(cg);
+                        pg.psql(
+                            "CREATE TABLE conformance(id serial PRIMARY KEY, v text); CHECKPOINT;",
+                            cg,
+                        );
+                        p.pg = Some(pg);
+                    }
+                    _ => {}
+                }
+                fs.sync();
+                p.fs = Some(fs);
+            }
+        }
+        quiesce(dev);
+        p
+    }
+}
+
+impl Prepared {
+    /// The measured part: the workload, then (filesystem workloads) the unmount.
+    pub fn run(&mut self, cg: Option<&Cgroup>) -> Did {
+        let n = self.kind.count();
+        if self.kind == Kind::WriteZeroes {
+            return write_zeroes(&self.dev_info, cg, n);
+        }
+        let fs = self.fs.as_ref().expect("a filesystem workload has a filesystem");
+        let did = match self.kind {
+            Kind::BufferedSync => buffered_then_sync(fs, cg, n),
+            Kind::FsyncPerWrite => fsync_per_write(fs, cg, n),
+            Kind::FdatasyncPerWrite => fdatasync_per_write(fs, cg, n),
+            Kind::ODsync => o_dsync_writes(fs, cg, n),
+            Kind::SmallFiles => small_files(fs, cg, n),
+            Kind::Fstrim => fstrim(fs, cg),
+            Kind::Umount => {
+                let d = dd(fs, cg, "dirty", n);
+                let files = small_files_unsynced(fs, cg, scaled(200, 50));
+                d + files
+            }
+            Kind::SqliteWal => sqlite(fs, cg, "WAL", n),
+            Kind::SqliteDelete => sqlite(fs, cg, "DELETE", n),
+            Kind::Postgres => {
+                let pg = self.pg.as_mut().expect("prepared with a server");
+                let did = pg.pgbench_inserts(cg, 2, n);
+                pg.stop(cg);
+                did
+            }
+            Kind::CopyTree => copy_tree(fs, cg, n),
+            Kind::WriteZeroes => unreachable!(),
+        };
+        did + self.fs.as_mut().unwrap().unmount(cg)
+    }
+
+    /// What the workload claims it made the disk do, checked against the /proc/diskstats
+    /// deltas of its window; the failures, empty when it did what it says.
+    pub fn check_claims(&self, did: &Did, d: &DiskStats) -> Vec<String> {
+        let mut bad = Vec::new();
+        let mut claim = |ok: bool, what: &str| {
+            if !ok {
+                bad.push(format!("{}: {what}; did {did}; diskstats {d:?}", self.kind.name()));
+            }
+        };
+        let written = d.sectors_written * 512;
+        match self.kind {
+            Kind::BufferedSync | Kind::Umount | Kind::CopyTree => {
+                claim(written >= did.bytes_written, "fewer bytes written than the files hold");
+            }
+            Kind::FsyncPerWrite | Kind::ODsync => {
+                claim(written >= did.bytes_written, "fewer bytes written than the writes");
+                claim(d.flushes >= did.syncs, "fewer flushes than syncs (each commits the journal)");
+            }
+            Kind::FdatasyncPerWrite => {
+                claim(written >= did.bytes_written, "fewer bytes written than the writes");
+                claim(d.flushes >= did.syncs, "fewer flushes than fdatasyncs");
+                // Every fdatasync sent data + an empty flush: more completed writes than the
+                // 4 KiB writes could make as requests alone (they do not merge: one per sync).
+                claim(d.writes > did.writes, "no flush-only writes counted");
+            }
+            Kind::SmallFiles => {
+                claim(written >= did.files * 4096, "less than a block per file written");
+                claim(d.flushes >= 1, "syncfs sent no flush");
+            }
+            Kind::Fstrim => {
+                claim(did.trimmed > 0, "fstrim trimmed nothing");
+                claim(
+                    d.sectors_discarded * 512 == did.trimmed,
+                    "discarded sectors != the bytes fstrim reports",
+                );
+            }
+            Kind::WriteZeroes => {
+                claim(written == did.zeroed, "sectors written != the bytes zeroed");
+                // Zero pages would take at least zeroed / max_sectors_kb requests; write zeroes
+                // take zeroed / write_zeroes_max_bytes (+ an empty flush).
+                let max_wz: u64 = self.dev_info.queue_attr("write_zeroes_max_bytes").parse().unwrap_or(1);
+                claim(
+                    d.writes <= did.zeroed.div_ceil(max_wz.max(1)) + 2,
+                    "too many write requests for write zeroes (zero pages written instead?)",
+                );
+            }
+            Kind::SqliteWal | Kind::SqliteDelete => {
+                claim(d.flushes >= did.transactions, "fewer flushes than commits (synchronous=FULL)");
+            }
+            Kind::Postgres => {
+                claim(d.flushes >= 1, "no flush");
+                claim(written > 0, "nothing written");
+            }
+        }
+        claim(d.in_flight == 0, "I/O still in flight at the end of the window");
+        bad
+    }
+}
+
+/// `n` 512-byte files, not synced.
+fn small_files_unsynced(fs: &Ext4, cg: Option<&Cgroup>, n: u64) -> Did {
+    let d = fs.dir("unsynced", None);
+    let script = format!(
+        "cd '{}' && i=0 && while [ $i -lt {n} ]; do i=$((i+1)); printf '%0512d' $i > f$i; done",
+        d.display()
+    );
+    run(sh(&script), cg, None);
+    Did {
+        writes: n,
+        bytes_written: n * 512,
+        files: n,
+        ..Did::default()
+    }
+}
+
+/// Whether these workloads run in the lab (the guests are slower: sizes are smaller).
+pub fn in_guest() -> bool {
+    in_lab()
+}
