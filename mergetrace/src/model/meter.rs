@@ -198,8 +198,20 @@ pub fn verdict(limits: &BTreeMap<&'static str, LimitUse>, a: &Activity) -> Optio
                 "{name} {shown}{inherited} is {:.0} % used: not binding",
                 u.used_pct
             ));
+        } else if iops && a.splits > 0 && a.requests > a.bios && a.charged_ios <= a.bios {
+            // Kernels before 6.0 charge a bio once, before it is split (its pieces carry
+            // BIO_THROTTLED): splitting costs nothing here, larger bios cost fewer ios.
+            parts.push(format!(
+                "{name} {shown}{inherited} is {:.0} % used by bios; {}; split pieces are not \
+                 charged (this kernel charges a bio once, before splitting it), so the limit \
+                 counts the bios you submit — submit larger bios",
+                u.used_pct,
+                requests_vs_bios(a)
+            ));
         } else if iops && a.splits > 0 && a.requests > a.bios {
-            let share = a.splits.min(a.charged_ios) as f64 / a.charged_ios.max(1) as f64 * 100.0;
+            // Each charged io beyond the bios submitted is a split piece charged again (6.0+).
+            let pieces = a.charged_ios.saturating_sub(a.bios);
+            let share = pieces as f64 / a.charged_ios.max(1) as f64 * 100.0;
             parts.push(format!(
                 "{name} {shown}{inherited} is {:.0} % used by bios and their split pieces; {}; \
                  {share:.0} % of the {} ios charged were split pieces (each piece costs one io, \
@@ -340,6 +352,23 @@ mod tests {
              bio is only split further)"
         );
         assert!(!v.contains("as many requests as bios"));
+        // 5.10 charges the 512 bios once each, before splitting: the pieces cost nothing.
+        let lu510 = limit_use(&eff_wiops(1000), true, 512, 512 * 65536, 4.096);
+        let v = verdict(
+            &lu510,
+            &Activity {
+                charged_ios: 512,
+                ..a.clone()
+            },
+        )
+        .unwrap();
+        assert!(
+            v.contains("bios are split: the device saw 8.0× more requests than bios")
+                && v.contains("split pieces are not charged")
+                && v.ends_with("submit larger bios")
+                && !v.contains("were split pieces"),
+            "{v}"
+        );
         // At the hardware limit the lever is the bio size.
         let hw = SplitLimits {
             max_hw_sectors_kb: Some(8),
