@@ -66,6 +66,7 @@ pub async fn run(args: LiveArgs) -> Result<()> {
             },
             meter_units: aggregate::meter_units(&meter_units),
             stats: args.stats,
+            ebpf_log: args.trace.ebpf_log,
         },
     )?;
     let start = monotonic_ns();
@@ -118,7 +119,7 @@ struct Live {
 
 impl Live {
     /// The in-kernel counters so far, over the run.
-    fn totals(&self) -> Result<Window> {
+    fn totals(&mut self) -> Result<Window> {
         let mut now = self.session.read_totals()?;
         now.start_ns = self.start;
         now.end_ns = monotonic_ns();

@@ -3,7 +3,7 @@
 //! where it is chosen or allowed. A [`Session`] holds them; dropping it detaches everything.
 use anyhow::{Context, Result};
 use aya::{
-    maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{BtfTracePoint, FEntry, FExit, ProgramError},
     Ebpf, EbpfLoader,
 };
@@ -15,6 +15,7 @@ use mergetrace_common::{
 
 use super::{
     btf::Btf,
+    slots::Slots,
     check_privileges,
     compat::{
         self,
@@ -45,6 +46,8 @@ pub struct Options {
     /// Turn on the kernel's per-program run time and count (`BPF_ENABLE_STATS`) for the run.
     pub stats: bool,
     pub meter_units: MeterUnits,
+    /// Forward the programs' aya-log records to the `log` crate (`--ebpf-log`).
+    pub ebpf_log: bool,
 }
 
 /// The object loaded (maps created, nothing attached) for this kernel, with what the programs
@@ -230,6 +233,28 @@ impl Loaded {
     }
 }
 
+/// Reads the programs' aya-log records as they come and logs them (`log`, shown on stderr at
+/// warn and above unless RUST_LOG says otherwise), until the process ends.
+fn forward_ebpf_log(ebpf: &mut Ebpf) -> Result<()> {
+    use tokio::io::{unix::AsyncFd, Interest};
+    let logger = aya_log::EbpfLogger::init(ebpf).context("cannot read the programs' log")?;
+    let runtime = tokio::runtime::Handle::try_current()
+        .context("--ebpf-log needs the tokio runtime of a live, record or serve run")?;
+    let _guard = runtime.enter();
+    // SAFETY: the AsyncFd owns the logger and its ring buffer, so the fd stays open while
+    // registered.
+    let mut logger = unsafe { AsyncFd::register_with_interest(logger, Interest::READABLE) }
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .context("cannot wait on the programs' log")?;
+    runtime.spawn(async move {
+        while let Ok(mut ready) = logger.readable_mut().await {
+            ready.get_inner_mut().flush();
+            ready.clear_ready();
+        }
+    });
+    Ok(())
+}
+
 fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::Program> {
     ebpf.program_mut(name)
         .with_context(|| format!("program {name} missing from the eBPF object"))
@@ -255,7 +280,10 @@ pub struct Session {
     ring: Option<RingBuf<MapData>>,
     lost: PerCpuArray<MapData, u64>,
     lost_seen: [u64; LOST_SLOTS as usize],
+    /// Keys not (yet) given a counter slot.
     counts: PerCpuHashMap<MapData, CountKey, Counters>,
+    /// The counter slots of the keys seen so far.
+    slots: Slots,
     /// Plug flushes by `mergetrace_common::unplug_slot`.
     unplugs: PerCpuArray<MapData, u64>,
     /// The traced disks' `dev_t`s, by their slot in the programs' per-disk maps.
@@ -299,12 +327,21 @@ impl Session {
         let Loaded {
             mut ebpf, notes, ..
         } = loaded;
+        if opts.ebpf_log {
+            forward_ebpf_log(&mut ebpf)?;
+        }
         let ring = RingBuf::try_from(ebpf.take_map("EVENTS").context("EVENTS map missing")?)?;
         let lost = PerCpuArray::try_from(ebpf.take_map("LOST").context("LOST map missing")?)?;
         let counts =
             PerCpuHashMap::try_from(ebpf.take_map("COUNTS").context("COUNTS map missing")?)?;
         let unplugs =
             PerCpuArray::try_from(ebpf.take_map("UNPLUGS").context("UNPLUGS map missing")?)?;
+        let mut take = |name: &str| ebpf.take_map(name).with_context(|| format!("{name} map missing"));
+        let slots = Slots::new(
+            BpfHashMap::try_from(take("SLOT_OF")?)?,
+            Array::try_from(take("SLOT_GEN")?)?,
+            PerCpuArray::try_from(take("COUNTERS")?)?,
+        );
         Ok(Session {
             ebpf: Some(ebpf),
             tier,
@@ -313,6 +350,7 @@ impl Session {
             lost,
             lost_seen: [0; LOST_SLOTS as usize],
             counts,
+            slots,
             unplugs,
             devs: devices.iter().map(|d| d.dev().0).collect(),
             _stats: stats,
@@ -326,16 +364,19 @@ impl Session {
 
     /// The in-kernel counters so far (summed over CPUs) and every loss so far: a running
     /// total of the whole run; `Window::since` gives intervals. Readable after `detach`.
-    pub fn read_totals(&self) -> Result<Window> {
-        let mut counts = Vec::new();
+    /// Each call also gives the keys counted so far in the hash map a slot (the programs
+    /// then count them in an array, without a hash lookup per event).
+    pub fn read_totals(&mut self) -> Result<Window> {
+        let mut hashed = Vec::new();
         for item in self.counts.iter() {
             let (k, per_cpu) = item.context("cannot read the COUNTS map")?;
             let mut sum = Counters::default();
             for c in per_cpu.iter() {
                 sum.add(c);
             }
-            counts.push((k, sum));
+            hashed.push((k, sum));
         }
+        let counts = self.slots.totals(hashed)?;
         let mut unplugs = Vec::new();
         for (slot, dev) in self.devs.iter().enumerate() {
             for explicit in [false, true] {

@@ -1,11 +1,13 @@
 //! The kernel side, as user space sees it: which hooks exist where ([`compat`]), the kernel's
 //! BTF ([`btf`]), loading and attaching the programs from the hook table ([`load`]), who may
-//! load them ([`privileges`]), and the event stream ([`collector`]).
+//! load them ([`privileges`]), the counter slots the programs count in ([`slots`]), and the
+//! event stream ([`collector`]).
 pub mod btf;
 pub mod collector;
 pub mod compat;
 pub mod load;
 pub mod privileges;
+pub mod slots;
 
 use std::fmt;
 
