@@ -314,6 +314,16 @@ fn merge_path_from_stack<C: EbpfContext>(ctx: &C) -> u8 {
             }
         }
     }
+    // A diagnostic behind MERGETRACE_EBPF_LOG: the frames say which caller is missing from
+    // the merge-path table (look them up in /proc/kallsyms).
+    aya_log_ebpf::warn!(
+        ctx,
+        "merge from an unrecognised caller: {:x} {:x} {:x} {:x}",
+        stack[1],
+        stack[2],
+        stack[3],
+        stack[4]
+    );
     path::UNKNOWN
 }
 

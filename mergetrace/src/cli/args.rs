@@ -21,6 +21,10 @@ pub struct TraceArgs {
     /// Comma-separated, up to 4 (e.g. 256k,1m).
     #[arg(long, default_value = "256k,1m", value_name = "SIZES", value_delimiter = ',', value_parser = parse_size, num_args = 1..=4)]
     pub meter_unit: Vec<u64>,
+    /// Print the eBPF programs' own diagnostics on stderr (aya-log), e.g. the kernel frames of
+    /// a merge whose path mergetrace cannot tell.
+    #[arg(long)]
+    pub ebpf_log: bool,
 }
 
 /// How long a run lasts, how often it reports, and the ring its events cross (live, record).

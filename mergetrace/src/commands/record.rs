@@ -212,6 +212,7 @@ pub async fn run(args: RecordArgs) -> Result<()> {
             },
             meter_units: aggregate::meter_units(&args.trace.meter_unit),
             stats: false,
+            ebpf_log: args.trace.ebpf_log,
         },
     )?;
     let mut h = probe_header;

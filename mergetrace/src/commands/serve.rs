@@ -190,6 +190,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             },
             meter_units: aggregate::meter_units(&args.trace.meter_unit),
             stats: false,
+            ebpf_log: args.trace.ebpf_log,
         },
     )?;
     let start_ns = monotonic_ns();

@@ -270,6 +270,7 @@ impl Lab {
                 },
                 meter_units: aggregate::meter_units(&aggregate::DEFAULT_METER_UNITS),
                 stats: false,
+                ebpf_log: false,
             },
         )?;
         eprintln!("mergetrace demo: tracing on the {}", session.tier);
