@@ -27,12 +27,12 @@ enum Command {
     /// Convert a capture for other tools: Perfetto/Chrome trace JSON, blktrace binary
     /// (for blkparse, btt), CSV or JSON lines.
     Export(commands::export::ExportArgs),
-    /// The article's checklist for one device, without tracing: scheduler and what nomerges
+    /// A merge checklist for one device, without tracing: scheduler and what nomerges
     /// does here, merge rate and request size since boot, merge ceilings, throttled cgroups,
     /// and which tier mergetrace can run.
     Check(commands::check::CheckArgs),
-    /// The article's lab, built in: a loop device in /dev/shm, a built-in workload, the
-    /// tables, and a self-check against /proc/diskstats. Needs root; cleans up after itself.
+    /// A merging lab, built in: a loop device in /dev/shm, a built-in workload, tables of
+    /// what nomerges, batching and a throttle limit do, and a self-check against /proc/diskstats. Needs root; cleans up after itself.
     Demo(commands::demo::DemoArgs),
     /// The fleet view: count in the kernel continuously and serve the running totals on
     /// /metrics in the Prometheus text format (loopback by default). Needs root.

@@ -250,7 +250,7 @@ pub(crate) mod tests {
         }
     }
 
-    /// 32 bios of 4 KiB in one plug: 1 request, 31 plug back merges (the article's batch).
+    /// 32 bios of 4 KiB in one plug: 1 request, 31 plug back merges (the demo's batch).
     pub fn batch_of_32(cgroup: u64) -> Vec<Event> {
         let mut v = Vec::new();
         for i in 0..32 {

@@ -1,6 +1,6 @@
 //! Where the meter sits: the same I/O counted per bio (what blk-throttle charges), per device
 //! request, and by a cloud-volume meter that counts requests in fixed units — and the verdict
-//! the article draws from them. Pure arithmetic, unit-tested.
+//! drawn from them. Pure arithmetic, unit-tested.
 use std::collections::BTreeMap;
 
 use serde::Serialize;
@@ -259,7 +259,7 @@ mod tests {
     }
 
     #[test]
-    fn the_articles_throttle_verdict() {
+    fn throttle_verdict_for_merged_batches() {
         // 30,048 bios in 15 s under wiops=2000, 943 device requests
         let lu = limit_use(&eff_wiops(2000), true, 30_048, 30_048 * 4096, 15.0);
         let used = lu["wiops"].used_pct;

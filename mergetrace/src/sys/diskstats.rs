@@ -113,10 +113,10 @@ mod tests {
 
     #[test]
     fn lines_of_every_kernel() {
-        /// The article's line, with the fields it elides filled with zeros.
-        const ARTICLE: &str =
+        /// A published sda line, with the fields it elides filled with zeros.
+        const SDA_LINE: &str =
             "   8       0 sda 639705 234489 36923566 0 10636637 3282202 135302774 0 0 0 0 0 0 0 0 0 0";
-        let d = parse_diskstats_line(ARTICLE).unwrap();
+        let d = parse_diskstats_line(SDA_LINE).unwrap();
         assert_eq!((d.major, d.minor, d.name.as_str()), (8, 0, "sda"));
         assert_eq!(
             (d.reads, d.reads_merged, d.read_sectors),
@@ -158,7 +158,7 @@ mod tests {
             parse_diskstats_line("8 0 sda 1 2 x 4 5 6 7 8 9 10 11"),
             None
         );
-        let text = format!("{full}\n{ARTICLE}\n");
+        let text = format!("{full}\n{SDA_LINE}\n");
         assert_eq!(find_diskstats(&text, 8, 0).unwrap().name, "sda");
         assert_eq!(find_diskstats(&text, 7, 3).unwrap().name, "loop3");
         assert_eq!(find_diskstats(&text, 7, 4), None);

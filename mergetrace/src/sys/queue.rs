@@ -294,7 +294,7 @@ mod tests {
         q.max_sectors_kb = 256;
         assert_eq!(q.merge_ceiling_bytes(), 256 << 10);
         assert_eq!(q.merge_ceiling_set_by(), "max_sectors_kb");
-        // The article's vda: 1280 KiB and 254 segments → 1016 KiB.
+        // A virtio disk's limits: 1280 KiB and 254 segments → 1016 KiB.
         q.max_sectors_kb = 1280;
         q.max_segments = 254;
         assert_eq!(q.merge_ceiling_bytes(), 254 * 4096);

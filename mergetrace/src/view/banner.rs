@@ -66,7 +66,7 @@ pub fn v1_writeback_note(d: &Device, cgroups: &Cgroups) -> Option<String> {
     ))
 }
 
-/// The per-device configuration line, as the article explains it: scheduler, what nomerges
+/// The per-device configuration line: scheduler, what nomerges
 /// does on this path, the merge ceiling, and when the plug flushes.
 pub fn configuration_line(name: &str, q: &QueueSettings) -> String {
     if q.bio_based() {

@@ -86,12 +86,12 @@ pub fn run(args: &CheckArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::commands::check::findings::fixtures::article_input;
+    use crate::commands::check::findings::fixtures::sda_input;
     use clap::Parser;
 
     #[test]
     fn text_and_json() {
-        let i = article_input();
+        let i = sda_input();
         let f = findings(&i);
         let text = render_text(&f);
         assert_eq!(text.lines().count(), f.len());

@@ -1,5 +1,5 @@
-//! `mergetrace demo`: the article's lab, built in. A loop device on a file in /dev/shm, the
-//! built-in O_DIRECT workload, mergetrace's own probes, and the article's tables — each number
+//! `mergetrace demo`: a merging lab, built in. A loop device on a file in /dev/shm, the
+//! built-in O_DIRECT workload, mergetrace's own probes, and the tables of what merging does — each number
 //! checked against /proc/diskstats (and blk-throttle's counter for the throttled arms).
 mod lab;
 mod tables;

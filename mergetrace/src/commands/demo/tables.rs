@@ -1,4 +1,4 @@
-//! The article's tables as the demo prints them, each row with its check mark, and the
+//! The demo's tables as it prints them, each row with its check mark, and the
 //! verdicts of the throttled arms.
 use super::lab::{Arm, Lab};
 use crate::{

@@ -74,7 +74,7 @@ mod tests {
 
     #[test]
     fn ceilings_and_plug() {
-        let mut i = article_input();
+        let mut i = sda_input();
         let f = findings(&i);
         let c = by_topic(&f, "merge ceiling");
         assert_eq!(

@@ -137,7 +137,7 @@ mod tests {
     use crate::sys::{device::Device, queue::parse_scheduler};
     #[test]
     fn scheduler_and_nomerges_per_setting() {
-        let mut i = article_input();
+        let mut i = sda_input();
         let f = findings(&i);
         let s = by_topic(&f, "scheduler");
         assert_eq!(
@@ -210,7 +210,7 @@ mod tests {
     }
     #[test]
     fn bio_based_device() {
-        let mut i = article_input();
+        let mut i = sda_input();
         i.device = Device {
             name: "zram0".into(),
             major: 252,
@@ -243,7 +243,7 @@ mod tests {
     }
     #[test]
     fn partition_note_is_kept() {
-        let mut i = article_input();
+        let mut i = sda_input();
         i.device.notes = vec!["sda1 is a partition of sda: tracing sda".into()];
         assert!(by_topic(&findings(&i), "device")
             .finding

@@ -131,8 +131,8 @@ mod tests {
     use super::super::fixtures::*;
     use crate::sys::diskstats::parse_diskstats_line;
     #[test]
-    fn article_arithmetic() {
-        let f = findings(&article_input());
+    fn sda_arithmetic() {
+        let f = findings(&sda_input());
         let w = by_topic(&f, "write merges");
         assert!(
             w.finding.starts_with(
@@ -165,7 +165,7 @@ mod tests {
     }
     #[test]
     fn no_writes_since_boot() {
-        let mut i = article_input();
+        let mut i = sda_input();
         i.diskstats = parse_diskstats_line("7 3 loop3 10 0 80 0 0 0 0 0 0 0 0 0 0 0 0 0 0");
         i.uptime_secs = None;
         let f = findings(&i);

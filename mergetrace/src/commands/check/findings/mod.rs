@@ -1,5 +1,5 @@
 //! Judging: what the user should know about merging on the device, topic by topic, in the
-//! article's checklist order. Pure (every sentence is unit-tested on constructed inputs).
+//! checklist's order. Pure (every sentence is unit-tested on constructed inputs).
 mod ceilings;
 mod device;
 mod diskstats;
@@ -48,7 +48,7 @@ pub fn findings(input: &CheckInput) -> Vec<Finding> {
     out
 }
 
-/// Inputs the topics' tests start from: the article's sda on a loop device's queue.
+/// Inputs the topics' tests start from: a published sda on a loop device's queue.
 #[cfg(test)]
 pub(super) mod fixtures {
     pub use super::{findings, Finding};
@@ -60,8 +60,8 @@ pub(super) mod fixtures {
         queue::{parse_scheduler, QueueSettings},
     };
 
-    /// The article's line, with the fields it elides filled with zeros.
-    pub const ARTICLE: &str =
+    /// A published sda line, with the fields it elides filled with zeros.
+    pub const SDA_LINE: &str =
         "   8       0 sda 639705 234489 36923566 0 10636637 3282202 135302774 0 0 0 0 0 0 0 0 0 0";
 
     pub fn sda() -> Device {
@@ -91,11 +91,11 @@ pub(super) mod fixtures {
         }
     }
 
-    pub fn article_input() -> CheckInput {
+    pub fn sda_input() -> CheckInput {
         CheckInput {
             device: sda(),
             queue: loop_queue(),
-            diskstats: find_diskstats(ARTICLE, 8, 0),
+            diskstats: find_diskstats(SDA_LINE, 8, 0),
             uptime_secs: Some(41242.0),
             io_hierarchy: Some((Hierarchy::V2, "/sys/fs/cgroup".into())),
             throttled: vec![],

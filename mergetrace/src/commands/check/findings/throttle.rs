@@ -118,7 +118,7 @@ mod tests {
     use crate::model::limits::Limits;
     #[test]
     fn throttle_findings() {
-        let mut i = article_input();
+        let mut i = sda_input();
         let f = findings(&i);
         assert_eq!(
             by_topic(&f, "throttle").finding,

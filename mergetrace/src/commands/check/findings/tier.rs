@@ -59,14 +59,14 @@ mod tests {
 
     #[test]
     fn the_tier_is_the_last_finding_with_its_facts() {
-        let f = findings(&article_input());
+        let f = findings(&sda_input());
         let t = by_topic(&f, "tier");
         assert_eq!(
             t.finding,
             "fentry refused by this kernel's policy: tracepoint tier; throttle delays are not measured and failed merge attempts are invisible; BTF present, block tracepoints in BTF, CAP_SYS_ADMIN, tracefs not mounted (not needed: the tracepoints attach through BTF)"
         );
         assert_eq!(f.last().unwrap().topic, "tier");
-        let mut i = article_input();
+        let mut i = sda_input();
         i.env.fentry = None;
         i.env.privileges = Privileges::Missing;
         let t = by_topic(&findings(&i), "tier").clone();
