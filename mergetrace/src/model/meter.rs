@@ -16,6 +16,11 @@ pub struct Meters {
     pub per_bio: u64,
     /// Units under a per-request meter: requests the device saw.
     pub per_request: u64,
+    /// Units under a merge-aware iops limit, a what-if: the requests bios created (issued ones,
+    /// those a request-request merge absorbed later, flush-only writes), i.e. bios + splits
+    /// minus the bios that merged into a request. A 2025 blk-throttle patch ("support io merge
+    /// over iops_limit", not merged) proposed refunding a merged bio's io like this.
+    pub per_request_created: u64,
     /// Units under cloud-volume meters that count each request in units of `unit_bytes`.
     pub cloud: Vec<CloudMeter>,
 }
@@ -34,6 +39,10 @@ pub struct LimitUse {
     pub cgroup: String,
     /// This cgroup's use over the window, in percent of the limit.
     pub used_pct: f64,
+    /// iops limits: the use had the limit counted `Meters::per_request_created` instead of
+    /// bios (the merge-aware what-if).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub used_pct_merge_aware: Option<f64>,
 }
 
 /// Throttle limits that apply to a direction (`bio_data_dir`: discards count as writes).
@@ -45,26 +54,39 @@ pub fn kinds_for(write: bool) -> [LimitKind; 2] {
     }
 }
 
+/// What a window charged: blk-throttle's ios and bytes, and the requests its bios created
+/// (what a merge-aware iops limit would have charged).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Charged {
+    pub ios: u64,
+    pub bytes: u64,
+    pub requests_created: u64,
+}
+
 /// How much of each limit in force the window's charges used.
 pub fn limit_use(
     eff: &Effective,
     write: bool,
-    charged_ios: u64,
-    charged_bytes: u64,
+    charged: Charged,
     secs: f64,
 ) -> BTreeMap<&'static str, LimitUse> {
+    let pct = |n: u64, limit: u64| {
+        if secs > 0.0 && limit > 0 {
+            n as f64 / secs / limit as f64 * 100.0
+        } else {
+            0.0
+        }
+    };
     let mut out = BTreeMap::new();
     for k in kinds_for(write) {
         if let Some(l) = eff.get(k) {
-            let charged = if k.is_iops() {
-                charged_ios
+            let (used_pct, used_pct_merge_aware) = if k.is_iops() {
+                (
+                    pct(charged.ios, l.limit),
+                    Some(pct(charged.requests_created, l.limit)),
+                )
             } else {
-                charged_bytes
-            };
-            let used_pct = if secs > 0.0 && l.limit > 0 {
-                charged as f64 / secs / l.limit as f64 * 100.0
-            } else {
-                0.0
+                (pct(charged.bytes, l.limit), None)
             };
             out.insert(
                 k.name(),
@@ -72,6 +94,7 @@ pub fn limit_use(
                     limit: l.limit,
                     cgroup: l.cgroup.clone(),
                     used_pct,
+                    used_pct_merge_aware,
                 },
             );
         }
@@ -168,6 +191,18 @@ fn requests_vs_bios(a: &Activity) -> String {
     }
 }
 
+/// Where merging compressed the charge: what a merge-aware limit would have used (a
+/// what-if; no kernel counts this way).
+fn merge_aware_what_if(u: &LimitUse) -> String {
+    match u.used_pct_merge_aware {
+        Some(m) if m < u.used_pct * 0.9 => format!(
+            " (a limit counting the requests bios merged into, as proposed for blk-throttle in \
+             2025 and in no kernel, would be {m:.0} % used)"
+        ),
+        _ => String::new(),
+    }
+}
+
 /// The one-line verdict for a cgroup and direction; `None` when no limit is in force and
 /// nothing was throttled.
 pub fn verdict(limits: &BTreeMap<&'static str, LimitUse>, a: &Activity) -> Option<String> {
@@ -223,9 +258,10 @@ pub fn verdict(limits: &BTreeMap<&'static str, LimitUse>, a: &Activity) -> Optio
         } else if iops {
             parts.push(format!(
                 "{name} {shown}{inherited} is {:.0} % used by bios; {}; this limit counts before merging, \
-                 so merging cannot raise your IOPS — submit larger bios",
+                 so merging cannot raise your IOPS — submit larger bios{}",
                 u.used_pct,
-                requests_vs_bios(a)
+                requests_vs_bios(a),
+                merge_aware_what_if(u)
             ));
         } else {
             parts.push(format!(
@@ -258,10 +294,19 @@ mod tests {
         }
     }
 
+    /// Charged ios and bytes, each bio its own request (no merge).
+    fn ch(ios: u64, bytes: u64) -> Charged {
+        Charged {
+            ios,
+            bytes,
+            requests_created: ios,
+        }
+    }
+
     #[test]
     fn throttle_verdict_for_merged_batches() {
         // 30,048 bios in 15 s under wiops=2000, 943 device requests
-        let lu = limit_use(&eff_wiops(2000), true, 30_048, 30_048 * 4096, 15.0);
+        let lu = limit_use(&eff_wiops(2000), true, ch(30_048, 30_048 * 4096), 15.0);
         let used = lu["wiops"].used_pct;
         assert!((used - 100.16).abs() < 0.01, "{used}");
         let act = |bios, requests| Activity {
@@ -280,11 +325,27 @@ mod tests {
         // merging off: as many requests as bios
         let v = verdict(&lu, &act(30_048, 30_048)).unwrap();
         assert!(v.contains("as many requests as bios"), "{v}");
+        // The merge-aware what-if: the 943 requests the bios made would use 3 % of the limit.
+        let merge_aware = Charged {
+            requests_created: 943,
+            ..ch(30_048, 30_048 * 4096)
+        };
+        let lu = limit_use(&eff_wiops(2000), true, merge_aware, 15.0);
+        let m = lu["wiops"].used_pct_merge_aware.unwrap();
+        assert!((m - 3.14).abs() < 0.01, "{m}");
+        let v = verdict(&lu, &act(30_048, 943)).unwrap();
+        assert!(
+            v.ends_with(
+                "submit larger bios (a limit counting the requests bios merged into, as proposed \
+                 for blk-throttle in 2025 and in no kernel, would be 3 % used)"
+            ),
+            "{v}"
+        );
     }
 
     #[test]
     fn idle_limits_and_bps_limits() {
-        let lu = limit_use(&eff_wiops(2000), true, 100, 0, 1.0);
+        let lu = limit_use(&eff_wiops(2000), true, ch(100, 0), 1.0);
         let act = |bios, requests, throttled_bios| Activity {
             bios,
             requests,
@@ -301,7 +362,7 @@ mod tests {
             .unwrap()
             .starts_with("wiops 2000 (set on /mt) is 5 % used by bios;"));
         assert!(
-            limit_use(&eff_wiops(2000), false, 100, 0, 1.0).is_empty(),
+            limit_use(&eff_wiops(2000), false, ch(100, 0), 1.0).is_empty(),
             "a write limit does not apply to reads"
         );
         let e = Effective {
@@ -311,7 +372,7 @@ mod tests {
             }),
             ..Default::default()
         };
-        let lu = limit_use(&e, true, 2048, 8 << 20, 1.0);
+        let lu = limit_use(&e, true, ch(2048, 8 << 20), 1.0);
         assert!(verdict(&lu, &act(2048, 64, 10))
             .unwrap()
             .contains("wbps 8.0 MiB/s (set on /mt) is 100 % used; merging does not change bytes"));
@@ -325,7 +386,7 @@ mod tests {
     fn split_bios_under_an_iops_limit() {
         // max_sectors_kb 8, 64 KiB direct writes, wiops 1000: 512 bios, 3,584 split pieces,
         // 4,096 requests of 8 KiB, 4,096 ios charged.
-        let lu = limit_use(&eff_wiops(1000), true, 4096, 512 * 65536, 4.096);
+        let lu = limit_use(&eff_wiops(1000), true, ch(4096, 512 * 65536), 4.096);
         let limits = SplitLimits {
             max_sectors_kb: Some(8),
             max_hw_sectors_kb: Some(1280),
@@ -353,7 +414,7 @@ mod tests {
         );
         assert!(!v.contains("as many requests as bios"));
         // 5.10 charges the 512 bios once each, before splitting: the pieces cost nothing.
-        let lu510 = limit_use(&eff_wiops(1000), true, 512, 512 * 65536, 4.096);
+        let lu510 = limit_use(&eff_wiops(1000), true, ch(512, 512 * 65536), 4.096);
         let v = verdict(
             &lu510,
             &Activity {

@@ -340,6 +340,7 @@ impl DirStats {
             meters: Meters {
                 per_bio: c.bios + c.splits,
                 per_request: c.requests(),
+                per_request_created: c.requests() + c.flush_only + c.rq_merges,
                 cloud: opts
                     .meter_units
                     .iter()
@@ -432,6 +433,7 @@ impl DirStats {
         self.histograms.add(&o.histograms);
         self.meters.per_bio += o.meters.per_bio;
         self.meters.per_request += o.meters.per_request;
+        self.meters.per_request_created += o.meters.per_request_created;
         if self.meters.cloud.is_empty() {
             self.meters.cloud = o.meters.cloud.clone();
         } else {
@@ -549,7 +551,12 @@ fn judge(
             continue;
         }
         let write = dir != Dir::Read && dir != Dir::Flush;
-        st.limits = meter::limit_use(eff, write, st.charged_ios, st.charged_bytes, secs);
+        let charged = meter::Charged {
+            ios: st.charged_ios,
+            bytes: st.charged_bytes,
+            requests_created: st.meters.per_request_created,
+        };
+        st.limits = meter::limit_use(eff, write, charged, secs);
         let split_cause = (st.splits > 0).then(|| {
             meter::split_cause(
                 &split_limits(),

@@ -85,13 +85,12 @@ pub(super) fn print_throttled(arms: &[Arm], wiops: u64, throttle_secs: u64, limi
     };
     println!();
     for a in arms {
-        let lu = meter::limit_use(
-            &eff,
-            true,
-            a.counts.charged_ios,
-            a.counts.charged_bytes,
-            a.secs,
-        );
+        let charged = meter::Charged {
+            ios: a.counts.charged_ios,
+            bytes: a.counts.charged_bytes,
+            requests_created: a.counts.requests() + a.counts.flush_only + a.counts.rq_merges,
+        };
+        let lu = meter::limit_use(&eff, true, charged, a.secs);
         if let Some(v) = meter::verdict(
             &lu,
             &meter::Activity {

@@ -342,6 +342,7 @@ mod tests {
                 limit: 500,
                 cgroup: "/mt".into(),
                 used_pct: 1.0,
+                used_pct_merge_aware: None,
             },
         );
         st.limits.insert(
@@ -350,6 +351,7 @@ mod tests {
                 limit: 1 << 20,
                 cgroup: "/".into(),
                 used_pct: 1.0,
+                used_pct_merge_aware: None,
             },
         );
         st.meters.cloud = vec![crate::model::meter::CloudMeter {
@@ -406,6 +408,7 @@ mod tests {
                 limit: 5,
                 cgroup: "/mt".into(),
                 used_pct: 0.0,
+                used_pct_merge_aware: None,
             },
         );
         m.update(&s2);
