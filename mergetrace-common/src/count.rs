@@ -279,8 +279,7 @@ impl Counters {
                 self.issue_bytes += ev.bytes as u64;
                 // A flush request has no data: not a size.
                 if ev.bytes > 0 {
-                    self.request_size_hist[size_bucket(ev.bytes as u64) & (SIZE_BUCKETS - 1)] +=
-                        1;
+                    self.request_size_hist[size_bucket(ev.bytes as u64) & (SIZE_BUCKETS - 1)] += 1;
                 }
                 // aux: bios chained in the request (0 for a flush without data).
                 if ev.aux > 0 {

@@ -11,8 +11,10 @@ use mergetrace_common::{flags, kind, path, Event, NONE};
 use crate::{
     emit::{emit, now},
     maps::{frozen, off, THROTTLE_POLICY},
-    read::{bio_disk, blkg_cgroup_id, disk_dev, learn_queue, read, read_probe, ready, traced, Disk},
-    throttle::{mark_released, note_split, note_queued},
+    read::{
+        bio_disk, blkg_cgroup_id, disk_dev, learn_queue, read, read_probe, ready, traced, Disk,
+    },
+    throttle::{mark_released, note_queued, note_split},
 };
 
 /// The common part of every bio event and the bio's disk; `None` if the disk is not traced.
@@ -106,7 +108,7 @@ pub fn rule_flags(bio: u64, op: u8) -> u8 {
         return 0;
     }
     let rw = (op & 1) as u32; // bio_data_dir(): op_is_write()
-    // `has_rules_iops[2]` and `has_rules_bps[2]` are neighbours: one read for both.
+                              // `has_rules_iops[2]` and `has_rules_bps[2]` are neighbours: one read for both.
     let (iops, bps) = (off!(tg_has_rules_iops) + rw, off!(tg_has_rules_bps) + rw);
     let base = if iops < bps { iops } else { bps };
     // Little-endian: byte `i` of the read is bits 8i..8i+8 (shifts, not stack indexing,
@@ -231,7 +233,10 @@ fn merge_path_from_plug(ctx: &BtfTracePointContext, bio: u64, rq: u64, back: boo
             if read::<u64>(candidate, off!(rq_q)) != q {
                 return merge_path_from_stack(ctx);
             }
-            if touches(read(candidate, off!(rq_sector)), read(candidate, off!(rq_data_len))) {
+            if touches(
+                read(candidate, off!(rq_sector)),
+                read(candidate, off!(rq_data_len)),
+            ) {
                 return path::PLUG;
             }
         }

@@ -7,7 +7,8 @@ use mergetrace_common::{
 };
 
 use crate::maps::{
-    frozen, COUNTERS, COUNTS, EVENTS, LOST, METER_UNITS, SLOT_CACHE, SLOT_GEN, SLOT_OF, UNPLUGS, ZERO,
+    frozen, COUNTERS, COUNTS, EVENTS, LOST, METER_UNITS, SLOT_CACHE, SLOT_GEN, SLOT_OF, UNPLUGS,
+    ZERO,
 };
 
 const BPF_RB_NO_WAKEUP: u64 = 1;

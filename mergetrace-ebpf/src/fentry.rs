@@ -94,4 +94,3 @@ pub fn elv_merge_exit(ctx: FExitContext) -> u32 {
     }
     0
 }
-

@@ -144,5 +144,24 @@ mod tests {
         }
         let c = Cli::try_parse_from(["mergetrace", "-d", "vda", "--meter-unit", "128k,1m"]);
         assert_eq!(c.unwrap().live.trace.meter_unit, vec![128 << 10, 1 << 20]);
+        // Cloud presets by name, beside sizes; an unknown name is refused with the list.
+        let c = Cli::try_parse_from([
+            "mergetrace",
+            "-d",
+            "vda",
+            "--meter-unit",
+            "aws-gp3,AWS-st1,64k",
+        ]);
+        assert_eq!(
+            c.unwrap().live.trace.meter_unit,
+            vec![256 << 10, 1 << 20, 64 << 10]
+        );
+        let e = Cli::try_parse_from(["mergetrace", "-d", "vda", "--meter-unit", "aws-gp9"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("'aws-gp9' is neither a size nor a cloud preset; presets: aws-gp2, aws-gp3"),
+            "{e}"
+        );
     }
 }

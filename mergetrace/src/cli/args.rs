@@ -17,9 +17,11 @@ pub struct TraceArgs {
     /// Which probes to use: fentry where the kernel allows it (auto), or force one tier.
     #[arg(long, value_enum, default_value = "auto")]
     pub tier: TierChoice,
-    /// Cloud-volume meter unit sizes: each device request counts ceil(size / unit), at least 1.
-    /// Comma-separated, up to 4 (e.g. 256k,1m).
-    #[arg(long, default_value = "256k,1m", value_name = "SIZES", value_delimiter = ',', value_parser = parse_size, num_args = 1..=4)]
+    /// Cloud-volume meters: each device request counts ceil(size / unit), at least 1. Unit
+    /// sizes or provider presets, comma-separated, up to 4 (e.g. 256k,1m or aws-gp3,aws-st1).
+    /// Presets: aws-gp2, aws-gp3, aws-io1, aws-io2 (256 KiB), aws-st1, aws-sc1 (1 MiB),
+    /// azure-ultra (256 KiB).
+    #[arg(long, default_value = "256k,1m", value_name = "SIZES", value_delimiter = ',', value_parser = parse_meter_unit, num_args = 1..=4)]
     pub meter_unit: Vec<u64>,
     /// Print the eBPF programs' own diagnostics on stderr (aya-log), e.g. the kernel frames of
     /// a merge whose path mergetrace cannot tell.
@@ -83,6 +85,25 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         return Err("a size must be larger than 0".into());
     }
     Ok(n * mult)
+}
+
+/// A cloud meter's unit: a size, or a provider preset's (`model::meter::CLOUD_PRESETS`).
+pub fn parse_meter_unit(s: &str) -> Result<u64, String> {
+    let name = s.trim().to_ascii_lowercase();
+    if let Some(p) = crate::model::meter::cloud_preset(&name) {
+        return Ok(p.unit_bytes);
+    }
+    if name.chars().next().is_some_and(|c| c.is_ascii_alphabetic()) {
+        let names: Vec<&str> = crate::model::meter::CLOUD_PRESETS
+            .iter()
+            .map(|p| p.name)
+            .collect();
+        return Err(format!(
+            "'{s}' is neither a size nor a cloud preset; presets: {}",
+            names.join(", ")
+        ));
+    }
+    parse_size(s)
 }
 
 /// A byte offset: 0, or a size.

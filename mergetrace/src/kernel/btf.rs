@@ -404,7 +404,10 @@ impl Btf {
     pub fn tracepoint_arg(&self, name: &str, target: &str) -> Option<u32> {
         let id = self.find(KIND_TYPEDEF, &format!("btf_trace_{name}"))?;
         let params = self.proto_params(id)?;
-        let i = params.iter().skip(1).position(|m| self.points_to(m.type_id, target))?;
+        let i = params
+            .iter()
+            .skip(1)
+            .position(|m| self.points_to(m.type_id, target))?;
         u32::try_from(i).ok()
     }
 

@@ -1,13 +1,13 @@
 //! Loading the embedded eBPF object for the running kernel and attaching its programs as the
 //! hook table says ([`compat::hooks`]): every tracepoint-tier program, then the fentry tier's
 //! where it is chosen or allowed. A [`Session`] holds them; dropping it detaches everything.
+use anyhow::bail;
 use anyhow::{Context, Result};
 use aya::{
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{BtfTracePoint, FEntry, FExit, ProgramError},
     Ebpf, EbpfLoader,
 };
-use anyhow::bail;
 use mergetrace_common::{
     unplug_slot, CountKey, Counters, KernelSymbols, MeterUnits, Modes, TracedDevices, UnplugKey,
     LOST_SLOTS, MAX_DEVICES, UNPLUG_MAX_DEPTH,
@@ -15,13 +15,13 @@ use mergetrace_common::{
 
 use super::{
     btf::Btf,
-    slots::Slots,
     check_privileges,
     compat::{
         self,
         hooks::{self, Attach, Hook, Needs, Program},
         Kallsyms,
     },
+    slots::Slots,
     Tier, TierChoice, TierKind,
 };
 use crate::{
@@ -336,7 +336,10 @@ impl Session {
             PerCpuHashMap::try_from(ebpf.take_map("COUNTS").context("COUNTS map missing")?)?;
         let unplugs =
             PerCpuArray::try_from(ebpf.take_map("UNPLUGS").context("UNPLUGS map missing")?)?;
-        let mut take = |name: &str| ebpf.take_map(name).with_context(|| format!("{name} map missing"));
+        let mut take = |name: &str| {
+            ebpf.take_map(name)
+                .with_context(|| format!("{name} map missing"))
+        };
         let slots = Slots::new(
             BpfHashMap::try_from(take("SLOT_OF")?)?,
             Array::try_from(take("SLOT_GEN")?)?,

@@ -31,6 +31,64 @@ pub struct CloudMeter {
     pub units: u64,
 }
 
+/// A cloud provider's documented way of counting a volume's I/O operations, as a meter unit:
+/// each request counts ceil(size / unit), at least 1 (docs/meters.md gives each source).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CloudPreset {
+    pub name: &'static str,
+    pub unit_bytes: u64,
+    pub rule: &'static str,
+}
+
+const EBS_SSD: &str = "EBS SSD volumes count an I/O of up to 256 KiB as one operation and larger \
+                       ones in 256 KiB units";
+const EBS_HDD: &str = "EBS HDD volumes count sequential I/O in 1 MiB units and each random I/O \
+                       as one";
+
+/// The presets `--meter-unit` takes by name.
+pub const CLOUD_PRESETS: &[CloudPreset] = &[
+    CloudPreset {
+        name: "aws-gp2",
+        unit_bytes: 256 << 10,
+        rule: EBS_SSD,
+    },
+    CloudPreset {
+        name: "aws-gp3",
+        unit_bytes: 256 << 10,
+        rule: EBS_SSD,
+    },
+    CloudPreset {
+        name: "aws-io1",
+        unit_bytes: 256 << 10,
+        rule: EBS_SSD,
+    },
+    CloudPreset {
+        name: "aws-io2",
+        unit_bytes: 256 << 10,
+        rule: EBS_SSD,
+    },
+    CloudPreset {
+        name: "aws-st1",
+        unit_bytes: 1 << 20,
+        rule: EBS_HDD,
+    },
+    CloudPreset {
+        name: "aws-sc1",
+        unit_bytes: 1 << 20,
+        rule: EBS_HDD,
+    },
+    CloudPreset {
+        name: "azure-ultra",
+        unit_bytes: 256 << 10,
+        rule: "Azure Ultra Disk: one operation transfers 4 KiB to 256 KiB",
+    },
+];
+
+/// The preset of this name (lower case), if any.
+pub fn cloud_preset(name: &str) -> Option<&'static CloudPreset> {
+    CLOUD_PRESETS.iter().find(|p| p.name == name)
+}
+
 /// A limit in force and how much of it this cgroup used in the window.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LimitUse {

@@ -249,7 +249,9 @@ pub const HOOKS: &[Hook] = &[
         ..hook("throttle dispatch work", HookKind::Kallsyms, THROTTLE_WORK)
     },
     Hook {
-        optional: Some("merges into a plug holding several queues' requests show as path \"unknown\""),
+        optional: Some(
+            "merges into a plug holding several queues' requests show as path \"unknown\"",
+        ),
         ..hook(
             "merge path: plug",
             HookKind::Kallsyms,
@@ -274,11 +276,25 @@ pub const HOOKS: &[Hook] = &[
     },
     Hook {
         optional: Some("fentry tier: no exact throttle delay"),
-        ..since((6, 1), function("throttle charge (fentry)", "__blk_throtl_bio", THROTTLE_CHARGE))
+        ..since(
+            (6, 1),
+            function(
+                "throttle charge (fentry)",
+                "__blk_throtl_bio",
+                THROTTLE_CHARGE,
+            ),
+        )
     },
     Hook {
         optional: Some("fentry tier: no exact throttle delay"),
-        ..until((5, 10), function("throttle charge (fentry)", "blk_throtl_bio", THROTTLE_CHARGE))
+        ..until(
+            (5, 10),
+            function(
+                "throttle charge (fentry)",
+                "blk_throtl_bio",
+                THROTTLE_CHARGE,
+            ),
+        )
     },
     Hook {
         optional: Some("fentry tier: no exact throttle delay"),
@@ -372,7 +388,10 @@ pub const HOOKS: &[Hook] = &[
         (6, 1),
         hook("request's disk", HookKind::Field, "request_queue.disk"),
     ),
-    until((5, 10), hook("request's disk", HookKind::Field, "request.rq_disk")),
+    until(
+        (5, 10),
+        hook("request's disk", HookKind::Field, "request.rq_disk"),
+    ),
 ];
 
 /// The programs of blk-throttle's entry, 5.10's and 6.x's.
@@ -625,7 +644,10 @@ mod tests {
                 }
             }
         }
-        assert_eq!(programs_of(TierKind::Fentry).next().unwrap().1.name, "throtl_bio_entry");
+        assert_eq!(
+            programs_of(TierKind::Fentry).next().unwrap().1.name,
+            "throtl_bio_entry"
+        );
         assert!(required_tracepoints().any(|t| t == "block_bio_queue"));
         assert!(!required_tracepoints().any(|t| t == "block_unplug"));
     }

@@ -133,9 +133,7 @@ pub fn resolve_offsets(btf: &Btf) -> Result<KernelOffsets> {
         rq_queuelist,
         remainders_charged,
         // The helper list of this kernel, in BTF (5.11+ has it).
-        current_task_btf: btf
-            .enum_value("BPF_FUNC_get_current_task_btf")
-            .is_some() as u32,
+        current_task_btf: btf.enum_value("BPF_FUNC_get_current_task_btf").is_some() as u32,
         _pad: 0,
     })
 }
