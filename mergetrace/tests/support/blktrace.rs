@@ -229,6 +229,10 @@ pub struct Request {
     pub bios: u64,
     /// Those bios' (sector, bytes), in the order they joined (G first).
     pub bio_extents: Vec<(u64, u64)>,
+    /// The same bios in the request's chain order (`rq->bio` .. `rq->biotail`, what
+    /// mergetrace's `report --lineage` lists): a back merge appends, a front merge prepends,
+    /// a request merged into this one appends its chain.
+    pub chain: Vec<(u64, u64)>,
     /// Times issued (more than 1 after requeues).
     pub issues: u64,
     pub requeues: u64,
@@ -446,6 +450,7 @@ impl Trace {
             dir: Dir,
             bios: u64,
             extents: Vec<(u64, u64)>,
+            chain: std::collections::VecDeque<(u64, u64)>,
         }
         let mut waiting: Vec<Open> = Vec::new();
         let mut issued: Vec<Request> = Vec::new();
@@ -460,19 +465,22 @@ impl Trace {
                     dir: e.dir(),
                     bios: 1,
                     extents: vec![(e.sector, e.bytes)],
+                    chain: [(e.sector, e.bytes)].into(),
                 }),
                 "M" => {
                     // A whole waiting request merged away (block_rq_merge)?
                     if let Some(i) = waiting.iter().position(|w| {
                         w.sector == e.sector && w.bytes == e.bytes && w.dir == e.dir()
                     }) {
-                        if let Some(j) = waiting.iter().position(|w| {
-                            w.dir == e.dir() && w.sector + w.bytes / 512 == e.sector
-                        }) {
+                        if let Some(j) = waiting
+                            .iter()
+                            .position(|w| w.dir == e.dir() && w.sector + w.bytes / 512 == e.sector)
+                        {
                             let gone = waiting[i].clone();
                             waiting[j].bytes += gone.bytes;
                             waiting[j].bios += gone.bios;
                             waiting[j].extents.extend(gone.extents);
+                            waiting[j].chain.extend(gone.chain);
                             waiting.remove(i);
                             continue;
                         }
@@ -485,6 +493,7 @@ impl Trace {
                             w.bytes += e.bytes;
                             w.bios += 1;
                             w.extents.push((e.sector, e.bytes));
+                            w.chain.push_back((e.sector, e.bytes));
                         }
                         None => unmatched += 1,
                     }
@@ -498,6 +507,7 @@ impl Trace {
                         w.bytes += e.bytes;
                         w.bios += 1;
                         w.extents.push((e.sector, e.bytes));
+                        w.chain.push_front((e.sector, e.bytes));
                     }
                     None => unmatched += 1,
                 },
@@ -505,23 +515,27 @@ impl Trace {
                     let key = (e.sector, e.bytes);
                     // A re-issue after a requeue: the same request again.
                     if let Some(i) = in_flight.get(&key).and_then(|v| {
-                        v.iter().copied().find(|&i| issued[i].requeues >= issued[i].issues)
+                        v.iter()
+                            .copied()
+                            .find(|&i| issued[i].requeues >= issued[i].issues)
                     }) {
                         issued[i].issues += 1;
                         continue;
                     }
-                    let (bios, bio_extents) = match waiting
-                        .iter()
-                        .position(|w| w.sector == e.sector && w.bytes == e.bytes)
-                    {
+                    // Of the same direction: a flush request (FN, sector 0, 0 bytes) is not the
+                    // request of an empty PREFLUSH write bio (FWS, sector 0, 0 bytes), which
+                    // the flush machinery completes without a D.
+                    let (bios, bio_extents, chain) = match waiting.iter().position(|w| {
+                        w.sector == e.sector && w.bytes == e.bytes && w.dir == e.dir()
+                    }) {
                         Some(i) => {
                             let w = waiting.remove(i);
-                            (w.bios, w.extents)
+                            (w.bios, w.extents, w.chain.into())
                         }
-                        None if e.dir() == Dir::Flush => (0, Vec::new()),
+                        None if e.dir() == Dir::Flush => (0, Vec::new(), Vec::new()),
                         None => {
                             unmatched += 1;
-                            (0, Vec::new())
+                            (0, Vec::new(), Vec::new())
                         }
                     };
                     issued.push(Request {
@@ -531,6 +545,7 @@ impl Trace {
                         dir: e.dir(),
                         bios,
                         bio_extents,
+                        chain,
                         issues: 1,
                         requeues: 0,
                         completions: 0,
@@ -604,9 +619,9 @@ impl Blktrace {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start blktrace ({cmd:?}): {e} — is it installed (scripts/setup --test)?"));
+        let child = cmd.spawn().unwrap_or_else(|e| {
+            panic!("cannot start blktrace ({cmd:?}): {e} — is it installed (scripts/setup --test)?")
+        });
         let mut bt = Blktrace {
             child: Some(child),
             dir,
@@ -649,7 +664,11 @@ impl Blktrace {
             return false;
         }
         let open: Vec<PathBuf> = fs::read_dir(format!("/proc/{pid}/fd"))
-            .map(|d| d.flatten().filter_map(|e| fs::read_link(e.path()).ok()).collect())
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| fs::read_link(e.path()).ok())
+                    .collect()
+            })
             .unwrap_or_default();
         files.iter().all(|f| open.contains(f))
     }
@@ -718,8 +737,8 @@ impl Blktrace {
             out.status,
             String::from_utf8_lossy(&out.stderr)
         );
-        let mut trace = parse_blkparse(&text)
-            .unwrap_or_else(|e| panic!("blkparse output does not parse: {e}"));
+        let mut trace =
+            parse_blkparse(&text).unwrap_or_else(|e| panic!("blkparse output does not parse: {e}"));
         trace.dropped = parse_dropped(&summary);
         assert_eq!(
             trace.dropped,

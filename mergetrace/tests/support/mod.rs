@@ -36,10 +36,10 @@ use std::{
 
 use serde_json::Value;
 
-/// Real programs' I/O (ext4, fsync, fstrim, SQLite, PostgreSQL...) for the conformance suite.
-pub mod workloads;
 /// The real blktrace + blkparse as a second oracle (guests only: it needs debugfs).
 pub mod blktrace;
+/// Real programs' I/O (ext4, fsync, fstrim, SQLite, PostgreSQL...) for the conformance suite.
+pub mod workloads;
 
 /// How long the tracer may take to load and attach its probes (BPF verification on a busy
 /// 2-core machine can be slow). A bound against hangs, not an assertion on speed.
@@ -311,6 +311,9 @@ pub struct LoopDevice {
     pub backing: PathBuf,
     /// The settings it had when attached (a reused loop device keeps an earlier user's).
     saved: QueueSettings,
+    /// The index of a device [`LoopDevice::disposable`] made with LOOP_CTL_ADD, removed
+    /// (LOOP_CTL_REMOVE) on drop.
+    made: Option<u32>,
 }
 
 impl Deref for LoopDevice {
@@ -354,7 +357,61 @@ impl LoopDevice {
             let _ = fs::remove_file(&backing);
             panic!("losetup -f --show {} failed: {last_err}", backing.display());
         };
-        let path = PathBuf::from(&dev);
+        LoopDevice::attached(&dev, backing, size, None)
+    }
+
+    /// A loop device of its own, which no later user gets: a new /dev/loopN made with
+    /// LOOP_CTL_ADD (from index 512 up, above the ones `losetup -f` hands out), attached to a
+    /// fresh file like [`LoopDevice::new`], and removed with LOOP_CTL_REMOVE on drop. For tests
+    /// that change a queue limit sysfs cannot put back as it was: 6.18's discard_max_bytes
+    /// store takes only multiples of the discard granularity up to UINT_MAX bytes, and a loop
+    /// device's default (4294966784, granularity 4096) is neither, while a reused loop device
+    /// keeps its queue limits after `losetup -d`.
+    pub fn disposable(size: u64) -> LoopDevice {
+        const LOOP_CTL_ADD: libc::c_ulong = 0x4C80;
+        let backing = PathBuf::from(format!("/dev/shm/{}.img", unique_name()));
+        {
+            let f = fs::File::create(&backing)
+                .unwrap_or_else(|e| panic!("cannot create {}: {e}", backing.display()));
+            f.set_len(size).expect("cannot size the backing file");
+        }
+        let ctl = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/loop-control")
+            .unwrap_or_else(|e| panic!("cannot open /dev/loop-control: {e}"));
+        let _guard = LOSETUP_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+        let made = (512..1024u32).find(|i| {
+            // SAFETY: LOOP_CTL_ADD takes the index as its argument; nothing is written back.
+            unsafe {
+                libc::ioctl(
+                    std::os::fd::AsRawFd::as_raw_fd(&ctl),
+                    LOOP_CTL_ADD as _,
+                    *i as libc::c_ulong,
+                ) >= 0
+            }
+        });
+        let Some(index) = made else {
+            let _ = fs::remove_file(&backing);
+            panic!("LOOP_CTL_ADD made no loop device with an index from 512 to 1023");
+        };
+        let dev = format!("/dev/loop{index}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !Path::new(&dev).exists() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(20));
+        }
+        let out = Command::new("losetup").arg(&dev).arg(&backing).output();
+        if !out.as_ref().is_ok_and(|o| o.status.success()) {
+            remove_loop(index);
+            let _ = fs::remove_file(&backing);
+            panic!("losetup {dev} {} failed: {out:?}", backing.display());
+        }
+        LoopDevice::attached(&dev, backing, size, Some(index))
+    }
+
+    /// The rest of making a [`LoopDevice`] once `dev` is bound to `backing`.
+    fn attached(dev: &str, backing: PathBuf, size: u64, made: Option<u32>) -> LoopDevice {
+        let path = PathBuf::from(dev);
         let name = path
             .file_name()
             .expect("losetup printed a device path")
@@ -371,6 +428,7 @@ impl LoopDevice {
             },
             backing,
             saved: QueueSettings::default(),
+            made,
         };
         udev_settle();
         let opened = BlockDev::open(&lo.dev.name, size);
@@ -415,12 +473,54 @@ impl Drop for LoopDevice {
             );
         }
         let _ = fs::remove_file(&self.backing);
+        if let Some(index) = self.made {
+            remove_loop(index);
+        }
     }
+}
+
+/// LOOP_CTL_REMOVE of a loop device [`LoopDevice::disposable`] made (retried while it is
+/// still busy, e.g. its detach not yet finished).
+fn remove_loop(index: u32) {
+    const LOOP_CTL_REMOVE: libc::c_ulong = 0x4C81;
+    let Ok(ctl) = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/loop-control")
+    else {
+        eprintln!("warning: cannot open /dev/loop-control to remove loop{index}");
+        return;
+    };
+    for _ in 0..50 {
+        // SAFETY: LOOP_CTL_REMOVE takes the index as its argument.
+        let r = unsafe {
+            libc::ioctl(
+                std::os::fd::AsRawFd::as_raw_fd(&ctl),
+                LOOP_CTL_REMOVE as _,
+                index as libc::c_ulong,
+            )
+        };
+        if r >= 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::ENODEV) {
+            return;
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!(
+        "warning: could not remove loop{index}: {}",
+        std::io::Error::last_os_error()
+    );
 }
 
 /// Tests of one binary run in parallel threads; those on the lab's one scratch disk take
 /// turns, since /proc/diskstats (and a scheduler switch) is per disk.
 static LAB_DISK_LOCK: Mutex<()> = Mutex::new(());
+
+/// This test's turn on the lab's disks (the scratch disk, the requeue disk, a null_blk
+/// device): held for as long as the test uses one, so the tests of one binary run there one
+/// after the other.
+pub fn lab_turn() -> MutexGuard<'static, ()> {
+    LAB_DISK_LOCK.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// Queue attributes a test may change; put back when it is done.
 const QUEUE_ATTRS: [&str; 3] = ["scheduler", "nomerges", "max_sectors_kb"];
@@ -493,9 +593,36 @@ impl TestDisk {
         if !in_lab() {
             return TestDisk::Loop(LoopDevice::new(size));
         }
-        let turn = LAB_DISK_LOCK.lock().unwrap_or_else(PoisonError::into_inner);
+        let turn = lab_turn();
         let path = std::env::var("MERGETRACE_LAB_DISK").unwrap_or_else(|_| "/dev/vdb".into());
-        let name = Path::new(&path)
+        TestDisk::lab_device(&path, size, turn, "(cargo xtask lab --disk MIB)")
+    }
+
+    /// The lab's disk that requeues (`MERGETRACE_LAB_REQUEUE_DISK`, /dev/vdc: virtio-blk with
+    /// a 16-entry ring and no indirect descriptors, mq-deadline, nr_requests 16, max_segments
+    /// 14; README, "Guest-kernel lab"), held and restored like the scratch disk and taking
+    /// turns with it. Panics outside the lab: no host device requeues.
+    pub fn lab_requeue_disk(size: u64) -> TestDisk {
+        assert!(
+            in_lab(),
+            "the requeue disk exists only in the guest-kernel lab (MERGETRACE_LAB=1)"
+        );
+        let turn = lab_turn();
+        let path =
+            std::env::var("MERGETRACE_LAB_REQUEUE_DISK").unwrap_or_else(|_| "/dev/vdc".into());
+        TestDisk::lab_device(&path, size, turn, "(the lab's requeue disk)")
+    }
+
+    /// A lab disk by path (`/dev/vdb`, `/dev/nullb0`...), held for the test's life with
+    /// `turn` (from [`lab_turn`]), its [`QUEUE_ATTRS`] put back on drop. Panics when it has
+    /// fewer than `size` bytes (`hint` says how to get more).
+    pub fn lab_device(
+        path: &str,
+        size: u64,
+        turn: MutexGuard<'static, ()>,
+        hint: &str,
+    ) -> TestDisk {
+        let name = Path::new(path)
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
@@ -507,7 +634,7 @@ impl TestDisk {
             .unwrap_or(0);
         assert!(
             bytes >= size,
-            "the lab's scratch disk {path} has {bytes} bytes; the test needs {size} (cargo xtask lab --disk MIB)"
+            "the lab's disk {path} has {bytes} bytes; the test needs {size} {hint}"
         );
         let saved = QueueSettings::of(&dev);
         TestDisk::Lab(LabDisk {
@@ -515,6 +642,22 @@ impl TestDisk {
             saved,
             _turn: turn,
         })
+    }
+
+    /// Like [`TestDisk::new`], but on the host a loop device of its own that is removed after
+    /// the test ([`LoopDevice::disposable`]), for tests that change queue limits which cannot
+    /// be put back exactly. In the lab the scratch disk, whose settings are put back.
+    pub fn new_disposable(size: u64) -> TestDisk {
+        if in_lab() {
+            TestDisk::new(size)
+        } else {
+            TestDisk::Loop(LoopDevice::disposable(size))
+        }
+    }
+
+    /// A loop device of its own, removed after the test ([`TestDisk::new_disposable`]).
+    pub fn is_disposable(&self) -> bool {
+        matches!(self, TestDisk::Loop(l) if l.made.is_some())
     }
 
     /// The lab's scratch disk rather than a loop device.
@@ -1391,6 +1534,16 @@ impl Fio {
         Fio {
             name: name.to_string(),
             opts: vec![("filename".into(), filename.display().to_string())],
+            cgroup: None,
+        }
+    }
+
+    /// A job named `name` whose files fio makes in `dir` (`--directory`: with `numjobs`, one
+    /// file per job).
+    pub fn in_directory(name: &str, dir: &Path) -> Fio {
+        Fio {
+            name: name.to_string(),
+            opts: vec![("directory".into(), dir.display().to_string())],
             cgroup: None,
         }
     }

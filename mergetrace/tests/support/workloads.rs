@@ -1,6 +1,9 @@
 //! Real programs' I/O on a test disk, for the conformance suite (kernel_conformance): a
 //! scratch ext4, fsync / fdatasync / O_DSYNC writers, many small files, fstrim, write zeroes,
-//! umount, SQLite, a PostgreSQL server started here, and a copy of a directory tree. Unlike fio
+//! umount, SQLite, a PostgreSQL server started here, and a copy of a directory tree; and for
+//! requeues, splits and a multi-queue device: fio at iodepth 32 (raw, and two jobs on two CPUs
+//! on ext4), an SQLite bulk insert, 64 KiB O_DIRECT writes, an O_DIRECT pwritev of scattered
+//! buffers (python3), blkdiscard of one range. Unlike fio
 //! O_DIRECT on a raw device, these send cache flushes (empty `REQ_PREFLUSH` bios and journal
 //! commit blocks with `PREFLUSH|FUA`), discards and write-zeroes, and their writeback and
 //! journal I/O is submitted by kernel threads outside the workload's cgroup.
@@ -66,7 +69,14 @@ pub fn require_tool(tool: &str) -> PathBuf {
 /// `pgbench`, `psql`, `pg_isready`): Debian's /usr/lib/postgresql/N/bin (the newest N), or
 /// where `postgres` on PATH points. Panics when there is none.
 pub fn postgres_bindir() -> PathBuf {
-    let need = ["initdb", "postgres", "pg_ctl", "pgbench", "psql", "pg_isready"];
+    let need = [
+        "initdb",
+        "postgres",
+        "pg_ctl",
+        "pgbench",
+        "psql",
+        "pg_isready",
+    ];
     let complete = |d: &Path| need.iter().all(|b| d.join(b).is_file());
     let mut dirs: Vec<PathBuf> = fs::read_dir("/usr/lib/postgresql")
         .map(|r| r.flatten().map(|e| e.path().join("bin")).collect())
@@ -83,7 +93,10 @@ pub fn postgres_bindir() -> PathBuf {
     }
     for d in std::env::var("PATH").unwrap_or_default().split(':') {
         let p = Path::new(d).join("postgres");
-        if let Some(dir) = fs::canonicalize(&p).ok().and_then(|p| p.parent().map(Path::to_path_buf)) {
+        if let Some(dir) = fs::canonicalize(&p)
+            .ok()
+            .and_then(|p| p.parent().map(Path::to_path_buf))
+        {
             if complete(&dir) {
                 return dir;
             }
@@ -185,8 +198,18 @@ impl Running {
                 })
             })
         };
-        let stdout = reader(child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>));
-        let stderr = reader(child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>));
+        let stdout = reader(
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        );
+        let stderr = reader(
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        );
         Running {
             child: Some(child),
             what,
@@ -319,7 +342,10 @@ impl Ext4 {
     pub fn new(dev: &BlockDev) -> Ext4 {
         let mkfs = require_tool("mkfs.ext4");
         let kib = dev.size.min(FS_SIZE) / 1024;
-        let mut c = cmd(&mkfs, &["-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0"]);
+        let mut c = cmd(
+            &mkfs,
+            &["-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0"],
+        );
         c.arg(&dev.path).arg(format!("{kib}k"));
         run(c, None, None);
         let mnt = std::env::temp_dir().join(format!("{}.mnt", unique_name()));
@@ -336,9 +362,29 @@ impl Ext4 {
         // can straddle the window's start (seen in 6.12: 3 read bios before blktrace and the
         // diskstats snapshot, after mergetrace attached). With the inode tables zeroed by mkfs
         // and this option no request is registered at all.
+        //
+        // Kernels before the prefetch became the default (Debian 11's 5.10) do not know the
+        // option ("Unrecognized mount option") and prefetch only when asked
+        // (`prefetch_block_bitmaps`): there the mount without it is the same.
         let mut m = cmd("mount", &["-t", "ext4", "-o", "no_prefetch_block_bitmaps"]);
         m.arg(&fs_.dev).arg(&fs_.mnt);
-        run(m, None, None);
+        let out = Running::start(m, None, None).wait(PROGRAM_TIMEOUT);
+        if !out.status.success() {
+            let mut m = cmd("mount", &["-t", "ext4"]);
+            m.arg(&fs_.dev).arg(&fs_.mnt);
+            run(m, None, None);
+            let opts = fs::read_to_string(format!(
+                "/proc/fs/ext4/{}/options",
+                fs_.dev.file_name().unwrap_or_default().to_string_lossy()
+            ))
+            .unwrap_or_default();
+            fs_.mounted = true;
+            assert!(
+                !opts.lines().any(|o| o.trim() == "prefetch_block_bitmaps"),
+                "ext4 refused no_prefetch_block_bitmaps ({}) and prefetches block bitmaps without it",
+                out.stderr.trim()
+            );
+        }
         fs_.mounted = true;
         fs::set_permissions(&fs_.mnt, fs::Permissions::from_mode(0o755)).expect("chmod mnt");
         fs_.sync();
@@ -398,7 +444,10 @@ impl Drop for Ext4 {
                 thread::sleep(Duration::from_millis(100));
             }
             if self.mounted {
-                eprintln!("warning: {} still mounted; detaching it lazily", self.mnt.display());
+                eprintln!(
+                    "warning: {} still mounted; detaching it lazily",
+                    self.mnt.display()
+                );
                 let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
             }
         }
@@ -410,7 +459,15 @@ impl Drop for Ext4 {
 fn chown(path: &Path, u: User) {
     let c = CString::new(path.as_os_str().as_bytes()).unwrap();
     let r = unsafe { libc::chown(c.as_ptr(), u.uid, u.gid) };
-    assert_eq!(r, 0, "chown {} {}:{}: {}", path.display(), u.uid, u.gid, std::io::Error::last_os_error());
+    assert_eq!(
+        r,
+        0,
+        "chown {} {}:{}: {}",
+        path.display(),
+        u.uid,
+        u.gid,
+        std::io::Error::last_os_error()
+    );
 }
 
 /// A temporary directory outside the measured disk (scripts, sockets, logs), readable by
@@ -444,6 +501,8 @@ pub struct Did {
     /// Bytes zeroed with write zeroes.
     pub zeroed: u64,
     pub unmounts: u64,
+    /// Bytes discarded by blkdiscard.
+    pub discarded: u64,
 }
 
 impl std::ops::Add for Did {
@@ -458,6 +517,7 @@ impl std::ops::Add for Did {
             trimmed: self.trimmed + o.trimmed,
             zeroed: self.zeroed + o.zeroed,
             unmounts: self.unmounts + o.unmounts,
+            discarded: self.discarded + o.discarded,
         }
     }
 }
@@ -474,6 +534,7 @@ impl fmt::Display for Did {
             ("trimmed", self.trimmed),
             ("zeroed", self.zeroed),
             ("unmounts", self.unmounts),
+            ("discarded", self.discarded),
         ] {
             if v > 0 {
                 parts.push(format!("{n} {v}"));
@@ -486,13 +547,25 @@ impl fmt::Display for Did {
 // ---------------------------------------------------------------------------------------
 // The drivers
 
-/// `dd` of `bytes` (1 MiB blocks, buffered) into a new file, then `sync`: the page cache is
-/// written back by the flusher (on cgroup v1 in the root cgroup; v2 charges the cgroup that
-/// dirtied it), the journal committed by jbd2 (root).
+/// `dd` of `bytes` (1 MiB blocks, buffered) into a new file, then `sync -f` of the
+/// filesystem ([`sync_fs_only`]): the page cache is written back by the flusher (on cgroup v1
+/// in the root cgroup; v2 charges the cgroup that dirtied it), the journal committed by jbd2
+/// (root).
 pub fn buffered_then_sync(fs: &Ext4, cg: Option<&Cgroup>, bytes: u64) -> Did {
     let did = dd(fs, cg, "buffered", bytes);
-    run(cmd("sync", &[] as &[&str]), cg, None);
+    sync_fs_only(fs, cg);
     did
+}
+
+/// `sync -f` of the workload's filesystem (syncfs: writeback, journal commit, cache flush),
+/// inside `cg`. Not a global `sync`: that syncs every filesystem, so on the host, where the
+/// tests of a binary run in parallel on loop devices of their own, it sends a cache flush to
+/// the other tests' disks at any moment of their windows — seen as one flush-only write and
+/// one flush request on a postgres test's loop device while its tracer attached.
+pub fn sync_fs_only(fs: &Ext4, cg: Option<&Cgroup>) {
+    let mut c = cmd("sync", &["-f"]);
+    c.arg(fs.path());
+    run(c, cg, None);
 }
 
 /// `dd` of `bytes` (1 MiB blocks, buffered) into a new file, nothing synced.
@@ -547,7 +620,12 @@ fn fio_did(report: &Value) -> Did {
 /// the journal (i_size changed), whose commit block is a `PREFLUSH|FUA` write — on a disk
 /// without FUA a pre-flush, the block, and a post-flush.
 pub fn fsync_per_write(fs: &Ext4, cg: Option<&Cgroup>, n: u64) -> Did {
-    fio_did(&fio_writes(&fs.path().join("fsync"), cg, n, &[("fsync", "1")]))
+    fio_did(&fio_writes(
+        &fs.path().join("fsync"),
+        cg,
+        n,
+        &[("fsync", "1")],
+    ))
 }
 
 /// Lays out the file [`fdatasync_per_write`] overwrites (`n` × 4 KiB, synced). Preparation.
@@ -577,7 +655,12 @@ pub fn fdatasync_per_write(fs: &Ext4, cg: Option<&Cgroup>, n: u64) -> Did {
 /// `n` appending 4 KiB writes through O_DSYNC (fio `sync=dsync`): each write is a datasync
 /// of its range, a journal commit (i_size).
 pub fn o_dsync_writes(fs: &Ext4, cg: Option<&Cgroup>, n: u64) -> Did {
-    let mut did = fio_did(&fio_writes(&fs.path().join("dsync"), cg, n, &[("sync", "dsync")]));
+    let mut did = fio_did(&fio_writes(
+        &fs.path().join("dsync"),
+        cg,
+        n,
+        &[("sync", "dsync")],
+    ));
     did.syncs = did.writes;
     did
 }
@@ -658,10 +741,20 @@ pub fn require_write_zeroes(dev: &BlockDev) {
 /// counts them as writes with their sectors.
 pub fn write_zeroes(dev: &BlockDev, cg: Option<&Cgroup>, bytes: u64) -> Did {
     require_write_zeroes(dev);
-    assert!(bytes <= dev.size, "write_zeroes: {bytes} > the {} bytes the test may use", dev.size);
+    assert!(
+        bytes <= dev.size,
+        "write_zeroes: {bytes} > the {} bytes the test may use",
+        dev.size
+    );
     let mut c = cmd(
         require_tool("fallocate"),
-        &["--punch-hole", "--offset", "0", "--length", &bytes.to_string()],
+        &[
+            "--punch-hole",
+            "--offset",
+            "0",
+            "--length",
+            &bytes.to_string(),
+        ],
     );
     c.arg(&dev.path);
     run(c, cg, None);
@@ -699,7 +792,11 @@ pub fn sqlite(fs: &Ext4, cg: Option<&Cgroup>, journal_mode: &str, n: u64) -> Did
         .stdin(fs::File::open(&script).expect("open the sqlite script"));
     let out = run(c, cg, None);
     if journal_mode.eq_ignore_ascii_case("wal") {
-        assert_eq!(out.lines().next(), Some("wal"), "sqlite3 did not switch to WAL: {out}");
+        assert_eq!(
+            out.lines().next(),
+            Some("wal"),
+            "sqlite3 did not switch to WAL: {out}"
+        );
     }
     Did {
         transactions: n + 1,
@@ -712,7 +809,9 @@ pub fn sqlite(fs: &Ext4, cg: Option<&Cgroup>, journal_mode: &str, n: u64) -> Did
 /// their file and byte counts.
 pub fn pick_tree(root: &Path, files: u64) -> (Vec<PathBuf>, u64, u64) {
     fn walk(p: &Path, files: &mut u64, bytes: &mut u64) {
-        let Ok(md) = fs::symlink_metadata(p) else { return };
+        let Ok(md) = fs::symlink_metadata(p) else {
+            return;
+        };
         if md.is_dir() {
             if let Ok(rd) = fs::read_dir(p) {
                 for e in rd.flatten() {
@@ -745,14 +844,14 @@ pub fn pick_tree(root: &Path, files: u64) -> (Vec<PathBuf>, u64, u64) {
 }
 
 /// `cp -a` of the first directories of /usr/share/doc (at least `files` files) onto the
-/// filesystem, then `sync`.
+/// filesystem, then `sync -f` of it ([`sync_fs_only`]).
 pub fn copy_tree(fs: &Ext4, cg: Option<&Cgroup>, files: u64) -> Did {
     let (dirs, n, bytes) = pick_tree(Path::new("/usr/share/doc"), files);
     let dest = fs.dir("copy", None);
     let mut c = cmd("cp", &["-a"]);
     c.args(&dirs).arg(&dest);
     run(c, cg, None);
-    run(cmd("sync", &[] as &[&str]), cg, None);
+    sync_fs_only(fs, cg);
     Did {
         files: n,
         bytes_written: bytes,
@@ -762,11 +861,243 @@ pub fn copy_tree(fs: &Ext4, cg: Option<&Cgroup>, files: u64) -> Did {
 }
 
 // ---------------------------------------------------------------------------------------
+// Raw-device drivers (no filesystem): requeues, splits, a multi-queue device
+
+/// Panics unless `bytes` from offset 0 fit in the region the test may use.
+fn require_room(dev: &BlockDev, what: &str, bytes: u64) {
+    assert!(
+        bytes <= dev.size,
+        "{what}: {bytes} bytes > the {} bytes the test may use on {}",
+        dev.size,
+        dev.name
+    );
+}
+
+/// A fio job on the raw device: 4 KiB O_DIRECT libaio writes, in `cg`.
+fn fio_raw(name: &str, dev: &BlockDev, cg: Option<&Cgroup>) -> Fio {
+    let f = Fio::new(name, &dev.path)
+        .opt("bs", "4k")
+        .opt("direct", "1")
+        .opt("ioengine", "libaio");
+    match cg {
+        Some(cg) => f.in_cgroup(cg),
+        None => f,
+    }
+}
+
+/// fio: `n` 4 KiB O_DIRECT random writes over the first `n` x 4 KiB of the raw device
+/// (each block once), iodepth 32: many requests in flight at once, what makes the lab's
+/// requeue disk hand some back.
+pub fn randwrite_direct(dev: &BlockDev, cg: Option<&Cgroup>, n: u64) -> Did {
+    require_room(dev, "randwrite", n * 4096);
+    let r = fio_raw("randwrite", dev, cg)
+        .opt("rw", "randwrite")
+        .opt("iodepth", "32")
+        .size(n * 4096)
+        .run();
+    fio_did(&r)
+}
+
+/// fio: two jobs (`numjobs=2`, reported together), each pinned to its own CPU (0 and 1,
+/// `cpus_allowed_policy=split`), each writing `n` 4 KiB O_DIRECT random writes at iodepth 32
+/// into a file of its own on the filesystem (laid out with fallocate: ext4 converts the
+/// unwritten extents as they are written), fsync'ed at the end: two CPUs submit at once,
+/// which on a multi-queue device are two hardware queues (blk-mq maps each CPU's software
+/// queue to one).
+pub fn two_jobs_on_ext4(fs: &Ext4, cg: Option<&Cgroup>, n: u64) -> Did {
+    let cpus = thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    assert!(
+        cpus >= 2,
+        "two jobs on two CPUs need 2 CPUs; this machine has {cpus}"
+    );
+    let dir = fs.dir("two-jobs", None);
+    let f = Fio::in_directory("two-jobs", &dir)
+        .opt("rw", "randwrite")
+        .opt("bs", "4k")
+        .opt("direct", "1")
+        .opt("ioengine", "libaio")
+        .opt("iodepth", "32")
+        .opt("numjobs", "2")
+        .opt("group_reporting", "1")
+        .opt("cpus_allowed", "0,1")
+        .opt("cpus_allowed_policy", "split")
+        .opt("end_fsync", "1")
+        .size(n * 4096);
+    let f = match cg {
+        Some(cg) => f.in_cgroup(cg),
+        None => f,
+    };
+    let mut did = fio_did(&f.run());
+    assert_eq!(
+        did.writes,
+        2 * n,
+        "fio's two jobs did not write {n} blocks each: {did}"
+    );
+    did.files = 2;
+    did
+}
+
+/// fio: `n` sequential 64 KiB O_DIRECT writes, one at a time (psync): with max_sectors_kb
+/// below 64 each bio is split into pieces of max_sectors_kb.
+pub fn direct_64k_writes(dev: &BlockDev, cg: Option<&Cgroup>, n: u64) -> Did {
+    require_room(dev, "64 KiB writes", n << 16);
+    let r = fio_raw("direct-64k", dev, cg)
+        .opt("rw", "write")
+        .opt("bs", "64k")
+        .opt("ioengine", "psync")
+        .size(n << 16)
+        .run();
+    fio_did(&r)
+}
+
+/// `/usr/bin/python3` (Debian's: its `os.pwritev` and `mmap` are what [`pwritev_scattered`]
+/// needs; a python3 elsewhere on PATH may be a version manager's shim the lab cannot run).
+pub fn python3() -> PathBuf {
+    let p = PathBuf::from("/usr/bin/python3");
+    let ok = Command::new(&p)
+        .args(["-c", "import mmap, os; os.pwritev"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "/usr/bin/python3 with mmap and os.pwritev is required by the conformance workloads \
+         (scripts/setup --test installs python3)"
+    );
+    p
+}
+
+/// What [`pwritev_scattered`] runs: `calls` O_DIRECT pwritev calls on the device, each of
+/// `nvec` separate 4 KiB buffers (every other page of one anonymous mapping, touched from the
+/// last page to the first so that neighbours in the list are unlikely to be neighbours in
+/// physical memory, which the kernel would join into one segment), at consecutive offsets.
+const PWRITEV_SCRIPT: &str = r#"
+import mmap, os, sys
+dev, calls, nvec = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+page = mmap.PAGESIZE
+buf = mmap.mmap(-1, 2 * nvec * page)
+for i in reversed(range(2 * nvec)):
+    buf[i * page] = 0x5A
+view = memoryview(buf)
+vecs = [view[2 * i * page:(2 * i + 1) * page] for i in range(nvec)]
+fd = os.open(dev, os.O_WRONLY | os.O_DIRECT)
+off = 0
+for _ in range(calls):
+    n = os.pwritev(fd, vecs, off)
+    if n != nvec * page:
+        sys.exit("short pwritev: %d of %d bytes" % (n, nvec * page))
+    off += n
+os.close(fd)
+print(off, flush=True)
+os._exit(0)
+"#;
+
+/// The buffers per pwritev call for [`pwritev_scattered`] on `dev`: twice its max_segments,
+/// at most 256 (BIO_MAX_VECS: one bio takes them all) — and the call's bytes within
+/// max_sectors_kb, so the only limit the bio breaks is the segment count.
+pub fn pwritev_buffers(dev: &BlockDev) -> u64 {
+    let max_segments: u64 = dev.queue_attr("max_segments").parse().unwrap_or(0);
+    let max_kb: u64 = dev.queue_attr("max_sectors_kb").parse().unwrap_or(0);
+    let nvec = (2 * max_segments).min(256);
+    assert!(
+        nvec > max_segments && nvec * 4 <= max_kb,
+        "{}: max_segments {max_segments}, max_sectors_kb {max_kb}: no pwritev of at most 256 \
+         4 KiB buffers has more segments than allowed within the size limit",
+        dev.name
+    );
+    nvec
+}
+
+/// `calls` O_DIRECT pwritev calls of [`pwritev_buffers`] separate 4 KiB buffers each (python3,
+/// [`PWRITEV_SCRIPT`]), from offset 0 of the raw device: each call is one bio with more
+/// segments than the queue's max_segments, which the block layer splits.
+pub fn pwritev_scattered(dev: &BlockDev, cg: Option<&Cgroup>, calls: u64) -> Did {
+    let nvec = pwritev_buffers(dev);
+    require_room(dev, "pwritev", calls * nvec * 4096);
+    let mut c = cmd(python3(), &["-c", PWRITEV_SCRIPT]);
+    c.arg(&dev.path)
+        .arg(calls.to_string())
+        .arg(nvec.to_string());
+    let out = run(c, cg, None);
+    let bytes: u64 = out
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("the pwritev script printed no byte count: {out:?}"));
+    assert_eq!(bytes, calls * nvec * 4096, "pwritev wrote {bytes} bytes");
+    Did {
+        writes: calls,
+        bytes_written: bytes,
+        ..Did::default()
+    }
+}
+
+/// `blkdiscard -f -o OFFSET -l BYTES -p BYTES` (one BLKDISCARD ioctl for the whole range):
+/// the kernel makes one discard bio of it (`bio_discard_limit`: up to 4 GiB, whatever the
+/// queue's discard_max_bytes), which the block layer then splits at discard_max_bytes.
+pub fn blkdiscard(dev: &BlockDev, cg: Option<&Cgroup>, offset: u64, bytes: u64) -> Did {
+    require_room(dev, "blkdiscard", offset + bytes);
+    let (off, len) = (offset.to_string(), bytes.to_string());
+    let mut c = cmd(
+        require_tool("blkdiscard"),
+        &["-f", "-o", &off, "-l", &len, "-p", &len],
+    );
+    c.arg(&dev.path);
+    run(c, cg, None);
+    Did {
+        discarded: bytes,
+        ..Did::default()
+    }
+}
+
+/// The statements of [`sqlite_bulk`]: WAL, synchronous=FULL, one table, and one transaction
+/// inserting `rows` rows of 1000 random bytes.
+pub fn sqlite_bulk_script(rows: u64) -> String {
+    format!(
+        "PRAGMA journal_mode=WAL;\nPRAGMA synchronous=FULL;\n\
+         CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB);\n\
+         BEGIN;\n\
+         WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < {rows})\n\
+         INSERT INTO t(v) SELECT randomblob(1000) FROM c;\n\
+         COMMIT;\n"
+    )
+}
+
+/// `sqlite3` inserting `rows` rows of 1000 bytes in one transaction: the pages go to the WAL
+/// with buffered writes as the page cache spills, the commit fsyncs the WAL (megabytes of
+/// dirty pages written back at once: many requests in flight), the checkpoints after the
+/// commit and at close copy them into the database and fsync it.
+pub fn sqlite_bulk(fs: &Ext4, cg: Option<&Cgroup>, rows: u64) -> Did {
+    let bin = require_tool("sqlite3");
+    let tmp = scratch();
+    let script = tmp.path().join("bulk.sql");
+    fs::write(&script, sqlite_bulk_script(rows)).expect("write the sqlite script");
+    let mut c = cmd(bin, &[] as &[&str]);
+    c.arg(fs.path().join("bulk.sqlite"))
+        .stdin(fs::File::open(&script).expect("open the sqlite script"));
+    let out = run(c, cg, None);
+    assert_eq!(
+        out.lines().next(),
+        Some("wal"),
+        "sqlite3 did not switch to WAL: {out}"
+    );
+    Did {
+        transactions: 2,
+        files: 1,
+        bytes_written: rows * 1000,
+        ..Did::default()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // PostgreSQL
 
 /// A PostgreSQL cluster on the scratch filesystem, owned by and run as [`NOBODY`], listening
-/// only on a unix socket in a temp dir (`listen_addresses=''`). Autovacuum is off (it would
-/// wake up on its own schedule); everything else is the default durability: fsync on,
+/// only on a unix socket in a temp dir (`listen_addresses=''`). Autovacuum is off and
+/// wal_level minimal (either would write on its own schedule: autovacuum, and the background
+/// writer's standby snapshots every 15 s); everything else is the default durability: fsync on,
 /// synchronous_commit on, full_page_writes on. Dropping it stops the server (SIGQUIT, then
 /// SIGKILL to the postmaster and every backend, by pid).
 pub struct Postgres {
@@ -787,7 +1118,17 @@ impl Postgres {
         chown(sock.path(), NOBODY);
         let mut c = cmd(
             bin.join("initdb"),
-            &["-N", "-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C", "-D"],
+            &[
+                "-N",
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "-D",
+            ],
         );
         c.arg(&data);
         run(c, None, Some(NOBODY));
@@ -807,12 +1148,28 @@ impl Postgres {
             .args(["-c", "listen_addresses=", "-k"])
             .arg(self.sock.path())
             .args([
-                "-c", "autovacuum=off",
-                "-c", "shared_buffers=16MB",
-                "-c", "max_wal_size=64MB",
-                "-c", "logging_collector=off",
-                "-c", "fsync=on",
-                "-c", "synchronous_commit=on",
+                "-c",
+                "autovacuum=off",
+                "-c",
+                "shared_buffers=16MB",
+                "-c",
+                "max_wal_size=64MB",
+                "-c",
+                "logging_collector=off",
+                "-c",
+                "fsync=on",
+                "-c",
+                "synchronous_commit=on",
+                // No standby snapshot: with wal_level replica (the default) the background
+                // writer logs the running transactions every 15 s (LOG_SNAPSHOT_INTERVAL_MS)
+                // and the WAL writer writes and fdatasyncs it, whenever that falls — seen in
+                // 6.12 between the tracer's attach and the window's first snapshot (1 write,
+                // 1 flush-only write and 1 flush more in mergetrace and blktrace than in the
+                // diskstats and io.stat deltas). wal_level=minimal logs none.
+                "-c",
+                "wal_level=minimal",
+                "-c",
+                "max_wal_senders=0",
             ]);
         self.server = Some(Running::start(c, cg, Some(NOBODY)));
         let deadline = Instant::now() + Duration::from_secs(300);
@@ -825,9 +1182,15 @@ impl Postgres {
             let s = self.server.as_mut().unwrap();
             if let Some(st) = s.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
                 let out = self.server.take().unwrap().wait(Duration::from_secs(5));
-                panic!("postgres exited ({st}) before accepting connections:\n{}{}", out.stdout, out.stderr);
+                panic!(
+                    "postgres exited ({st}) before accepting connections:\n{}{}",
+                    out.stdout, out.stderr
+                );
             }
-            assert!(Instant::now() < deadline, "postgres did not accept connections within 300 s");
+            assert!(
+                Instant::now() < deadline,
+                "postgres did not accept connections within 300 s"
+            );
             thread::sleep(Duration::from_millis(100));
         }
     }
@@ -856,9 +1219,16 @@ impl Postgres {
         )
         .expect("write the pgbench script");
         let mut c = self.client("pgbench");
-        c.args(["-n", "-c", &clients.to_string(), "-t", &tx.to_string(), "-f"])
-            .arg(&script)
-            .arg("postgres");
+        c.args([
+            "-n",
+            "-c",
+            &clients.to_string(),
+            "-t",
+            &tx.to_string(),
+            "-f",
+        ])
+        .arg(&script)
+        .arg("postgres");
         let out = run(c, cg, Some(NOBODY));
         let done: u64 = out
             .lines()
@@ -866,7 +1236,11 @@ impl Postgres {
             .and_then(|r| r.split('/').next())
             .and_then(|n| n.trim().parse().ok())
             .unwrap_or_else(|| panic!("no transaction count in pgbench's output:\n{out}"));
-        assert_eq!(done, clients * tx, "pgbench did not finish every transaction:\n{out}");
+        assert_eq!(
+            done,
+            clients * tx,
+            "pgbench did not finish every transaction:\n{out}"
+        );
         Did {
             transactions: done,
             ..Did::default()
@@ -876,12 +1250,20 @@ impl Postgres {
     /// `pg_ctl stop -m fast` (a shutdown checkpoint: dirty buffers written and fsynced),
     /// then waits for the postmaster to exit.
     pub fn stop(&mut self, cg: Option<&Cgroup>) {
-        let mut c = cmd(self.bin.join("pg_ctl"), &["stop", "-m", "fast", "-t", "300", "-D"]);
+        let mut c = cmd(
+            self.bin.join("pg_ctl"),
+            &["stop", "-m", "fast", "-t", "300", "-D"],
+        );
         c.arg(&self.data);
         run(c, cg, Some(NOBODY));
         if let Some(s) = self.server.take() {
             let out = s.wait(Duration::from_secs(60));
-            assert!(out.status.success(), "postgres exited with {}:\n{}", out.status, out.stderr);
+            assert!(
+                out.status.success(),
+                "postgres exited with {}:\n{}",
+                out.status,
+                out.stderr
+            );
         }
     }
 }
@@ -910,7 +1292,9 @@ fn children_of(pid: u32) -> Vec<u32> {
 
 impl Drop for Postgres {
     fn drop(&mut self) {
-        let Some(mut server) = self.server.take() else { return };
+        let Some(mut server) = self.server.take() else {
+            return;
+        };
         let pid = server.pid();
         // Backends are session leaders of their own: find them before their parent goes.
         let kids = children_of(pid);
@@ -919,7 +1303,10 @@ impl Drop for Postgres {
         }
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline
-            && server.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_none())
+            && server
+                .child
+                .as_mut()
+                .is_some_and(|c| c.try_wait().ok().flatten().is_none())
         {
             thread::sleep(Duration::from_millis(50));
         }
@@ -962,6 +1349,20 @@ pub enum Kind {
     Postgres,
     /// [`copy_tree`], then umount.
     CopyTree,
+    /// [`randwrite_direct`] on the raw device: 4 KiB O_DIRECT random writes, iodepth 32.
+    RandWriteDirect,
+    /// [`sqlite_bulk`]: one big transaction (WAL, synchronous=FULL), then umount.
+    SqliteBulk,
+    /// On the raw device, [`direct_64k_writes`] (64 KiB O_DIRECT writes, one at a time), then
+    /// [`blkdiscard`] of one large range after them: a write and a discard workload, told
+    /// apart by direction.
+    Direct64kAndBlkdiscard,
+    /// [`pwritev_scattered`] on the raw device: one O_DIRECT pwritev of many separate 4 KiB
+    /// buffers per call, more of them than the device's max_segments.
+    PwritevScattered,
+    /// [`two_jobs_on_ext4`]: two fio jobs on two CPUs, O_DIRECT at iodepth 32 each, into
+    /// files of their own on ext4, fsync'ed, then umount.
+    TwoJobsOnExt4,
 }
 
 /// A workload ready to run: its filesystem mounted, its files and server in place.
@@ -989,7 +1390,23 @@ impl Kind {
             Kind::SqliteDelete => "sqlite DELETE journal",
             Kind::Postgres => "postgres pgbench inserts",
             Kind::CopyTree => "cp -a + sync",
+            Kind::RandWriteDirect => "fio 4k randwrite O_DIRECT iodepth 32",
+            Kind::SqliteBulk => "sqlite bulk insert, one transaction",
+            Kind::Direct64kAndBlkdiscard => "64 KiB O_DIRECT writes, then blkdiscard of one range",
+            Kind::PwritevScattered => "O_DIRECT pwritev of scattered 4 KiB buffers",
+            Kind::TwoJobsOnExt4 => "fio 2 jobs on 2 CPUs, O_DIRECT iodepth 32, files on ext4",
         }
+    }
+
+    /// Whether the workload runs on the raw device (no filesystem made or mounted).
+    pub fn raw(self) -> bool {
+        matches!(
+            self,
+            Kind::WriteZeroes
+                | Kind::RandWriteDirect
+                | Kind::Direct64kAndBlkdiscard
+                | Kind::PwritevScattered
+        )
     }
 
     /// Sizes: a few seconds on the host, smaller in the ~10x slower lab guests.
@@ -1004,6 +1421,17 @@ impl Kind {
             Kind::Postgres => scaled(200, 25),
             Kind::CopyTree => scaled(3000, 300),
             Kind::Fstrim => 0,
+            // 4 KiB I/Os (per job for TwoJobsOnExt4).
+            // (Lab: 500 still requeues hundreds of times on vdc; the tracer's attach, not
+            // the workload, is most of a window there.)
+            Kind::RandWriteDirect => scaled(4096, 500),
+            Kind::TwoJobsOnExt4 => scaled(4096, 500),
+            // Rows of 1000 random bytes.
+            Kind::SqliteBulk => scaled(16384, 4096),
+            // 64 KiB writes; the discard is 4 times their bytes (below).
+            Kind::Direct64kAndBlkdiscard => scaled(1024, 64),
+            // pwritev calls.
+            Kind::PwritevScattered => scaled(64, 16),
         }
     }
 
@@ -1027,12 +1455,20 @@ impl Kind {
                 require_write_zeroes(dev);
                 require_tool("fallocate");
             }
+            Kind::PwritevScattered => {
+                python3();
+            }
+            Kind::Direct64kAndBlkdiscard => {
+                require_discard(dev);
+                require_tool("blkdiscard");
+            }
+            _ if self.raw() => {}
             _ => {
                 let fs = Ext4::new(dev);
                 match self {
                     Kind::FdatasyncPerWrite => prepare_overwrite(&fs, self.count()),
                     Kind::Fstrim => prepare_fstrim(&fs, dev),
-                    Kind::SqliteWal | Kind::SqliteDelete => {
+                    Kind::SqliteWal | Kind::SqliteDelete | Kind::SqliteBulk => {
                         require_tool("sqlite3");
                     }
                     Kind::Postgres => {
@@ -1060,10 +1496,23 @@ impl Prepared {
     /// The measured part: the workload, then (filesystem workloads) the unmount.
     pub fn run(&mut self, cg: Option<&Cgroup>) -> Did {
         let n = self.kind.count();
-        if self.kind == Kind::WriteZeroes {
-            return write_zeroes(&self.dev_info, cg, n);
+        let dev = &self.dev_info;
+        match self.kind {
+            Kind::WriteZeroes => return write_zeroes(dev, cg, n),
+            Kind::RandWriteDirect => return randwrite_direct(dev, cg, n),
+            Kind::Direct64kAndBlkdiscard => {
+                let w = direct_64k_writes(dev, cg, n);
+                // After the writes, on a 1 MiB boundary.
+                let at = (n << 16).next_multiple_of(1 << 20);
+                return w + blkdiscard(dev, cg, at, n << 18);
+            }
+            Kind::PwritevScattered => return pwritev_scattered(dev, cg, n),
+            _ => {}
         }
-        let fs = self.fs.as_ref().expect("a filesystem workload has a filesystem");
+        let fs = self
+            .fs
+            .as_ref()
+            .expect("a filesystem workload has a filesystem");
         let did = match self.kind {
             Kind::BufferedSync => buffered_then_sync(fs, cg, n),
             Kind::FsyncPerWrite => fsync_per_write(fs, cg, n),
@@ -1085,7 +1534,9 @@ impl Prepared {
                 did
             }
             Kind::CopyTree => copy_tree(fs, cg, n),
-            Kind::WriteZeroes => unreachable!(),
+            Kind::SqliteBulk => sqlite_bulk(fs, cg, n),
+            Kind::TwoJobsOnExt4 => two_jobs_on_ext4(fs, cg, n),
+            _ => unreachable!("{} runs on the raw device", self.kind.name()),
         };
         did + self.fs.as_mut().unwrap().unmount(cg)
     }
@@ -1096,27 +1547,58 @@ impl Prepared {
         let mut bad = Vec::new();
         let mut claim = |ok: bool, what: &str| {
             if !ok {
-                bad.push(format!("{}: {what}; did {did}; diskstats {d:?}", self.kind.name()));
+                bad.push(format!(
+                    "{}: {what}; did {did}; diskstats {d:?}",
+                    self.kind.name()
+                ));
             }
         };
         let written = d.sectors_written * 512;
+        // A disk without a volatile cache (write through: null_blk, a loop device switched
+        // to it) gets no flushes at all: submit_bio_noacct drops PREFLUSH/FUA and ends an
+        // empty flush bio before it is queued. The flush claims below are for write back.
+        let write_back = self.dev_info.queue_attr("write_cache") == "write back";
+        if !write_back {
+            claim(d.flushes == 0, "flush requests on a write-through disk");
+        }
         match self.kind {
             Kind::BufferedSync | Kind::Umount | Kind::CopyTree => {
-                claim(written >= did.bytes_written, "fewer bytes written than the files hold");
+                claim(
+                    written >= did.bytes_written,
+                    "fewer bytes written than the files hold",
+                );
+            }
+            Kind::FsyncPerWrite | Kind::ODsync if !write_back => {
+                claim(
+                    written >= did.bytes_written,
+                    "fewer bytes written than the writes",
+                );
             }
             Kind::FsyncPerWrite | Kind::ODsync => {
-                claim(written >= did.bytes_written, "fewer bytes written than the writes");
-                claim(d.flushes >= did.syncs, "fewer flushes than syncs (each commits the journal)");
+                claim(
+                    written >= did.bytes_written,
+                    "fewer bytes written than the writes",
+                );
+                claim(
+                    d.flushes >= did.syncs,
+                    "fewer flushes than syncs (each commits the journal)",
+                );
             }
             Kind::FdatasyncPerWrite => {
-                claim(written >= did.bytes_written, "fewer bytes written than the writes");
+                claim(
+                    written >= did.bytes_written,
+                    "fewer bytes written than the writes",
+                );
                 claim(d.flushes >= did.syncs, "fewer flushes than fdatasyncs");
                 // Every fdatasync sent data + an empty flush: more completed writes than the
                 // 4 KiB writes could make as requests alone (they do not merge: one per sync).
                 claim(d.writes > did.writes, "no flush-only writes counted");
             }
             Kind::SmallFiles => {
-                claim(written >= did.files * 4096, "less than a block per file written");
+                claim(
+                    written >= did.files * 4096,
+                    "less than a block per file written",
+                );
                 claim(d.flushes >= 1, "syncfs sent no flush");
             }
             Kind::Fstrim => {
@@ -1130,21 +1612,112 @@ impl Prepared {
                 claim(written == did.zeroed, "sectors written != the bytes zeroed");
                 // Zero pages would take at least zeroed / max_sectors_kb requests; write zeroes
                 // take zeroed / write_zeroes_max_bytes (+ an empty flush).
-                let max_wz: u64 = self.dev_info.queue_attr("write_zeroes_max_bytes").parse().unwrap_or(1);
+                let max_wz: u64 = self
+                    .dev_info
+                    .queue_attr("write_zeroes_max_bytes")
+                    .parse()
+                    .unwrap_or(1);
                 claim(
                     d.writes <= did.zeroed.div_ceil(max_wz.max(1)) + 2,
                     "too many write requests for write zeroes (zero pages written instead?)",
                 );
             }
             Kind::SqliteWal | Kind::SqliteDelete => {
-                claim(d.flushes >= did.transactions, "fewer flushes than commits (synchronous=FULL)");
+                claim(
+                    d.flushes >= did.transactions,
+                    "fewer flushes than commits (synchronous=FULL)",
+                );
             }
             Kind::Postgres => {
                 claim(d.flushes >= 1, "no flush");
                 claim(written > 0, "nothing written");
             }
+            Kind::SqliteBulk => {
+                claim(
+                    written >= did.bytes_written,
+                    "fewer bytes written than the rows hold",
+                );
+                if self.dev_info.queue_attr("write_cache") == "write back" {
+                    claim(
+                        d.flushes >= 1,
+                        "no flush (synchronous=FULL fsyncs at the commit)",
+                    );
+                }
+            }
+            // O_DIRECT on the raw device, nothing else writing: every byte once.
+            Kind::RandWriteDirect => {
+                claim(
+                    written == did.bytes_written,
+                    "sectors written != the bytes fio wrote",
+                );
+            }
+            Kind::TwoJobsOnExt4 => {
+                claim(
+                    written >= did.bytes_written,
+                    "fewer bytes written than the two jobs wrote",
+                );
+                if write_back {
+                    claim(
+                        d.flushes >= 1,
+                        "no flush (each job fsyncs its file at the end)",
+                    );
+                }
+            }
+            Kind::Direct64kAndBlkdiscard => {
+                claim(
+                    written == did.bytes_written,
+                    "sectors written != the bytes fio wrote",
+                );
+                // Each 64 KiB bio is split into max_sectors_kb pieces, each a request of the
+                // largest size allowed, so none can merge with another.
+                let max_kb: u64 = self
+                    .dev_info
+                    .queue_attr("max_sectors_kb")
+                    .parse()
+                    .unwrap_or(0);
+                let pieces = (64u64).div_ceil(max_kb.max(1));
+                claim(
+                    d.writes == did.writes * pieces,
+                    &format!(
+                        "write requests != {} writes x {pieces} pieces (max_sectors_kb {max_kb})",
+                        did.writes
+                    ),
+                );
+                claim(d.writes_merged == 0, "pieces of the largest size merged");
+                claim(
+                    d.sectors_discarded * 512 == did.discarded,
+                    "discarded sectors != the range blkdiscard discarded",
+                );
+                // One bio (the block layer makes bios of up to 4 GiB), split into pieces of
+                // discard_max_bytes: each piece became a request or merged into one.
+                let max: u64 = self
+                    .dev_info
+                    .queue_attr("discard_max_bytes")
+                    .parse()
+                    .unwrap_or(0);
+                let pieces = did.discarded.div_ceil(max.max(1));
+                claim(
+                    d.discards + d.discards_merged == pieces,
+                    &format!(
+                        "discard requests + merges != {pieces} pieces of discard_max_bytes {max}"
+                    ),
+                );
+            }
+            Kind::PwritevScattered => {
+                claim(
+                    written == did.bytes_written,
+                    "sectors written != the bytes pwritev wrote",
+                );
+                claim(
+                    d.writes >= 2 * did.writes,
+                    "fewer than 2 write requests per pwritev: its bio was not split by max_segments",
+                );
+            }
         }
-        claim(d.in_flight == 0, "I/O still in flight at the end of the window");
+        claim(
+            d.in_flight == 0,
+            "I/O still in flight at the end of the window",
+        );
         bad
     }
 }
