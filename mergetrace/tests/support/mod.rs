@@ -61,6 +61,30 @@ pub fn lab_kernel() -> Option<String> {
         .flatten()
 }
 
+/// The running kernel's release as (major, minor), from `uname -r` (`/proc/sys/kernel/osrelease`,
+/// e.g. "5.10.0-46-cloud-amd64" -> (5, 10)). Panics if it cannot be read or parsed.
+pub fn kernel_version() -> (u32, u32) {
+    let r = fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_else(|e| panic!("cannot read /proc/sys/kernel/osrelease: {e}"));
+    let mut it = r.trim().split(|c: char| !c.is_ascii_digit());
+    let (Some(Ok(major)), Some(Ok(minor))) = (
+        it.next().map(str::parse::<u32>),
+        it.next().map(str::parse::<u32>),
+    ) else {
+        panic!("cannot parse the kernel release {:?}", r.trim());
+    };
+    (major, minor)
+}
+
+/// Whether blk-throttle charges a split remainder one more io: 6.0 and later
+/// (BIO_BPS_THROTTLED: only the bytes are charged once, the remainder is resubmitted and
+/// charged an io again). Before 6.0 a bio is charged once, before it is split: its remainder
+/// carries BIO_THROTTLED and skips blk-throttle, so `charged_ios` = bios there. blk-cgroup's
+/// own count (v1 io_serviced, v2 io.stat wios) counts every pass either way (bios + splits).
+pub fn throttle_charges_split_remainders() -> bool {
+    kernel_version() >= (6, 0)
+}
+
 /// `host` on the host, `lab` in a lab guest. The lab runs under QEMU's software emulation,
 /// 10-15x slower than the host: its workloads are smaller (the relations checked are the
 /// same; only the counts scale).
@@ -264,13 +288,43 @@ impl BlockDev {
         format!("{}:{}", self.major, self.minor)
     }
 
-    /// Sets the I/O scheduler ("none", "mq-deadline", ...) and checks it took.
+    /// The schedulers the device offers (`queue/scheduler`'s entries, brackets removed).
+    pub fn schedulers(&self) -> Vec<String> {
+        let s = fs::read_to_string(self.queue("scheduler"))
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", self.queue("scheduler").display()));
+        s.split_whitespace()
+            .map(|w| w.trim_start_matches('[').trim_end_matches(']').to_string())
+            .collect()
+    }
+
+    /// Whether the device offers `sched` ("none" always counts).
+    pub fn offers_scheduler(&self, sched: &str) -> bool {
+        sched == "none" || self.schedulers().iter().any(|s| s == sched)
+    }
+
+    /// Sets the I/O scheduler ("none", "mq-deadline", ...) and checks it took. Panics naming
+    /// the cause when the device does not offer it at all (5.10's loop devices list only
+    /// "[none]", and writing another name there is silently ignored): use a disk that offers
+    /// one ([`scheduler_disk`]).
     pub fn set_scheduler(&self, sched: &str) {
-        write_sysfs(&self.queue("scheduler"), sched);
+        // A modular scheduler (bfq, kyber, 6.12's mq_deadline) is listed only once loaded,
+        // which the kernel's own request_module does on this write.
+        let wrote = fs::write(self.queue("scheduler"), sched);
         let now = self.scheduler();
-        assert_eq!(
-            now, sched,
-            "{}: scheduler is {now} after writing {sched}",
+        if now == sched {
+            return;
+        }
+        assert!(
+            self.offers_scheduler(sched),
+            "{}: the device offers no {sched} scheduler (queue/scheduler lists {:?}; writing it \
+             gave {wrote:?}): a queue without elevator support, as 5.10's loop devices are, \
+             offers none and ignores the write — run this on a disk that offers it \
+             (support::scheduler_disk)",
+            self.name,
+            self.schedulers()
+        );
+        panic!(
+            "{}: scheduler is {now} after writing {sched} ({wrote:?})",
             self.name
         );
     }
@@ -584,6 +638,41 @@ impl Deref for TestDisk {
             TestDisk::Lab(d) => &d.dev,
         }
     }
+}
+
+/// Whether this kernel's mq-deadline serves requests by I/O priority (5.14 and later:
+/// `dd_dispatch_request` skips lower priorities while higher ones are pending). Before, it
+/// has no priorities at all, so an idle-class writer is not held back behind reads.
+pub fn mq_deadline_has_priorities() -> bool {
+    kernel_version() >= (5, 14)
+}
+
+/// A test disk on which requests of `sched` wait in the scheduler while a deep writer runs
+/// ([`TestDisk::hold_writes`]): [`scheduler_disk`], except in a lab guest whose mq-deadline
+/// has no I/O priorities (5.10: measured 0 merges of 4,096 bios on vdb, reader or not).
+/// There it is the lab's requeue disk (vdc), whose ring takes about 5 requests at a time:
+/// the rest wait in mq-deadline, where the next bios merge into them, as on a busy disk.
+pub fn elevator_disk(size: u64, sched: &str) -> TestDisk {
+    if in_lab() && sched == "mq-deadline" && !mq_deadline_has_priorities() {
+        let disk = TestDisk::lab_requeue_disk(size);
+        disk.set_scheduler(sched);
+        return disk;
+    }
+    scheduler_disk(size, sched)
+}
+
+/// A test disk that offers the I/O scheduler `sched` ("mq-deadline", "bfq", ...), for tests
+/// that need an elevator: [`TestDisk::new`] — on the host a loop device (6.18's offer
+/// mq-deadline), in the lab the scratch disk vdb, which offers mq-deadline on every lab
+/// kernel (5.10's loop devices offer no scheduler at all). Panics naming the device and what
+/// it lists when it does not offer `sched`.
+pub fn scheduler_disk(size: u64, sched: &str) -> TestDisk {
+    let disk = TestDisk::new(size);
+    if !disk.offers_scheduler(sched) {
+        // Modular schedulers are listed once loaded: setting it loads it, or names the cause.
+        disk.set_scheduler(sched);
+    }
+    disk
 }
 
 impl TestDisk {

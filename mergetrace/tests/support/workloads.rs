@@ -325,6 +325,27 @@ pub fn quiesce(dev: &BlockDev) {
 // ---------------------------------------------------------------------------------------
 // A scratch ext4
 
+/// Optional ext4 features a newer mkfs.ext4 may turn on that this kernel's ext4 cannot mount
+/// (the guests run the host's e2fsprogs, 1.47, against kernels back to 5.10): those of
+/// `/sys/fs/ext4/features/` it does not list (metadata_csum_seed, fast_commit), and
+/// orphan_file, which ext4 does not list there at all, before 5.15 (where it came). Empty on
+/// the host and the 6.x guests, so their mkfs is the default one.
+pub fn ext4_features_to_turn_off() -> Vec<&'static str> {
+    let listed = |f: &str| Path::new("/sys/fs/ext4/features").join(f).exists();
+    assert!(
+        Path::new("/sys/fs/ext4/features").is_dir(),
+        "/sys/fs/ext4/features is missing: this kernel has no ext4"
+    );
+    let mut off: Vec<&'static str> = ["metadata_csum_seed", "fast_commit"]
+        .into_iter()
+        .filter(|f| !listed(f))
+        .collect();
+    if super::kernel_version() < (5, 15) {
+        off.push("orphan_file");
+    }
+    off
+}
+
 /// A fresh ext4 on a test disk, mounted on a fresh directory. Unmounted (and the directory
 /// removed) on drop if [`Ext4::unmount`] did not do it.
 #[derive(Debug)]
@@ -346,6 +367,11 @@ impl Ext4 {
             &mkfs,
             &["-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0"],
         );
+        let off = ext4_features_to_turn_off();
+        if !off.is_empty() {
+            let o: Vec<String> = off.iter().map(|f| format!("^{f}")).collect();
+            c.arg("-O").arg(o.join(","));
+        }
         c.arg(&dev.path).arg(format!("{kib}k"));
         run(c, None, None);
         let mnt = std::env::temp_dir().join(format!("{}.mnt", unique_name()));
