@@ -123,6 +123,157 @@ pub fn rows(s: &Snapshot) -> Vec<Row> {
     out
 }
 
+/// Which columns go first when the terminal is narrow: a higher number stays longer. The
+/// cgroup is never dropped (it is shortened in the middle instead), nor are the counts the
+/// verdict rests on (bios, merged, requests).
+const KEEP_PRIORITY: [u8; 12] = [
+    4,  // DEVICE (named in the banner too)
+    12, // CGROUP
+    11, // DIR
+    10, // BIOS
+    2,  // MiB
+    6,  // CHARGED
+    5,  // THROTTLED
+    9,  // MERGED
+    8,  // REQS
+    1,  // REQ MiB
+    7,  // BIOS/REQ
+    3,  // AVG REQ
+];
+
+/// The narrowest a shortened cgroup column gets before columns are dropped instead.
+const MIN_CGROUP_WIDTH: usize = 16;
+const CGROUP: usize = 1;
+
+/// The table as it fits a width: the columns kept (indices into [`HEADER`]), their widths, and
+/// the rows' cells of those columns. A number is shown whole or not at all; only the cgroup
+/// column is shortened, in the middle, so names that differ at the end stay apart.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fitted {
+    pub columns: Vec<usize>,
+    pub widths: Vec<usize>,
+    pub rows: Vec<Vec<String>>,
+}
+
+/// Fits `rows` to `width` characters with `spacing` between columns.
+pub fn fit(rows: &[Row], width: usize, spacing: usize) -> Fitted {
+    let natural: Vec<usize> = (0..HEADER.len())
+        .map(|i| {
+            rows.iter()
+                .filter_map(|r| r.cells.get(i))
+                .map(|c| c.chars().count())
+                .chain(std::iter::once(HEADER[i].len()))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut columns: Vec<usize> = (0..HEADER.len()).collect();
+    let total = |cols: &[usize], cgroup_w: usize| -> usize {
+        cols.iter()
+            .map(|&i| if i == CGROUP { cgroup_w } else { natural[i] })
+            .sum::<usize>()
+            + spacing * cols.len().saturating_sub(1)
+    };
+    let mut cgroup_w = natural[CGROUP];
+    loop {
+        let over = total(&columns, cgroup_w).saturating_sub(width);
+        if over == 0 {
+            break;
+        }
+        let floor = MIN_CGROUP_WIDTH.min(natural[CGROUP]);
+        if cgroup_w > floor {
+            cgroup_w = cgroup_w.saturating_sub(over).max(floor);
+            continue;
+        }
+        let Some(pos) = columns
+            .iter()
+            .enumerate()
+            .filter(|(_, &i)| i != CGROUP)
+            .min_by_key(|(_, &i)| KEEP_PRIORITY[i])
+            .map(|(p, _)| p)
+            .filter(|_| columns.len() > 2)
+        else {
+            break;
+        };
+        columns.remove(pos);
+        // With room again, give the cgroup back what it lost.
+        let spare = width.saturating_sub(total(&columns, cgroup_w));
+        cgroup_w = (cgroup_w + spare).min(natural[CGROUP]);
+    }
+    let widths = columns
+        .iter()
+        .map(|&i| if i == CGROUP { cgroup_w } else { natural[i] })
+        .collect();
+    let rows = rows
+        .iter()
+        .map(|r| {
+            columns
+                .iter()
+                .map(|&i| {
+                    let c = r.cells.get(i).cloned().unwrap_or_default();
+                    if i == CGROUP {
+                        shorten_middle(&c, cgroup_w)
+                    } else {
+                        c
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    Fitted {
+        columns,
+        widths,
+        rows,
+    }
+}
+
+/// `s` in at most `max` characters: its start and its end around a "…".
+pub fn shorten_middle(s: &str, max: usize) -> String {
+    let n = s.chars().count();
+    if n <= max || max < 3 {
+        return s.to_string();
+    }
+    let tail = (max - 1) / 2 + (max - 1) % 2;
+    let head = max - 1 - tail;
+    let start: String = s.chars().take(head).collect();
+    let end: String = s.chars().skip(n - tail).collect();
+    format!("{start}…{end}")
+}
+
+/// Column-aligned plain text of a fitted table (the columns that fit a terminal).
+pub fn render_fitted(f: &Fitted) -> String {
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut s = String::new();
+        for (n, (c, (&i, w))) in cells.zip(f.columns.iter().zip(&f.widths)).enumerate() {
+            if n > 0 {
+                s.push_str("  ");
+            }
+            if right_aligned(i) {
+                s.push_str(&format!("{c:>w$}"));
+            } else {
+                s.push_str(&format!("{c:<w$}"));
+            }
+        }
+        s.trim_end().to_string()
+    };
+    let mut out = line(&mut f.columns.iter().map(|&i| HEADER[i]));
+    out.push('\n');
+    for r in &f.rows {
+        out.push_str(&line(&mut r.iter().map(String::as_str)));
+        out.push('\n');
+    }
+    out
+}
+
+/// The columns a fitted table left out, by header ("MiB, REQ MiB"), or `None`.
+pub fn hidden(f: &Fitted) -> Option<String> {
+    let gone: Vec<&str> = (0..HEADER.len())
+        .filter(|i| !f.columns.contains(i))
+        .map(|i| HEADER[i])
+        .collect();
+    (!gone.is_empty()).then(|| gone.join(", "))
+}
+
 /// Column-aligned plain text of `rows` under [`HEADER`].
 pub fn render_text(rows: &[Row]) -> String {
     let mut widths: Vec<usize> = HEADER.iter().map(|h| h.len()).collect();
@@ -152,4 +303,73 @@ pub fn render_text(rows: &[Row]) -> String {
         out.push('\n');
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(cgroup: &str, nums: [&str; 9]) -> Row {
+        let mut cells = vec!["loop3".to_string(), cgroup.to_string(), "write".to_string()];
+        cells.extend(nums.iter().map(|n| n.to_string()));
+        Row {
+            cells,
+            is_total: false,
+        }
+    }
+
+    fn sample() -> Vec<Row> {
+        vec![
+            row(
+                "/system.slice/mt-test-4242-app-a",
+                ["3100032", "12109.5", "3100032", "0", "3003031", "97001", "12109.5", "32.0", "128 KiB"],
+            ),
+            row(
+                "/system.slice/mt-test-4242-app-b",
+                ["8", "0.0", "8", "0", "0", "8", "0.0", "1.0", "4 KiB"],
+            ),
+        ]
+    }
+
+    #[test]
+    fn narrow_terminals_drop_columns_and_never_cut_a_number() {
+        let rows = sample();
+        for width in [80, 100, 160] {
+            let f = fit(&rows, width, 2);
+            let used: usize = f.widths.iter().sum::<usize>() + 2 * (f.widths.len() - 1);
+            assert!(used <= width, "{width}: {used} columns used; {f:?}");
+            for (r, cells) in rows.iter().zip(&f.rows) {
+                for (&i, c) in f.columns.iter().zip(cells) {
+                    if i != CGROUP {
+                        assert_eq!(c, &r.cells[i], "{width}: column {} cut", HEADER[i]);
+                    }
+                }
+            }
+            for (&i, w) in f.columns.iter().zip(&f.widths) {
+                assert!(*w >= HEADER[i].len(), "{width}: header {} cut", HEADER[i]);
+            }
+            // The two cgroups differ only at the end: they stay apart.
+            let cg = f.columns.iter().position(|&i| i == CGROUP).unwrap();
+            assert_ne!(f.rows[0][cg], f.rows[1][cg], "{width}: {f:?}");
+            assert!(f.rows[0][cg].ends_with("app-a"), "{width}: {}", f.rows[0][cg]);
+            for must in ["CGROUP", "DIR", "BIOS", "MERGED", "REQS"] {
+                let i = HEADER.iter().position(|h| *h == must).unwrap();
+                assert!(f.columns.contains(&i), "{width}: {must} dropped; {f:?}");
+            }
+        }
+        // Wide enough: everything, nothing shortened.
+        let f = fit(&rows, 200, 2);
+        assert_eq!(f.columns.len(), HEADER.len());
+        assert_eq!(f.rows[0][1], "/system.slice/mt-test-4242-app-a");
+        // At 80 the least needed go first: request MiB before bios.
+        let f = fit(&rows, 80, 2);
+        assert!(!f.columns.contains(&9), "REQ MiB kept at 80: {f:?}");
+    }
+
+    #[test]
+    fn paths_shorten_in_the_middle() {
+        assert_eq!(shorten_middle("/app-a", 16), "/app-a");
+        assert_eq!(shorten_middle("/kubepods.slice/pod1234/ctr-abcdef", 16), "/kubepo…r-abcdef");
+        assert_eq!(shorten_middle("/kubepods.slice/pod1234/ctr-abcdef", 16).chars().count(), 16);
+    }
 }

@@ -1,6 +1,10 @@
 //! The live terminal UI (ratatui): the latest interval's table, refreshed in place. `q`, Esc
 //! or Ctrl-C stop the run; on exit the whole-run table is printed to the normal screen.
-use std::{io::Stdout, time::Duration};
+use std::{
+    io::Stdout,
+    sync::atomic::{AtomicBool, Ordering},
+    time::Duration,
+};
 
 use anyhow::Result;
 use crossterm::{
@@ -20,15 +24,26 @@ use ratatui::{
 use super::{table, View};
 use crate::model::snapshot::Snapshot;
 
+/// Blanks between table columns.
+const SPACING: u16 = 2;
+
 pub struct TuiView {
     terminal: Terminal<CrosstermBackend<Stdout>>,
     /// Lines shown above the table: what is traced, the tier, notes.
     banner: Vec<String>,
 }
 
+/// Set while the alternate screen is up: leaving it twice would move the cursor back over
+/// what was printed after the first leave (the whole-run table), and the shell would write
+/// over it.
+static ON_ALTERNATE_SCREEN: AtomicBool = AtomicBool::new(false);
+
+/// Back to the normal screen, once (from the end of the run, a drop or a panic).
 fn restore_terminal() {
-    let _ = disable_raw_mode();
-    let _ = execute!(std::io::stdout(), LeaveAlternateScreen);
+    if ON_ALTERNATE_SCREEN.swap(false, Ordering::SeqCst) {
+        let _ = disable_raw_mode();
+        let _ = execute!(std::io::stdout(), LeaveAlternateScreen);
+    }
 }
 
 impl TuiView {
@@ -36,6 +51,7 @@ impl TuiView {
     pub fn new(banner: Vec<String>, stop: impl Fn() + Send + 'static) -> Result<TuiView> {
         enable_raw_mode()?;
         execute!(std::io::stdout(), EnterAlternateScreen)?;
+        ON_ALTERNATE_SCREEN.store(true, Ordering::SeqCst);
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             restore_terminal();
@@ -85,20 +101,17 @@ impl TuiView {
             .map(|l| l.width().div_ceil(text_width).max(1) as u16)
             .sum::<u16>()
             + 2;
-        let widths: Vec<Constraint> = table::HEADER
+        // Columns that do not fit are left out whole (never cut), least needed first.
+        let fitted = table::fit(&rows, text_width, SPACING as usize);
+        let widths: Vec<Constraint> = fitted
+            .widths
             .iter()
-            .enumerate()
-            .map(|(i, _)| {
-                let w = rows
-                    .iter()
-                    .filter_map(|r| r.cells.get(i))
-                    .map(|c| c.len())
-                    .chain(std::iter::once(table::HEADER[i].len()))
-                    .max()
-                    .unwrap_or(4);
-                Constraint::Length(w as u16)
-            })
+            .map(|w| Constraint::Length(*w as u16))
             .collect();
+        let title = match table::hidden(&fitted) {
+            Some(h) => format!(" per cgroup, this interval (too narrow for {h}) "),
+            None => " per cgroup, this interval ".to_string(),
+        };
         self.terminal.draw(|f| {
             let [top, body] =
                 Layout::vertical([Constraint::Length(head_height), Constraint::Min(3)])
@@ -109,10 +122,10 @@ impl TuiView {
                     .block(Block::default().borders(Borders::ALL).title(" mergetrace ")),
                 top,
             );
-            let header = Row::new(table::HEADER.iter().map(|h| Cell::from(*h)))
+            let header = Row::new(fitted.columns.iter().map(|&i| Cell::from(table::HEADER[i])))
                 .style(Style::default().add_modifier(Modifier::BOLD | Modifier::REVERSED));
-            let body_rows = rows.iter().map(|r| {
-                let cells = r.cells.iter().enumerate().map(|(i, c)| {
+            let body_rows = rows.iter().zip(&fitted.rows).map(|(r, cells)| {
+                let cells = fitted.columns.iter().zip(cells).map(|(&i, c)| {
                     if table::right_aligned(i) {
                         Cell::from(Line::from(c.clone()).right_aligned())
                     } else {
@@ -129,12 +142,8 @@ impl TuiView {
             f.render_widget(
                 Table::new(body_rows, widths.clone())
                     .header(header)
-                    .column_spacing(2)
-                    .block(
-                        Block::default()
-                            .borders(Borders::ALL)
-                            .title(" per cgroup, this interval "),
-                    ),
+                    .column_spacing(SPACING)
+                    .block(Block::default().borders(Borders::ALL).title(title.as_str())),
                 body,
             );
         })?;
@@ -154,7 +163,13 @@ impl View for TuiView {
             "mergetrace: whole run, {secs:.1}s, {} tier, lost events: {}",
             s.tier, s.lost_events
         );
-        print!("{}", table::render_text(&table::rows(s)));
+        // The normal screen at the terminal's width: the same columns rule as the live table.
+        let width = crossterm::terminal::size().map_or(usize::MAX, |(w, _)| w as usize);
+        let fitted = table::fit(&table::rows(s), width, SPACING as usize);
+        print!("{}", table::render_fitted(&fitted));
+        if let Some(h) = table::hidden(&fitted) {
+            println!("(hidden at this width: {h}; --json has all)");
+        }
         for r in table::remarks(s) {
             println!("{r}");
         }
