@@ -72,7 +72,11 @@ fn counts_stay_exact_when_a_key_moves_to_its_slot() {
     assert_eq!(u(w, "bios"), serviced, "blk-cgroup's count; {ctx}; {w}");
     let total = out.device_total(&disk);
     assert_eq!(u(&total["write"], "requests"), d.writes, "{ctx}; {total}");
-    assert_eq!(u(&total["write"], "merged"), d.writes_merged, "{ctx}; {total}");
+    assert_eq!(
+        u(&total["write"], "merged"),
+        d.writes_merged,
+        "{ctx}; {total}"
+    );
     assert_eq!(
         u(w, "requests") + u(w, "merged") + u(w, "flush_only"),
         u(w, "bios") + u(w, "splits"),

@@ -447,7 +447,11 @@ fn fsync_per_write_counts_flush_only_writes_and_flushes() {
     eprintln!("{ctx}: diskstats {d:?}\nwrite {w}\nflush {f}");
     assert_matches_diskstats("write", w, d.writes, d.writes_merged, d.sectors_written);
     assert!(u(w, "flush_only") > 0, "no flush-only writes; {ctx}; {w}");
-    assert_eq!(u(w, "requests"), writes, "one request per data write; {ctx}; {w}");
+    assert_eq!(
+        u(w, "requests"),
+        writes,
+        "one request per data write; {ctx}; {w}"
+    );
     assert_eq!(u(w, "bios"), writes + u(w, "flush_only"), "{ctx}; {w}");
     assert_eq!(u(f, "requests"), d.flushes, "flush requests; {ctx}; {f}");
     assert!(d.flushes > 0, "{ctx}");
@@ -457,7 +461,11 @@ fn fsync_per_write_counts_flush_only_writes_and_flushes() {
     let row = out
         .cgroup_row(&lo, &cg.path())
         .unwrap_or_else(|| panic!("no row for {}; {}", cg.path(), out.device(&lo)));
-    assert_eq!(u(&row["write"], "flush_only"), u(w, "flush_only"), "{ctx}; {row}");
+    assert_eq!(
+        u(&row["write"], "flush_only"),
+        u(w, "flush_only"),
+        "{ctx}; {row}"
+    );
     assert_eq!(u(&row["flush"], "requests"), d.flushes, "{ctx}; {row}");
     assert!(
         out.cgroup_row(&lo, "(none)").is_none(),
