@@ -251,20 +251,36 @@ fn assert_attempts_consistent(m: &Value, sched: &str, nomerges: u32, ctx: &str) 
         merged <= attempts,
         "P2: more plug merges than attempts; {ctx}; {a}"
     );
-    let expected_attempts = if nomerges == 2 { 0 } else { u(m, "bios") };
+    // 5.10's blk_mq_submit_bio calls blk_attempt_plug_merge for every piece of a split bio
+    // (the REQ_NOMERGE piece is refused inside, by blk_rq_merge_ok); later kernels check
+    // bio_mergeable first (blk_mq_attempt_bio_merge), so there it is once per bio. Measured
+    // on 5.10: 1,056 attempts for 1,032 bios with 24 splits; 6.1 and 6.12: = bios.
+    let pieces_attempt = kernel_version() < (5, 16);
+    let expected_attempts = match (nomerges, pieces_attempt) {
+        (2, _) => 0,
+        (_, false) => u(m, "bios"),
+        (_, true) => u(m, "bios") + u(m, "splits"),
+    };
     assert_eq!(
         attempts,
         expected_attempts,
         "P2: plug_attempts != {} (nomerges={nomerges}); {ctx}; {m}",
-        if nomerges == 2 { "0" } else { "bios" }
+        match (nomerges, pieces_attempt) {
+            (2, _) => "0",
+            (_, false) => "bios",
+            (_, true) => "bios + splits (before 5.16 every split piece attempts)",
+        }
     );
     // E1
     let decisions = no + front + back + discard;
     match sched {
+        // (Before 5.16 the split pieces' plug attempts go no further: the REQ_NOMERGE piece
+        // makes no elv_merge decision. Measured on 5.10: 40 decisions for 64 failed attempts,
+        // 24 of them split pieces.)
         "mq-deadline" | "bfq" => assert_eq!(
             decisions,
-            attempts - merged,
-            "E1: elv_merge decisions != failed plug attempts; {ctx}; {a}"
+            attempts - merged - if pieces_attempt { u(m, "splits") } else { 0 },
+            "E1: elv_merge decisions != failed plug attempts of mergeable bios; {ctx}; {a}"
         ),
         "none" | "kyber" => assert_eq!(
             decisions, 0,
