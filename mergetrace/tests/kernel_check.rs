@@ -442,3 +442,38 @@ fn hook_table_holds_on_this_kernel() {
         "hooks expected on this kernel but missing: {missing:?}"
     );
 }
+
+/// `check` names the limit in force as the live view counts it: on cgroup v2 a child's own
+/// wiops above its parent's is not in force (the tightest along the path holds); on v1
+/// (flat) each limit binds its own cgroup, so nothing is said.
+#[test]
+fn a_tighter_parent_limit_is_the_one_check_names() {
+    require_root();
+    let dev = LoopDevice::new(32 << 20);
+    set_queue(&dev, "none", 0);
+    let parent = Cgroup::new();
+    let child = parent.child();
+    parent.set_write_iops(&dev, 500);
+    child.set_write_iops(&dev, 2000);
+    let v = check_json(&dev);
+    let t = findings(&v, "throttle");
+    let of_child = t
+        .iter()
+        .find(|f| {
+            f["finding"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("cgroup {} ", child.path()))
+        })
+        .unwrap_or_else(|| panic!("no finding for {}: {v:#}", child.path()));
+    let text = of_child["finding"].as_str().unwrap();
+    let held = format!(
+        "its wiops=2,000 is not in force: {}'s 500 binds it",
+        parent.path()
+    );
+    if cgroup_hierarchy().0 == CgroupVersion::V2 {
+        assert!(text.contains(&held), "{text}");
+    } else {
+        assert!(!text.contains("not in force"), "{text}");
+    }
+}

@@ -26,6 +26,9 @@ pub enum LimitKind {
 }
 
 impl LimitKind {
+    /// Every kind, in the order the files list them.
+    pub const ALL: [LimitKind; 4] = KINDS;
+
     pub fn name(self) -> &'static str {
         match self {
             LimitKind::Rbps => "rbps",

@@ -4,7 +4,7 @@ use super::Finding;
 use crate::{
     commands::check::gather::{CheckInput, ThrottledCgroup},
     fmt,
-    model::limits::LimitKind,
+    model::limits::{self, LimitKind, Limits},
     sys::cgroups::Hierarchy,
 };
 
@@ -29,7 +29,7 @@ pub(super) fn throttle(input: &CheckInput, out: &mut Vec<Finding>) {
         )),
         Some(_) => {
             for t in &input.throttled {
-                out.push(throttle_finding(name, t));
+                out.push(throttle_finding(name, t, &input.throttled));
             }
         }
     }
@@ -42,7 +42,46 @@ fn hierarchy_name(h: Hierarchy) -> &'static str {
     }
 }
 
-fn throttle_finding(device: &str, t: &ThrottledCgroup) -> Finding {
+/// On cgroup v2 the tightest limit along the path is the one in force (as the live view
+/// counts it): where an ancestor's is tighter than `t`'s own, say whose binds instead.
+fn held_by_ancestors(t: &ThrottledCgroup, all: &[ThrottledCgroup]) -> Vec<String> {
+    if t.hierarchy != Hierarchy::V2 {
+        return Vec::new();
+    }
+    let own = |p: &str| {
+        all.iter()
+            .find(|c| c.path == p)
+            .map_or_else(Limits::default, |c| c.limits)
+    };
+    let eff = limits::effective_along(Hierarchy::V2, &t.path, own);
+    LimitKind::ALL
+        .iter()
+        .filter_map(|k| {
+            let mine = t.limits.get(*k)?;
+            let in_force = eff.get(*k)?;
+            (in_force.cgroup != t.path).then(|| {
+                format!(
+                    "its {}={} is not in force: {}'s {} binds it (v2 limits are hierarchical: \
+                     the tightest along the path holds)",
+                    k.name(),
+                    shown_value(*k, mine),
+                    in_force.cgroup,
+                    shown_value(*k, in_force.limit)
+                )
+            })
+        })
+        .collect()
+}
+
+fn shown_value(k: LimitKind, v: u64) -> String {
+    if k.is_iops() {
+        fmt::thousands(v)
+    } else {
+        fmt::exact_rate(v)
+    }
+}
+
+fn throttle_finding(device: &str, t: &ThrottledCgroup, all: &[ThrottledCgroup]) -> Finding {
     let kinds = [
         LimitKind::Rbps,
         LimitKind::Wbps,
@@ -99,16 +138,17 @@ fn throttle_finding(device: &str, t: &ThrottledCgroup) -> Finding {
             bytes.join(", ")
         ));
     }
-    Finding::new(
-        "throttle",
-        format!(
-            "cgroup {} ({} {file}) limits {device}: {} — binds {below}",
-            t.path,
-            hierarchy_name(t.hierarchy),
-            shown.join(", ")
-        ),
-        Some(levers.join("; ")),
-    )
+    let mut finding = format!(
+        "cgroup {} ({} {file}) limits {device}: {} — binds {below}",
+        t.path,
+        hierarchy_name(t.hierarchy),
+        shown.join(", ")
+    );
+    for held in held_by_ancestors(t, all) {
+        finding.push_str("; ");
+        finding.push_str(&held);
+    }
+    Finding::new("throttle", finding, Some(levers.join("; ")))
 }
 
 #[cfg(test)]
@@ -163,6 +203,30 @@ mod tests {
         assert_eq!(
             t[1].lever.as_deref(),
             Some("riops: iops limit counts bios before merging: submit larger bios; merging cannot raise it; rbps, wbps: bps limit is blind to merging (a merged bio carries the same bytes)")
+        );
+        // v2: a scope's 2,000 under system.slice's 500 — the live view counts 500, so does check.
+        let v2 = |path: &str, wiops| ThrottledCgroup {
+            hierarchy: Hierarchy::V2,
+            path: path.into(),
+            limits: Limits {
+                wiops: Some(wiops),
+                ..Default::default()
+            },
+        };
+        i.io_hierarchy = Some((Hierarchy::V2, "/sys/fs/cgroup".into()));
+        i.throttled = vec![
+            v2("/system.slice", 500),
+            v2("/system.slice/docker-1.scope", 2000),
+        ];
+        let f = findings(&i);
+        let t: Vec<&Finding> = f.iter().filter(|x| x.topic == "throttle").collect();
+        assert_eq!(
+            t[0].finding,
+            "cgroup /system.slice (cgroup v2 io.max) limits sda: wiops=500 bios/s — binds it and every cgroup below it"
+        );
+        assert_eq!(
+            t[1].finding,
+            "cgroup /system.slice/docker-1.scope (cgroup v2 io.max) limits sda: wiops=2,000 bios/s — binds it and every cgroup below it; its wiops=2,000 is not in force: /system.slice's 500 binds it (v2 limits are hierarchical: the tightest along the path holds)"
         );
         i.io_hierarchy = None;
         i.throttled.clear();
