@@ -574,7 +574,7 @@ fn split_bios_under_a_binding_limit_get_a_split_verdict() {
         } else {
             (
             &[
-                "% used by bios;",
+                "% used by bios",
                 "split pieces are not charged (this kernel charges a bio once, before splitting \
                  it), so the limit counts the bios you submit — submit larger bios",
             ],

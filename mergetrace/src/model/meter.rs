@@ -191,6 +191,10 @@ pub fn split_cause(limits: &SplitLimits, discard: bool, avg_request_bytes: f64) 
         // Pieces of max_sectors_kb each, the last one shorter: the average is close to it.
         if avg_request_bytes >= 0.75 * (kb * 1024) as f64 {
             let lever = match limits.max_hw_sectors_kb {
+                // Loop devices on 5.10 report UINT_MAX sectors: no limit worth quoting.
+                Some(hw) if hw >= 1 << 30 => format!(
+                    "raise max_sectors_kb (the device sets no practical limit), or submit bios of at most {kb} KiB"
+                ),
                 Some(hw) if hw > kb => format!(
                     "raise max_sectors_kb (the device allows up to {hw} KiB), or submit bios of at most {kb} KiB"
                 ),
@@ -225,8 +229,41 @@ pub struct Activity {
     pub requests: u64,
     pub charged_ios: u64,
     pub throttled_bios: u64,
+    /// The time they waited in all, where measured (fentry tier).
+    pub throttle_delay_ns: Option<u64>,
     /// Why bios were split, when they were ([`split_cause`]).
     pub split_cause: Option<String>,
+}
+
+/// The limit's use in the window. Above 100 % the window was charged for bios that had waited
+/// before it (a bio is charged as it is released), which is a sign of binding, not an error.
+fn use_phrase(u: &LimitUse) -> String {
+    if u.used_pct > 105.0 {
+        format!(
+            "was charged {:.0} % of its rate (bios held back earlier are charged as they are \
+             released)",
+            u.used_pct
+        )
+    } else {
+        format!("is {:.0} % used", u.used_pct)
+    }
+}
+
+/// What waited in the window, when bios did: ", 640 of them waited (11.3 s in all)".
+fn held_phrase(a: &Activity, of_them: bool) -> String {
+    if a.throttled_bios == 0 {
+        return String::new();
+    }
+    let n = fmt::thousands(a.throttled_bios);
+    let waited = if of_them {
+        format!(", {n} of them waited")
+    } else {
+        format!(", {n} bios waited")
+    };
+    match a.throttle_delay_ns {
+        Some(ns) if ns > 0 => format!("{waited} ({} in all)", fmt::span(ns as f64 / 1e9)),
+        _ => waited,
+    }
 }
 
 /// How the device's requests compare with the bios: merged, split, or one for one.
@@ -295,10 +332,11 @@ pub fn verdict(limits: &BTreeMap<&'static str, LimitUse>, a: &Activity) -> Optio
             // Kernels before 6.0 charge a bio once, before it is split (its pieces carry
             // BIO_THROTTLED): splitting costs nothing here, larger bios cost fewer ios.
             parts.push(format!(
-                "{name} {shown}{inherited} is {:.0} % used by bios; {}; split pieces are not \
+                "{name} {shown}{inherited} {} by bios{}; {}; split pieces are not \
                  charged (this kernel charges a bio once, before splitting it), so the limit \
                  counts the bios you submit — submit larger bios",
-                u.used_pct,
+                use_phrase(u),
+                held_phrase(a, true),
                 requests_vs_bios(a)
             ));
         } else if iops && a.splits > 0 && a.requests > a.bios {
@@ -306,25 +344,28 @@ pub fn verdict(limits: &BTreeMap<&'static str, LimitUse>, a: &Activity) -> Optio
             let pieces = a.charged_ios.saturating_sub(a.bios);
             let share = pieces as f64 / a.charged_ios.max(1) as f64 * 100.0;
             parts.push(format!(
-                "{name} {shown}{inherited} is {:.0} % used by bios and their split pieces; {}; \
+                "{name} {shown}{inherited} {} by bios and their split pieces{}; {}; \
                  {share:.0} % of the {} ios charged were split pieces (each piece costs one io, \
                  and a larger bio is only split further)",
-                u.used_pct,
+                use_phrase(u),
+                held_phrase(a, true),
                 requests_vs_bios(a),
                 a.charged_ios
             ));
         } else if iops {
             parts.push(format!(
-                "{name} {shown}{inherited} is {:.0} % used by bios; {}; this limit counts before merging, \
+                "{name} {shown}{inherited} {} by bios{}; {}; this limit counts before merging, \
                  so merging cannot raise your IOPS — submit larger bios{}",
-                u.used_pct,
+                use_phrase(u),
+                held_phrase(a, true),
                 requests_vs_bios(a),
                 merge_aware_what_if(u)
             ));
         } else {
             parts.push(format!(
-                "{name} {shown}{inherited} is {:.0} % used; merging does not change bytes, so it cannot raise your throughput",
-                u.used_pct
+                "{name} {shown}{inherited} {}{}; merging does not change bytes, so it cannot raise your throughput",
+                use_phrase(u),
+                held_phrase(a, false)
             ));
         }
     }
@@ -377,8 +418,9 @@ mod tests {
         let v = verdict(&lu, &act(30_048, 943)).unwrap();
         assert_eq!(
             v,
-            "wiops 2000 (set on /mt) is 100 % used by bios; the device saw 31.9× fewer requests; this limit counts \
-             before merging, so merging cannot raise your IOPS — submit larger bios"
+            "wiops 2000 (set on /mt) is 100 % used by bios, 29,000 of them waited; the device saw 31.9× \
+             fewer requests; this limit counts before merging, so merging cannot raise your IOPS — \
+             submit larger bios"
         );
         // merging off: as many requests as bios
         let v = verdict(&lu, &act(30_048, 30_048)).unwrap();
@@ -418,7 +460,24 @@ mod tests {
         // bios waited, so the limit bound for part of the window
         assert!(verdict(&lu, &act(100, 100, 7))
             .unwrap()
-            .starts_with("wiops 2000 (set on /mt) is 5 % used by bios;"));
+            .starts_with("wiops 2000 (set on /mt) is 5 % used by bios, 7 of them waited;"));
+        // A window charged for bios that waited before it, with the wait measured (fentry).
+        let over = limit_use(&eff_wiops(2000), true, ch(8000, 0), 1.0);
+        let v = verdict(
+            &over,
+            &Activity {
+                throttle_delay_ns: Some(11_300_000_000),
+                ..act(8000, 250, 8000)
+            },
+        )
+        .unwrap();
+        assert!(
+            v.starts_with(
+                "wiops 2000 (set on /mt) was charged 400 % of its rate (bios held back earlier are \
+                 charged as they are released) by bios, 8,000 of them waited (11 s in all);"
+            ),
+            "{v}"
+        );
         assert!(
             limit_use(&eff_wiops(2000), false, ch(100, 0), 1.0).is_empty(),
             "a write limit does not apply to reads"
@@ -433,7 +492,7 @@ mod tests {
         let lu = limit_use(&e, true, ch(2048, 8 << 20), 1.0);
         assert!(verdict(&lu, &act(2048, 64, 10))
             .unwrap()
-            .contains("wbps 8.0 MiB/s (set on /mt) is 100 % used; merging does not change bytes"));
+            .contains("wbps 8.0 MiB/s (set on /mt) is 100 % used, 10 bios waited; merging does not change bytes"));
         assert_eq!(verdict(&BTreeMap::new(), &act(1, 1, 0)), None);
         assert!(verdict(&BTreeMap::new(), &act(1, 1, 5))
             .unwrap()
@@ -459,12 +518,14 @@ mod tests {
             requests: 4096,
             charged_ios: 4096,
             throttled_bios: 3000,
+            throttle_delay_ns: None,
             split_cause: Some(split_cause(&limits, false, 8192.0)),
         };
         let v = verdict(&lu, &a).unwrap();
         assert_eq!(
             v,
-            "wiops 1000 (set on /mt) is 100 % used by bios and their split pieces; bios are split: \
+            "wiops 1000 (set on /mt) is 100 % used by bios and their split pieces, 3,000 of them \
+             waited; bios are split: \
              the device saw 8.0× more requests than bios (max_sectors_kb (8 KiB) caps each request; \
              raise max_sectors_kb (the device allows up to 1280 KiB), or submit bios of at most 8 KiB); \
              88 % of the 4096 ios charged were split pieces (each piece costs one io, and a larger \

@@ -572,6 +572,7 @@ fn judge(
                 requests: st.requests,
                 charged_ios: st.charged_ios,
                 throttled_bios: st.throttled.bios,
+                throttle_delay_ns: st.throttled.delay_ns_total,
                 split_cause,
             },
         );

@@ -99,6 +99,7 @@ pub(super) fn print_throttled(arms: &[Arm], wiops: u64, throttle_secs: u64, limi
                 requests: a.counts.requests(),
                 charged_ios: a.counts.charged_ios,
                 throttled_bios: a.counts.throttled_bios,
+                throttle_delay_ns: None,
                 split_cause: None,
             },
         ) {
