@@ -311,9 +311,11 @@ impl Tracker {
     /// insert bound it, else by its first bio, else by its exact range. With how it matched.
     fn find(&self, ev: &Event) -> Option<(usize, Match)> {
         let end = ev.sector + sectors(ev.bytes);
+        // The same op too: a flush-only write (a 0-byte write bio at sector 0, which never
+        // becomes a write request) must not be taken for the flush request that follows it.
         let fits = |s: usize| {
             let p = self.slab[s].as_ref().expect("indexed slot is live");
-            p.dev == ev.dev && p.start == ev.sector && p.end == end
+            p.dev == ev.dev && p.start == ev.sector && p.end == end && p.op == ev.op
         };
         let by_bio = (ev.aux64 != 0)
             .then(|| self.by_first_bio.get(&ev.aux64).copied())
