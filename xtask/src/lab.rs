@@ -111,9 +111,9 @@ struct TestExe {
     kind: String,
 }
 
-/// `cargo test --release --no-run` on the host; the test executables it reports.
+/// `cargo test --release --no-run --features mergetrace/kernel-tests` on the host; the test executables it reports.
 fn build_tests() -> Result<Vec<TestExe>> {
-    eprintln!("lab: building the tests on the host (cargo test --release --no-run)");
+    eprintln!("lab: building the tests on the host (cargo test --release --no-run, with the kernel tests)");
     let mut c = crate::cargo();
     c.args([
         "test",
@@ -122,6 +122,8 @@ fn build_tests() -> Result<Vec<TestExe>> {
         "--workspace",
         "--exclude",
         "mergetrace-ebpf",
+        "--features",
+        "mergetrace/kernel-tests",
         "--message-format=json-render-diagnostics",
     ])
     .stdout(Stdio::piped());

@@ -93,6 +93,8 @@ fn test(args: &[String]) -> Result<ExitCode> {
         "--exclude",
         "mergetrace-ebpf",
         "--release",
+        "--features",
+        "mergetrace/kernel-tests",
     ]);
     c.args(args);
     run(c)
