@@ -92,7 +92,7 @@ impl TuiView {
                 let w = rows
                     .iter()
                     .filter_map(|r| r.cells.get(i))
-                    .map(|c| c.len())
+                    .map(|c| c.chars().count())
                     .chain(std::iter::once(table::HEADER[i].len()))
                     .max()
                     .unwrap_or(4);
