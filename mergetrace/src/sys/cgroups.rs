@@ -238,8 +238,12 @@ impl Cgroups {
         paths.sort();
         let named: Vec<(String, ReadableName)> = paths
             .into_iter()
-            .filter_map(|p| self.readable(&p).map(|n| (p, n)))
-            .filter(|(_, n)| n.matches(word))
+            .filter_map(|p| {
+                let n = self.readable(&p)?;
+                // a unit's own directory name (kubepods-burstable.slice) names it too
+                let leaf = p.rsplit('/').next() == Some(word);
+                (leaf || n.matches(word)).then_some((p, n))
+            })
             .collect();
         pick_match(word, named)
     }
@@ -340,5 +344,56 @@ mod tests {
             .contains("unknown cgroup"));
         assert!(in_subtree("/a/b", "/a") && in_subtree("/a", "/a") && !in_subtree("/ab", "/a"));
         assert!(in_subtree("/x", "/"));
+    }
+
+    #[test]
+    fn resolves_container_ids_and_units() {
+        let t = tempfile::tempdir().unwrap();
+        let id = |c: char| format!("3f2a9c{}", c.to_string().repeat(58));
+        for d in [
+            format!("system.slice/docker-{}.scope", id('a')),
+            format!("system.slice/docker-{}.scope/init.scope", id('a')),
+            format!("system.slice/docker-{}.scope", id('b')),
+            "system.slice/nginx.service".to_string(),
+            format!("system.slice/crio-conmon-{}.scope", id('c')),
+            format!("system.slice/crio-{}.scope", id('c')),
+            "kubepods.slice/kubepods-burstable.slice".to_string(),
+        ] {
+            std::fs::create_dir_all(t.path().join(d)).unwrap();
+        }
+        let mut c = Cgroups::at(Hierarchy::V2, t.path().to_path_buf()).without_local_names();
+        let a = format!("/system.slice/docker-{}.scope", id('a'));
+        assert_eq!(
+            c.normalize("3f2a9caa").unwrap(),
+            a,
+            "its init.scope is in its subtree"
+        );
+        assert_eq!(c.normalize("docker:3f2a9caaaa").unwrap(), a);
+        assert_eq!(
+            c.normalize("nginx.service").unwrap(),
+            "/system.slice/nginx.service"
+        );
+        assert_eq!(
+            c.normalize("svc:nginx").unwrap(),
+            "/system.slice/nginx.service"
+        );
+        // CRI-O's monitor shares the id: the container wins
+        assert_eq!(
+            c.normalize("3f2a9ccc").unwrap(),
+            format!("/system.slice/crio-{}.scope", id('c'))
+        );
+        assert_eq!(
+            c.normalize("kubepods-burstable.slice").unwrap(),
+            "/kubepods.slice/kubepods-burstable.slice"
+        );
+        let e = c.normalize("3f2a9c").unwrap_err().to_string();
+        assert!(
+            e.starts_with("ambiguous cgroup '3f2a9c': it names 3 cgroups"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'));
+        let e = c.normalize("abcdef12").unwrap_err().to_string();
+        assert!(e.contains("unknown cgroup 'abcdef12'"), "{e}");
+        assert!(c.normalize("3f2a9").is_err(), "5 hex digits are too few");
     }
 }
