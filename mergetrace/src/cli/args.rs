@@ -53,9 +53,19 @@ pub const RING_MIB_MAX: u32 = 1024;
 /// Only one subtree of the cgroup hierarchy (live, serve).
 #[derive(Args, Debug, Clone)]
 pub struct SubtreeArg {
-    /// Only this cgroup and its descendants (path relative to the cgroup mount, e.g. /mt).
+    /// Only this cgroup and its descendants: a path relative to the cgroup mount (/mt), or a
+    /// container id prefix of at least 6 hex digits, or a systemd unit (nginx.service).
     #[arg(short = 'c', long, value_name = "PATH")]
     pub cgroup: Option<String>,
+}
+
+/// How container cgroups are named (live, serve).
+#[derive(Args, Debug, Clone)]
+pub struct NamesArg {
+    /// Name containers from their paths alone: read no runtime state (Docker's
+    /// config.v2.json, the kubelet's /var/log/pods and /var/log/containers).
+    #[arg(long)]
+    pub no_local_names: bool,
 }
 
 /// The part of a capture to read (report, export).

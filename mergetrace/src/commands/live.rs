@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 
 use crate::{
     cli::{
-        args::{RunArgs, SubtreeArg, TraceArgs},
+        args::{NamesArg, RunArgs, SubtreeArg, TraceArgs},
         stop::Stop,
     },
     kernel::{self, monotonic_ns},
@@ -32,6 +32,8 @@ pub struct LiveArgs {
     pub run: RunArgs,
     #[command(flatten)]
     pub subtree: SubtreeArg,
+    #[command(flatten)]
+    pub names: NamesArg,
     /// Print NDJSON: one object per interval, then one for the whole run.
     #[arg(long)]
     pub json: bool,
@@ -46,7 +48,10 @@ pub struct LiveArgs {
 pub async fn run(args: LiveArgs) -> Result<()> {
     let mut stop = Stop::on_signals()?;
     let devices = device::resolve_all(&args.trace.devices)?;
-    let cgroups = Cgroups::discover()?;
+    let mut cgroups = Cgroups::discover()?;
+    if args.names.no_local_names {
+        cgroups = cgroups.without_local_names();
+    }
     let subtree = args
         .subtree
         .cgroup

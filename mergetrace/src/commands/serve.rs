@@ -21,7 +21,7 @@ use prometheus_client::encoding::prometheus_text;
 
 use crate::{
     cli::{
-        args::{SubtreeArg, TraceArgs},
+        args::{NamesArg, SubtreeArg, TraceArgs},
         stop::Stop,
     },
     kernel::{self, monotonic_ns},
@@ -51,6 +51,8 @@ pub struct ServeArgs {
     pub listen: SocketAddr,
     #[command(flatten)]
     pub subtree: SubtreeArg,
+    #[command(flatten)]
+    pub names: NamesArg,
     /// At most this many distinct cgroup labels; cgroups seen after that are summed into
     /// cgroup="(other)" (the first N seen keep their label for the life of the process).
     #[arg(long, default_value_t = 500, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
@@ -80,6 +82,9 @@ impl Lookup for Names {
     }
     fn split_limits(&mut self, dev: &Device) -> SplitLimits {
         self.cgroups.split_limits(dev)
+    }
+    fn readable(&mut self, path: &str) -> Option<crate::sys::container::ReadableName> {
+        self.cgroups.readable(path)
     }
 }
 
@@ -163,7 +168,10 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     // and the programs are detached as usual.
     let mut stop = Stop::on_signals()?;
     let devices = device::resolve_all(&args.trace.devices)?;
-    let cgroups = Cgroups::discover()?;
+    let mut cgroups = Cgroups::discover()?;
+    if args.names.no_local_names {
+        cgroups = cgroups.without_local_names();
+    }
     let subtree = args
         .subtree
         .cgroup

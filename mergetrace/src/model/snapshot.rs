@@ -13,6 +13,7 @@ use crate::{
     model::limits::{self, Effective},
     model::meter::{self, CloudMeter, LimitUse, Meters, SplitLimits},
     sys::cgroups::{in_subtree, CgroupName},
+    sys::container::{self, ReadableName},
     sys::device::Device,
 };
 
@@ -26,11 +27,19 @@ pub trait Lookup {
     fn split_limits(&mut self, _dev: &Device) -> SplitLimits {
         SplitLimits::default()
     }
+    /// The readable name of a cgroup path: from the path alone by default (a capture read
+    /// elsewhere has no runtime state to ask).
+    fn readable(&mut self, path: &str) -> Option<ReadableName> {
+        container::readable(path)
+    }
 }
 
 impl Lookup for crate::sys::cgroups::Cgroups {
     fn cgroup_name(&mut self, id: u64) -> CgroupName {
         self.name(id)
+    }
+    fn readable(&mut self, path: &str) -> Option<ReadableName> {
+        crate::sys::cgroups::Cgroups::readable(self, path)
     }
     fn split_limits(&mut self, dev: &Device) -> SplitLimits {
         crate::sys::queue::QueueSettings::read(dev)
@@ -126,6 +135,9 @@ pub struct CgroupSnapshot {
     /// The cgroup was removed; `cgroup` is the last path it had.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub gone: bool,
+    /// What the path is (a container, pod, systemd unit); absent when none is recognised.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<ReadableName>,
     #[serde(flatten)]
     pub dirs: Directions,
 }
@@ -512,6 +524,7 @@ fn device_snapshot(
             total.get_mut(dir).add(dirs.get(dir));
         }
         cgroups.push(CgroupSnapshot {
+            name: lookup.readable(&name.path),
             cgroup: name.path,
             cgroup_id: id,
             gone: name.gone,
@@ -604,6 +617,7 @@ mod tests {
                 path: match id {
                     21 => "/mt".into(),
                     22 => "/mt/b".into(),
+                    24 => format!("/system.slice/docker-{}.scope", "ab".repeat(32)),
                     _ => "/other".into(),
                 },
                 gone: id == 22,
@@ -662,6 +676,7 @@ mod tests {
         assert_eq!(cgs[0]["cgroup"], "/mt");
         assert_eq!(cgs[0]["cgroup_id"], 21);
         assert!(cgs[0].get("gone").is_none());
+        assert!(cgs[0].get("name").is_none(), "/mt is no container or unit");
         assert_eq!(cgs[1]["gone"], true);
         let w = &cgs[0]["write"];
         for (field, want) in [
@@ -692,6 +707,39 @@ mod tests {
         assert_eq!(cgs[0]["flush"]["bios"], 0);
         assert_eq!(dev["total"]["write"]["bios"], 64);
         assert_eq!(dev["total"]["write"]["requests"], 2);
+    }
+
+    #[test]
+    fn cgroup_rows_carry_their_readable_name() {
+        let mut a = Aggregator::new(100);
+        a.apply_all(&batch_of_32(24));
+        a.apply_all(&batch_of_32(21));
+        let opts = Options {
+            tier: "tracepoint",
+            fentry: false,
+            meter_units: &[],
+            subtree: None,
+        };
+        let s = build(
+            &a.total(1_000_000_100),
+            SnapshotKind::Total,
+            &[loop3()],
+            &mut Fixed,
+            &opts,
+        );
+        let v: serde_json::Value = serde_json::to_value(&s).unwrap();
+        let cgs = v["devices"][0]["cgroups"].as_array().unwrap();
+        let d = cgs.iter().find(|c| c["cgroup_id"] == 24).unwrap();
+        assert_eq!(d["name"]["kind"], "docker");
+        assert_eq!(d["name"]["short"], "docker:abababababab");
+        assert_eq!(d["name"]["container_id"], "ab".repeat(32));
+        assert_eq!(d["write"]["bios"], 32, "counts unchanged");
+        assert!(cgs
+            .iter()
+            .find(|c| c["cgroup_id"] == 21)
+            .unwrap()
+            .get("name")
+            .is_none());
     }
 
     #[test]

@@ -9,6 +9,11 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
+use super::{
+    container::{self, ReadableName},
+    local_names::LocalNames,
+};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Hierarchy {
@@ -31,6 +36,8 @@ pub struct Cgroups {
     pub hierarchy: Hierarchy,
     pub mount: PathBuf,
     by_id: HashMap<u64, String>,
+    /// Names from the container runtimes' files on this machine; `None` leaves them out.
+    local: Option<LocalNames>,
 }
 
 /// The mount that hosts the io controller, from `/proc/self/mountinfo`.
@@ -90,6 +97,7 @@ impl Cgroups {
             hierarchy,
             mount,
             by_id: HashMap::new(),
+            local: Some(LocalNames::new("/")),
         };
         c.rescan();
         c
@@ -161,6 +169,21 @@ impl Cgroups {
         }
     }
 
+    /// Reads no runtime state: readable names come from the paths alone.
+    pub fn without_local_names(mut self) -> Cgroups {
+        self.local = None;
+        self
+    }
+
+    /// The readable name of a path, with what the runtimes' local files add.
+    pub fn readable(&mut self, path: &str) -> Option<ReadableName> {
+        let mut n = container::readable(path)?;
+        if let Some(local) = &mut self.local {
+            local.enrich(&mut n);
+        }
+        Some(n)
+    }
+
     /// The path of `id` as of the last scan (no rescan, no check that it still exists).
     pub fn path_of(&self, id: u64) -> Option<&str> {
         self.by_id.get(&id).map(String::as_str)
@@ -173,7 +196,9 @@ impl Cgroups {
 
     /// Normalises a user's `-c` argument to a hierarchy-relative path and checks it exists.
     /// Accepts `/mt`, `mt`, or the full filesystem path under the mount.
-    pub fn normalize(&self, user: &str) -> Result<String> {
+    /// A word that is no directory may name a container (an id prefix of at least 6 hex
+    /// digits, `docker:3f2a9c`) or a systemd unit (`nginx.service`, `nginx`) of a cgroup there.
+    pub fn normalize(&mut self, user: &str) -> Result<String> {
         let p = Path::new(user);
         let rel = if let Ok(rel) = p.strip_prefix(&self.mount) {
             format!("/{}", rel.display())
@@ -187,13 +212,65 @@ impl Cgroups {
         };
         let full = self.mount.join(rel.trim_start_matches('/'));
         if !full.is_dir() {
+            if let Some(found) = self.resolve_readable(user)? {
+                return Ok(found);
+            }
             bail!(
-                "unknown cgroup '{user}': no directory {} (cgroup paths are relative to {})",
+                "unknown cgroup '{user}': no directory {} (cgroup paths are relative to {}), \
+                 and no container id or systemd unit of a cgroup there matches it",
                 full.display(),
                 self.mount.display()
             );
         }
         Ok(rel)
+    }
+}
+
+impl Cgroups {
+    /// A `-c` word that is no directory, as a container id prefix or a unit name: the one
+    /// cgroup that matches (its descendants that match too are in its subtree). `None` when
+    /// the word cannot be one (left to the caller's "unknown cgroup").
+    fn resolve_readable(&mut self, word: &str) -> Result<Option<String>> {
+        if word.contains('/') {
+            return Ok(None);
+        }
+        let mut paths: Vec<String> = self.by_id.values().cloned().collect();
+        paths.sort();
+        let named: Vec<(String, ReadableName)> = paths
+            .into_iter()
+            .filter_map(|p| {
+                let n = self.readable(&p)?;
+                // a unit's own directory name (kubepods-burstable.slice) names it too
+                let leaf = p.rsplit('/').next() == Some(word);
+                (leaf || n.matches(word)).then_some((p, n))
+            })
+            .collect();
+        pick_match(word, named)
+    }
+}
+
+/// The one match among `named` (`None` for none; an error when several): a monitor (conmon)
+/// only when nothing else matches, and a match inside another's subtree is that one's.
+fn pick_match(word: &str, mut named: Vec<(String, ReadableName)>) -> Result<Option<String>> {
+    if named.iter().any(|(_, n)| !n.conmon) {
+        named.retain(|(_, n)| !n.conmon);
+    }
+    let tops: Vec<&String> = named
+        .iter()
+        .map(|(p, _)| p)
+        .filter(|p| !named.iter().any(|(q, _)| q != *p && in_subtree(p, q)))
+        .collect();
+    match tops.as_slice() {
+        [one] => Ok(Some(one.to_string())),
+        [] => Ok(None),
+        many => {
+            bail!(
+            "ambiguous cgroup '{word}': it names {} cgroups ({}{}); give a longer id or the path",
+            many.len(),
+            many.iter().take(3).map(|p| p.as_str()).collect::<Vec<_>>().join(", "),
+            if many.len() > 3 { ", …" } else { "" }
+        )
+        }
     }
 }
 
@@ -267,5 +344,56 @@ mod tests {
             .contains("unknown cgroup"));
         assert!(in_subtree("/a/b", "/a") && in_subtree("/a", "/a") && !in_subtree("/ab", "/a"));
         assert!(in_subtree("/x", "/"));
+    }
+
+    #[test]
+    fn resolves_container_ids_and_units() {
+        let t = tempfile::tempdir().unwrap();
+        let id = |c: char| format!("3f2a9c{}", c.to_string().repeat(58));
+        for d in [
+            format!("system.slice/docker-{}.scope", id('a')),
+            format!("system.slice/docker-{}.scope/init.scope", id('a')),
+            format!("system.slice/docker-{}.scope", id('b')),
+            "system.slice/nginx.service".to_string(),
+            format!("system.slice/crio-conmon-{}.scope", id('c')),
+            format!("system.slice/crio-{}.scope", id('c')),
+            "kubepods.slice/kubepods-burstable.slice".to_string(),
+        ] {
+            std::fs::create_dir_all(t.path().join(d)).unwrap();
+        }
+        let mut c = Cgroups::at(Hierarchy::V2, t.path().to_path_buf()).without_local_names();
+        let a = format!("/system.slice/docker-{}.scope", id('a'));
+        assert_eq!(
+            c.normalize("3f2a9caa").unwrap(),
+            a,
+            "its init.scope is in its subtree"
+        );
+        assert_eq!(c.normalize("docker:3f2a9caaaa").unwrap(), a);
+        assert_eq!(
+            c.normalize("nginx.service").unwrap(),
+            "/system.slice/nginx.service"
+        );
+        assert_eq!(
+            c.normalize("svc:nginx").unwrap(),
+            "/system.slice/nginx.service"
+        );
+        // CRI-O's monitor shares the id: the container wins
+        assert_eq!(
+            c.normalize("3f2a9ccc").unwrap(),
+            format!("/system.slice/crio-{}.scope", id('c'))
+        );
+        assert_eq!(
+            c.normalize("kubepods-burstable.slice").unwrap(),
+            "/kubepods.slice/kubepods-burstable.slice"
+        );
+        let e = c.normalize("3f2a9c").unwrap_err().to_string();
+        assert!(
+            e.starts_with("ambiguous cgroup '3f2a9c': it names 3 cgroups"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'));
+        let e = c.normalize("abcdef12").unwrap_err().to_string();
+        assert!(e.contains("unknown cgroup 'abcdef12'"), "{e}");
+        assert!(c.normalize("3f2a9").is_err(), "5 hex digits are too few");
     }
 }

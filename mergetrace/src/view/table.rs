@@ -6,9 +6,10 @@ use crate::{
     model::snapshot::{DirStats, Snapshot},
 };
 
-pub const HEADER: [&str; 12] = [
+pub const HEADER: [&str; 13] = [
     "DEVICE",
     "CGROUP",
+    "NAME",
     "DIR",
     "BIOS",
     "MiB",
@@ -23,7 +24,36 @@ pub const HEADER: [&str; 12] = [
 
 /// Right-aligned columns (numbers).
 pub fn right_aligned(col: usize) -> bool {
-    col >= 3
+    col >= 4
+}
+
+/// The widest a CGROUP cell gets: a kubepods path of ~200 characters would widen every row
+/// (the JSON has the whole path, and NAME says what it is).
+pub const PATH_WIDTH: usize = 40;
+/// The widest a NAME cell gets (`k8s:burstable/pod 8e1f2a3b…/ctr 3f2a9c1b7d4e` fits).
+pub const NAME_WIDTH: usize = 44;
+
+/// `s` cut to `max` characters by an ellipsis in the middle, keeping both ends. The cut never
+/// leaves part of a number: a run of digits it would split is left out whole.
+pub fn shorten_middle(s: &str, max: usize) -> String {
+    let chars: Vec<char> = s.chars().collect();
+    if chars.len() <= max || max < 3 {
+        return s.to_string();
+    }
+    let keep = max - 1; // the ellipsis takes one
+    let mut head = keep.div_ceil(2);
+    let mut tail = chars.len() - keep / 2; // index of the first kept tail character
+    let digit = |i: usize| chars[i].is_ascii_digit();
+    while head > 0 && digit(head - 1) && digit(head) {
+        head -= 1;
+    }
+    while tail < chars.len() && digit(tail) && digit(tail - 1) {
+        tail += 1;
+    }
+    let mut out: String = chars[..head].iter().collect();
+    out.push('…');
+    out.extend(&chars[tail..]);
+    out
 }
 
 pub struct Row {
@@ -31,10 +61,11 @@ pub struct Row {
     pub is_total: bool,
 }
 
-fn cells(device: &str, cgroup: &str, dir: Dir, s: &DirStats) -> Vec<String> {
+fn cells(device: &str, cgroup: &str, name: &str, dir: Dir, s: &DirStats) -> Vec<String> {
     vec![
         device.to_string(),
         cgroup.to_string(),
+        name.to_string(),
         dir.name().to_string(),
         s.bios.to_string(),
         fmt::mib(s.bytes),
@@ -58,7 +89,10 @@ pub fn remarks(s: &Snapshot) -> Vec<String> {
         for c in &d.cgroups {
             for dir in Dir::ALL {
                 let st = c.dirs.get(dir);
-                let at = format!("{} {} {}", d.device, c.cgroup, dir.name());
+                let at = match &c.name {
+                    Some(n) => format!("{} {} ({}) {}", d.device, c.cgroup, n.short, dir.name()),
+                    None => format!("{} {} {}", d.device, c.cgroup, dir.name()),
+                };
                 if let Some(v) = &st.verdict {
                     out.push(format!("verdict: {at}: {v}"));
                 }
@@ -87,16 +121,21 @@ pub fn rows(s: &Snapshot) -> Vec<Row> {
     let mut out = Vec::new();
     for d in &s.devices {
         for c in &d.cgroups {
-            let name = if c.gone {
-                format!("{} (gone)", c.cgroup)
+            let path = shorten_middle(&c.cgroup, PATH_WIDTH);
+            let path = if c.gone {
+                format!("{path} (gone)")
             } else {
-                c.cgroup.clone()
+                path
             };
+            let name = c
+                .name
+                .as_ref()
+                .map_or("-".to_string(), |n| shorten_middle(&n.short, NAME_WIDTH));
             for dir in Dir::ALL {
                 let st = c.dirs.get(dir);
                 if !st.is_empty() {
                     out.push(Row {
-                        cells: cells(&d.device, &name, dir, st),
+                        cells: cells(&d.device, &path, &name, dir, st),
                         is_total: false,
                     });
                 }
@@ -108,14 +147,20 @@ pub fn rows(s: &Snapshot) -> Vec<Row> {
             if !st.is_empty() {
                 any = true;
                 out.push(Row {
-                    cells: cells(&d.device, "(total)", dir, st),
+                    cells: cells(&d.device, "(total)", "", dir, st),
                     is_total: true,
                 });
             }
         }
         if !any {
             out.push(Row {
-                cells: vec![d.device.clone(), "(total)".into(), "-".into(), "0".into()],
+                cells: vec![
+                    d.device.clone(),
+                    "(total)".into(),
+                    String::new(),
+                    "-".into(),
+                    "0".into(),
+                ],
                 is_total: true,
             });
         }
@@ -126,18 +171,19 @@ pub fn rows(s: &Snapshot) -> Vec<Row> {
 /// Which columns go first when the terminal is narrow: a higher number stays longer. The
 /// cgroup is never dropped (it is shortened in the middle instead), nor are the counts the
 /// verdict rests on (bios, merged, requests).
-const KEEP_PRIORITY: [u8; 12] = [
+const KEEP_PRIORITY: [u8; 13] = [
     4,  // DEVICE (named in the banner too)
-    12, // CGROUP
-    11, // DIR
-    10, // BIOS
+    13, // CGROUP
+    5,  // NAME (the JSON and the whole-run table keep it)
+    12, // DIR
+    11, // BIOS
     2,  // MiB
-    6,  // CHARGED
-    5,  // THROTTLED
-    9,  // MERGED
-    8,  // REQS
+    7,  // CHARGED
+    6,  // THROTTLED
+    10, // MERGED
+    9,  // REQS
     1,  // REQ MiB
-    7,  // BIOS/REQ
+    8,  // BIOS/REQ
     3,  // AVG REQ
 ];
 
@@ -227,19 +273,6 @@ pub fn fit(rows: &[Row], width: usize, spacing: usize) -> Fitted {
     }
 }
 
-/// `s` in at most `max` characters: its start and its end around a "…".
-pub fn shorten_middle(s: &str, max: usize) -> String {
-    let n = s.chars().count();
-    if n <= max || max < 3 {
-        return s.to_string();
-    }
-    let tail = (max - 1) / 2 + (max - 1) % 2;
-    let head = max - 1 - tail;
-    let start: String = s.chars().take(head).collect();
-    let end: String = s.chars().skip(n - tail).collect();
-    format!("{start}…{end}")
-}
-
 /// Column-aligned plain text of a fitted table (the columns that fit a terminal).
 pub fn render_fitted(f: &Fitted) -> String {
     let line = |cells: &mut dyn Iterator<Item = &str>| {
@@ -279,7 +312,7 @@ pub fn render_text(rows: &[Row]) -> String {
     let mut widths: Vec<usize> = HEADER.iter().map(|h| h.len()).collect();
     for r in rows {
         for (i, c) in r.cells.iter().enumerate() {
-            widths[i] = widths[i].max(c.len());
+            widths[i] = widths[i].max(c.chars().count());
         }
     }
     let line = |cells: &[String]| {
@@ -310,7 +343,12 @@ mod tests {
     use super::*;
 
     fn row(cgroup: &str, nums: [&str; 9]) -> Row {
-        let mut cells = vec!["loop3".to_string(), cgroup.to_string(), "write".to_string()];
+        let mut cells = vec![
+            "loop3".to_string(),
+            cgroup.to_string(),
+            "-".to_string(),
+            "write".to_string(),
+        ];
         cells.extend(nums.iter().map(|n| n.to_string()));
         Row {
             cells,
@@ -363,13 +401,98 @@ mod tests {
         assert_eq!(f.rows[0][1], "/system.slice/mt-test-4242-app-a");
         // At 80 the least needed go first: request MiB before bios.
         let f = fit(&rows, 80, 2);
-        assert!(!f.columns.contains(&9), "REQ MiB kept at 80: {f:?}");
+        assert!(!f.columns.contains(&10), "REQ MiB kept at 80: {f:?}");
     }
 
     #[test]
     fn paths_shorten_in_the_middle() {
         assert_eq!(shorten_middle("/app-a", 16), "/app-a");
-        assert_eq!(shorten_middle("/kubepods.slice/pod1234/ctr-abcdef", 16), "/kubepo…r-abcdef");
+        assert_eq!(shorten_middle("/kubepods.slice/pod1234/ctr-abcdef", 16), "/kubepod…-abcdef");
         assert_eq!(shorten_middle("/kubepods.slice/pod1234/ctr-abcdef", 16).chars().count(), 16);
+    }
+
+    use crate::view::prometheus::tests::{snapshot, write_stats};
+
+    const ID: &str = "3f2a9c1b7d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8";
+
+    #[test]
+    fn names_beside_paths_and_long_paths_shortened() {
+        let k8s = format!(
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod8e1f2a3b_4c5d_4e6f_8a9b_0c1d2e3f4a5b.slice/cri-containerd-{ID}.scope"
+        );
+        let s = snapshot(&[
+            (&k8s, write_stats(32, 1)),
+            ("/mt", write_stats(8, 2)),
+            ("/system.slice/nginx.service", write_stats(4, 4)),
+        ]);
+        let text = render_text(&rows(&s));
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[0].starts_with("DEVICE  CGROUP") && lines[0].contains("  NAME  "),
+            "{text}"
+        );
+        let k = lines.iter().find(|l| l.contains("k8s:")).expect(&text);
+        assert!(
+            k.contains("k8s:burstable/pod 8e1f2a3b…/ctr 3f2a9c1b7d4e"),
+            "{text}"
+        );
+        let cgroup_cell = k.split_whitespace().nth(1).unwrap();
+        // at most PATH_WIDTH: the digits of a number the cut would split are left out whole
+        assert!(cgroup_cell.chars().count() <= PATH_WIDTH, "{cgroup_cell}");
+        assert!(
+            cgroup_cell.chars().count() >= PATH_WIDTH - 8,
+            "{cgroup_cell}"
+        );
+        assert!(cgroup_cell.starts_with("/kubepods.slice/kube") && cgroup_cell.ends_with(".scope"));
+        // the counts are whole, the columns still line up
+        assert!(k.split_whitespace().any(|w| w == "32"), "{k}");
+        assert!(lines
+            .iter()
+            .any(|l| l.contains("/system.slice/nginx.service") && l.contains("svc:nginx")));
+        let mt = lines.iter().find(|l| l.contains("/mt ")).unwrap();
+        assert_eq!(mt.split_whitespace().nth(2), Some("-"), "no name: a dash");
+        let widths: Vec<usize> = lines.iter().map(|l| l.chars().count()).collect();
+        assert!(widths.iter().all(|w| *w <= widths[0] + 4), "{text}");
+        // a verdict line names the cgroup with its name
+        let mut s = s;
+        s.devices[0].cgroups[2].dirs.write.verdict = Some("x".into());
+        assert!(remarks(&s)
+            .iter()
+            .any(|r| r.contains("/system.slice/nginx.service (svc:nginx) write: x")));
+    }
+
+    /// Every run of digits in `short` is a whole run of `long`.
+    fn numbers_whole(long: &str, short: &str) -> bool {
+        let runs = |s: &str| -> Vec<String> {
+            s.split(|c: char| !c.is_ascii_digit())
+                .filter(|r| !r.is_empty())
+                .map(String::from)
+                .collect()
+        };
+        let all = runs(long);
+        runs(short).iter().all(|r| all.contains(r))
+    }
+
+    #[test]
+    fn shorten_middle_keeps_both_ends_and_numbers_whole() {
+        assert_eq!(shorten_middle("abc", 10), "abc");
+        assert_eq!(shorten_middle("abcdefghij", 5), "ab…ij");
+        assert_eq!(shorten_middle("aa123456789bb", 8), "aa…bb");
+        for (s, max) in [
+            (
+                "/user.slice/user-1000.slice/user@1000.service/app.slice/x.scope",
+                20,
+            ),
+            (
+                "k8s:burstable/pod shop/cart-7d4f9-12345/ctr app-20240101",
+                30,
+            ),
+            ("/a/1234567890/b/9876543210/c", 12),
+        ] {
+            let out = shorten_middle(s, max);
+            assert!(out.chars().count() <= max, "{out}");
+            assert!(out.contains('…'), "{out}");
+            assert!(numbers_whole(s, &out), "{s} → {out}");
+        }
     }
 }

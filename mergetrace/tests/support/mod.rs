@@ -1855,11 +1855,15 @@ impl Cgroup {
     /// A child cgroup inside this one (`<parent>/<unique name>`). Declare it after the
     /// parent so it is dropped (removed) first.
     pub fn child(&self) -> Cgroup {
+        self.child_named(&unique_name())
+    }
+
+    /// A child cgroup named `leaf` (`docker-<id>.scope`); removed first like [`Cgroup::child`].
+    pub fn child_named(&self, leaf: &str) -> Cgroup {
         if self.version() == CgroupVersion::V2 {
             enable_io_controller(&self.dir);
         }
-        let leaf = unique_name();
-        let dir = self.dir.join(&leaf);
+        let dir = self.dir.join(leaf);
         fs::create_dir(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
         Cgroup {
             name: format!("{}/{leaf}", self.name),

@@ -179,13 +179,17 @@ fn by_cgroup(
     buckets: &[(u64, u64)],
     pick: impl Fn(&Histograms) -> &BTreeMap<u64, u64>,
 ) -> Vec<(String, Vec<u64>, RGBColor)> {
-    let mut rows: Vec<(&str, Vec<u64>)> = dev
+    let mut rows: Vec<(String, Vec<u64>)> = dev
         .cgroups
         .iter()
         .map(|c| {
             let h = pick(&c.dirs.get(dir).histograms);
             (
-                c.cgroup.as_str(),
+                // the legend says what a container's path is
+                match &c.name {
+                    Some(n) => format!("{} ({})", c.cgroup, n.short),
+                    None => c.cgroup.clone(),
+                },
                 buckets
                     .iter()
                     .map(|(b, _)| h.get(b).copied().unwrap_or(0))
@@ -194,7 +198,7 @@ fn by_cgroup(
         })
         .filter(|(_, v)| v.iter().any(|n| *n > 0))
         .collect();
-    rows.sort_by_key(|(name, v)| (std::cmp::Reverse(v.iter().sum::<u64>()), name.to_string()));
+    rows.sort_by_key(|(name, v)| (std::cmp::Reverse(v.iter().sum::<u64>()), name.clone()));
     let keep = CGROUP_COLORS.len() - 1;
     let mut out: Vec<(String, Vec<u64>, RGBColor)> = Vec::new();
     for (i, (name, v)) in rows.iter().enumerate() {

@@ -184,8 +184,8 @@ fn labelled(
     let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
     for (k, r) in rows {
         for (value, n) in values(r) {
-            let [d, c, dir] = k.labels();
-            let labels = [d, c, dir, (label, value.as_str())];
+            let [d, c, dir, name] = k.labels();
+            let labels = [d, c, dir, name, (label, value.as_str())];
             ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
         }
     }
@@ -266,10 +266,10 @@ mod tests {
             assert!(line.ends_with(&format!(" {n}")), "{line}: want {n}");
         }
         assert!(text.contains(
-            "mergetrace_request_size_bytes_count{device=\"loop3\",cgroup=\"/mt\",direction=\"write\"} 5\n"
+            "mergetrace_request_size_bytes_count{device=\"loop3\",cgroup=\"/mt\",direction=\"write\",name=\"\"} 5\n"
         ), "{text}");
         assert!(text.contains(
-            "mergetrace_request_size_bytes_sum{device=\"loop3\",cgroup=\"/mt\",direction=\"write\"} 393216.0\n"
+            "mergetrace_request_size_bytes_sum{device=\"loop3\",cgroup=\"/mt\",direction=\"write\",name=\"\"} 393216.0\n"
         ), "{text}");
         let b = sample_lines(&text, "mergetrace_bios_per_request_bucket");
         assert_eq!(b.len(), COUNT_BUCKETS);
@@ -290,7 +290,7 @@ mod tests {
         );
         assert!(b[10].contains("le=\"2047\"") && b[10].ends_with(" 4"));
         assert!(b[11].contains("le=\"+Inf\"") && b[11].ends_with(" 4"));
-        assert!(text.contains("mergetrace_bios_per_request_sum{device=\"loop3\",cgroup=\"/mt\",direction=\"write\"} 96.0\n"));
+        assert!(text.contains("mergetrace_bios_per_request_sum{device=\"loop3\",cgroup=\"/mt\",direction=\"write\",name=\"\"} 96.0\n"));
         assert!(text.contains("# TYPE mergetrace_request_size_bytes histogram\n"));
 
         // a parser agrees
@@ -317,7 +317,7 @@ mod tests {
         let mut m = Model::new(10, "tracepoint");
         m.update(&snapshot(&[(nasty, write_stats(8, 2))]));
         let text = m.render();
-        let want = r#"mergetrace_bios_total{device="loop3",cgroup="/we\"ird\\name\nx",direction="write"} 8"#;
+        let want = r#"mergetrace_bios_total{device="loop3",cgroup="/we\"ird\\name\nx",direction="write",name=""} 8"#;
         assert!(text.contains(want), "want {want} in:\n{text}");
         // no raw newline or quote breaks a sample line
         for l in text.lines() {
@@ -363,13 +363,13 @@ mod tests {
         let mut m = Model::new(10, "tracepoint");
         m.update(&s);
         let text = m.render();
-        let l = "{device=\"loop3\",cgroup=\"/mt\",direction=\"write\"}";
+        let l = "{device=\"loop3\",cgroup=\"/mt\",direction=\"write\",name=\"\"}";
         for (ty, family, line) in [
             ("gauge", "mergetrace_info", "mergetrace_info{tier=\"tracepoint\",version=\"0.1.0\"} 1".to_string()),
             ("counter", "mergetrace_bios_total", format!("mergetrace_bios_total{l} 32")),
             ("counter", "mergetrace_bio_bytes_total", format!("mergetrace_bio_bytes_total{l} 131072")),
-            ("counter", "mergetrace_merged_total", "mergetrace_merged_total{device=\"loop3\",cgroup=\"/mt\",direction=\"write\",path=\"plug\"} 31".into()),
-            ("counter", "mergetrace_merged_total", "mergetrace_merged_total{device=\"loop3\",cgroup=\"/mt\",direction=\"write\",path=\"unknown\"} 0".into()),
+            ("counter", "mergetrace_merged_total", "mergetrace_merged_total{device=\"loop3\",cgroup=\"/mt\",direction=\"write\",name=\"\",path=\"plug\"} 31".into()),
+            ("counter", "mergetrace_merged_total", "mergetrace_merged_total{device=\"loop3\",cgroup=\"/mt\",direction=\"write\",name=\"\",path=\"unknown\"} 0".into()),
             ("counter", "mergetrace_requests_total", format!("mergetrace_requests_total{l} 1")),
             ("counter", "mergetrace_request_bytes_total", format!("mergetrace_request_bytes_total{l} 131072")),
             ("counter", "mergetrace_splits_total", format!("mergetrace_splits_total{l} 0")),
@@ -378,7 +378,7 @@ mod tests {
             ("counter", "mergetrace_throttled_bios_total", format!("mergetrace_throttled_bios_total{l} 5")),
             ("counter", "mergetrace_throttle_delay_seconds_total", format!("mergetrace_throttle_delay_seconds_total{l} 1.5")),
             ("gauge", "mergetrace_throttle_delay_estimated", format!("mergetrace_throttle_delay_estimated{l} 1")),
-            ("counter", "mergetrace_cloud_meter_units_total", "mergetrace_cloud_meter_units_total{device=\"loop3\",cgroup=\"/mt\",direction=\"write\",unit_bytes=\"262144\"} 1".into()),
+            ("counter", "mergetrace_cloud_meter_units_total", "mergetrace_cloud_meter_units_total{device=\"loop3\",cgroup=\"/mt\",direction=\"write\",name=\"\",unit_bytes=\"262144\"} 1".into()),
             ("gauge", "mergetrace_throttle_limit_iops", format!("mergetrace_throttle_limit_iops{l} 500")),
             ("gauge", "mergetrace_throttle_limit_bytes_per_second", format!("mergetrace_throttle_limit_bytes_per_second{l} 1048576")),
             ("counter", "mergetrace_lost_events_total", "mergetrace_lost_events_total{kind=\"rq_issue\"} 3".into()),

@@ -11,6 +11,11 @@
 //!   merges are what is left after the traced paths) and dip while I/O is in flight; a dip
 //!   would look like a counter reset to Prometheus.
 //!   A series, once exported, stays exported.
+//!
+//! Each series also has a `name` label, the cgroup's readable name (`docker:3f2a9c1b7d4e`,
+//! `svc:nginx`; empty when the path is none of the known kinds): one per cgroup label, the
+//! first one seen kept for the process's life (a name the runtime's files add later would
+//! otherwise start a second series), so it adds no series of its own.
 mod exposition;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -36,14 +41,17 @@ pub struct SeriesKey {
     pub device: String,
     pub cgroup: String,
     pub direction: &'static str,
+    /// The cgroup's readable name: fixed by `cgroup` (see the module's comment).
+    pub name: String,
 }
 
 impl SeriesKey {
-    fn labels(&self) -> [(&'static str, &str); 3] {
+    fn labels(&self) -> [(&'static str, &str); 4] {
         [
             ("device", self.device.as_str()),
             ("cgroup", self.cgroup.as_str()),
             ("direction", self.direction),
+            ("name", self.name.as_str()),
         ]
     }
 }
@@ -239,8 +247,9 @@ impl Row {
 #[derive(Debug, Clone)]
 pub struct Model {
     max_cgroups: usize,
-    /// Cgroup paths with a label of their own (sticky, at most `max_cgroups`).
-    admitted: BTreeSet<String>,
+    /// Cgroup paths with a label of their own (sticky, at most `max_cgroups`), and the
+    /// readable name each was first seen with.
+    admitted: BTreeMap<String, String>,
     /// Cgroup paths summed into `(other)`.
     folded: BTreeSet<String>,
     pub rows: BTreeMap<SeriesKey, Row>,
@@ -253,7 +262,7 @@ impl Model {
     pub fn new(max_cgroups: usize, tier: &str) -> Model {
         Model {
             max_cgroups: max_cgroups.max(1),
-            admitted: BTreeSet::new(),
+            admitted: BTreeMap::new(),
             folded: BTreeSet::new(),
             rows: BTreeMap::new(),
             lost: (0..LOST_SLOTS)
@@ -263,18 +272,18 @@ impl Model {
         }
     }
 
-    /// The label of cgroup `path`: its own while there is room or it already has one,
-    /// `(other)` otherwise.
-    pub fn cgroup_label(&mut self, path: &str) -> String {
-        if self.admitted.contains(path) {
-            return path.to_string();
+    /// The labels (cgroup, name) of cgroup `path`: its own while there is room or it already
+    /// has one, with the name it was first seen with; `(other)` and no name otherwise.
+    pub fn cgroup_label(&mut self, path: &str, name: &str) -> (String, String) {
+        if let Some(first) = self.admitted.get(path) {
+            return (path.to_string(), first.clone());
         }
         if !self.folded.contains(path) && self.admitted.len() < self.max_cgroups {
-            self.admitted.insert(path.to_string());
-            return path.to_string();
+            self.admitted.insert(path.to_string(), name.to_string());
+            return (path.to_string(), name.to_string());
         }
         self.folded.insert(path.to_string());
-        OTHER.to_string()
+        (OTHER.to_string(), String::new())
     }
 
     /// Cgroups summed into `(other)` so far.
@@ -290,7 +299,8 @@ impl Model {
                 if cg.dirs.is_empty() {
                     continue;
                 }
-                let label = self.cgroup_label(&cg.cgroup);
+                let short = cg.name.as_ref().map_or("", |n| n.short.as_str());
+                let (label, name) = self.cgroup_label(&cg.cgroup, short);
                 for dir in Dir::ALL {
                     let st = cg.dirs.get(dir);
                     if st.is_empty() {
@@ -305,6 +315,7 @@ impl Model {
                         device: d.device.clone(),
                         cgroup: label.clone(),
                         direction: dir.name(),
+                        name: name.clone(),
                     })
                     .or_default()
                     .add(&r);
@@ -373,6 +384,7 @@ pub(super) mod tests {
                         cgroup: path.to_string(),
                         cgroup_id: i as u64 + 10,
                         gone: false,
+                        name: crate::sys::container::readable(path),
                         dirs: Directions {
                             write: st.clone(),
                             ..Default::default()
@@ -417,12 +429,12 @@ pub(super) mod tests {
         ]));
         let text = m.render();
         assert!(text.contains(
-            "mergetrace_bios_total{device=\"loop3\",cgroup=\"/a\",direction=\"write\"} 10\n"
+            "mergetrace_bios_total{device=\"loop3\",cgroup=\"/a\",direction=\"write\",name=\"\"} 10\n"
         ));
         assert!(text.contains(
-            "mergetrace_bios_total{device=\"loop3\",cgroup=\"/b\",direction=\"write\"} 20\n"
+            "mergetrace_bios_total{device=\"loop3\",cgroup=\"/b\",direction=\"write\",name=\"\"} 20\n"
         ));
-        assert!(text.contains("mergetrace_bios_total{device=\"loop3\",cgroup=\"(other)\",direction=\"write\"} 70\n"), "{text}");
+        assert!(text.contains("mergetrace_bios_total{device=\"loop3\",cgroup=\"(other)\",direction=\"write\",name=\"\"} 70\n"), "{text}");
         assert!(!text.contains("cgroup=\"/c\""));
         assert!(text.contains("mergetrace_cgroups_folded 2\n"));
         // A new cgroup later sorts first, but the labels handed out stay: /aa goes to (other).
@@ -435,9 +447,9 @@ pub(super) mod tests {
         ]));
         let text = m.render();
         assert!(text.contains(
-            "mergetrace_bios_total{device=\"loop3\",cgroup=\"/a\",direction=\"write\"} 11\n"
+            "mergetrace_bios_total{device=\"loop3\",cgroup=\"/a\",direction=\"write\",name=\"\"} 11\n"
         ));
-        assert!(text.contains("mergetrace_bios_total{device=\"loop3\",cgroup=\"(other)\",direction=\"write\"} 75\n"), "{text}");
+        assert!(text.contains("mergetrace_bios_total{device=\"loop3\",cgroup=\"(other)\",direction=\"write\",name=\"\"} 75\n"), "{text}");
         assert!(text.contains("mergetrace_cgroups_folded 3\n"));
         let labels: BTreeSet<&str> = m.rows.keys().map(|k| k.cgroup.as_str()).collect();
         assert_eq!(labels, BTreeSet::from(["/a", "/b", OTHER]));
@@ -447,11 +459,40 @@ pub(super) mod tests {
             device: "loop3".into(),
             cgroup: "/a".into(),
             direction: "write",
+            name: String::new(),
         };
         assert_eq!(m.rows[&k].requests, 1);
         assert_eq!(m.rows[&k].bios, 11);
         // (other) keeps its series even when nothing folded shows up in a scrape
         assert!(m.render().contains("cgroup=\"(other)\""));
+    }
+
+    #[test]
+    fn names_are_a_label_fixed_per_cgroup() {
+        let id = "3f2a9c1b7d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8";
+        let path = format!("/system.slice/docker-{id}.scope");
+        let mut m = Model::new(10, "tracepoint");
+        m.update(&snapshot(&[
+            (&path, write_stats(4, 1)),
+            ("/mt", write_stats(2, 1)),
+        ]));
+        let want = |n: u64| {
+            format!("mergetrace_bios_total{{device=\"loop3\",cgroup=\"{path}\",direction=\"write\",name=\"docker:3f2a9c1b7d4e\"}} {n}\n")
+        };
+        let text = m.render();
+        assert!(text.contains(&want(4)), "{text}");
+        assert!(
+            text.contains("cgroup=\"/mt\",direction=\"write\",name=\"\"} 2\n"),
+            "{text}"
+        );
+        // A name the runtime's files give later does not start a second series.
+        let mut s = snapshot(&[(&path, write_stats(5, 1))]);
+        s.devices[0].cgroups[0].name.as_mut().unwrap().short = "docker:web (3f2a9c1b7d4e)".into();
+        m.update(&s);
+        let text = m.render();
+        assert!(text.contains(&want(5)), "{text}");
+        assert!(!text.contains("docker:web"), "{text}");
+        assert_eq!(sample_lines(&text, "mergetrace_bios_total{").len(), 2);
     }
 
     #[test]
@@ -462,7 +503,7 @@ pub(super) mod tests {
         let mut m = Model::new(10, "tracepoint");
         m.update(&snapshot(&[("/a", write_stats(4, 4)), ("/b", waited)]));
         let text = m.render();
-        assert!(text.contains("mergetrace_throttle_delay_seconds_total{device=\"loop3\",cgroup=\"/a\",direction=\"write\"} 0.0\n"), "{text}");
+        assert!(text.contains("mergetrace_throttle_delay_seconds_total{device=\"loop3\",cgroup=\"/a\",direction=\"write\",name=\"\"} 0.0\n"), "{text}");
         assert!(
             !text
                 .contains("mergetrace_throttle_delay_seconds_total{device=\"loop3\",cgroup=\"/b\""),
