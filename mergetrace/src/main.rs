@@ -40,6 +40,9 @@ enum Command {
     /// Run the built-in O_DIRECT workload (used by `demo` and the tests; no fio needed).
     #[command(hide = true, name = "__workload")]
     Workload(commands::workload::WorkloadArgs),
+    /// Write the man pages and shell completions (used by `cargo xtask dist`).
+    #[command(hide = true, name = "__docs")]
+    Docs(commands::docs::DocsArgs),
 }
 
 fn main() {
@@ -60,6 +63,9 @@ fn main() {
         match cli.command {
             None => commands::live::run(cli.live).await,
             Some(Command::Workload(w)) => commands::workload::run(&w),
+            Some(Command::Docs(d)) => {
+                commands::docs::run(&d, <Cli as clap::CommandFactory>::command())
+            }
             Some(Command::Demo(d)) => commands::demo::run(&d),
             Some(Command::Check(c)) => commands::check::run(&c),
             Some(Command::Record(r)) => commands::record::run(r).await,
@@ -85,6 +91,24 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn man_pages_and_completions_come_from_the_cli() {
+        let dir = tempfile::tempdir().unwrap();
+        let args = commands::docs::DocsArgs {
+            out: dir.path().to_path_buf(),
+        };
+        commands::docs::run(&args, Cli::command()).unwrap();
+        let man = |n: &str| std::fs::read_to_string(dir.path().join("man/man1").join(n)).unwrap();
+        assert!(man("mergetrace.1").contains("blk\\-throttle"), "{}", man("mergetrace.1"));
+        let check = man("mergetrace-check.1");
+        assert!(check.contains("merge checklist"), "{check}");
+        assert!(!dir.path().join("man/man1/mergetrace-__workload.1").exists());
+        for f in ["mergetrace.bash", "_mergetrace", "mergetrace.fish"] {
+            let c = std::fs::read_to_string(dir.path().join("completions").join(f)).unwrap();
+            assert!(c.contains("meter-unit"), "{f}");
+        }
     }
 
     #[test]

@@ -10,6 +10,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod dist;
 mod lab;
 
 #[derive(Parser, Debug)]
@@ -50,6 +51,9 @@ enum Task {
     /// live view, record, bpftrace and perf (interleaved rounds), BPF cost per event, and the
     /// offline report speed and capture size. Prints a table, writes JSON. Needs root.
     Bench(bench::BenchArgs),
+    /// Build what a machine without a toolchain installs: a static binary, man pages, shell
+    /// completions and a systemd unit, as a tarball and a .deb (target/dist).
+    Dist(dist::DistArgs),
 }
 
 /// The workspace root: xtask lives one level below it.
@@ -124,6 +128,7 @@ fn main() -> ExitCode {
         Task::Build { cargo_args } => build(&restore_separator(&raw, cargo_args)),
         Task::Lab(args) => lab::lab(args),
         Task::Bench(args) => bench::bench(args),
+        Task::Dist(args) => dist::run(&args).map(|()| ExitCode::SUCCESS),
     };
     result.unwrap_or_else(|e| {
         eprintln!("cargo xtask: error: {e:#}");

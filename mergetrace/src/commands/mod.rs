@@ -2,6 +2,7 @@
 //! never another command.
 pub mod check;
 pub mod demo;
+pub mod docs;
 pub mod export;
 pub mod live;
 pub mod record;
