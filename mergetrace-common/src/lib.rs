@@ -123,6 +123,23 @@ pub struct Modes {
     pub _pad: u32,
 }
 
+impl Modes {
+    /// Counting in the kernel, no events (live view, exporter, demo).
+    pub const COUNTING: Modes = Modes {
+        aggregate: 1,
+        emit: 0,
+        merge_path_from_stack: 0,
+        _pad: 0,
+    };
+    /// Every event to the ring buffer, no counting (capture).
+    pub const EMITTING: Modes = Modes {
+        aggregate: 0,
+        emit: 1,
+        merge_path_from_stack: 0,
+        _pad: 0,
+    };
+}
+
 /// How many disks one run can trace.
 pub const MAX_DEVICES: usize = 16;
 

@@ -101,7 +101,11 @@ mod tests {
         };
         commands::docs::run(&args, Cli::command()).unwrap();
         let man = |n: &str| std::fs::read_to_string(dir.path().join("man/man1").join(n)).unwrap();
-        assert!(man("mergetrace.1").contains("blk\\-throttle"), "{}", man("mergetrace.1"));
+        assert!(
+            man("mergetrace.1").contains("blk\\-throttle"),
+            "{}",
+            man("mergetrace.1")
+        );
         let check = man("mergetrace-check.1");
         assert!(check.contains("merge checklist"), "{check}");
         assert!(!dir.path().join("man/man1/mergetrace-__workload.1").exists());

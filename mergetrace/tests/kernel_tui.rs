@@ -20,7 +20,16 @@ impl Tmux {
     fn start(width: u16, command: &str) -> Tmux {
         let session = format!("mt-tui-{}-{width}", std::process::id());
         let ok = Command::new("tmux")
-            .args(["new-session", "-d", "-s", &session, "-x", &width.to_string(), "-y", "50"])
+            .args([
+                "new-session",
+                "-d",
+                "-s",
+                &session,
+                "-x",
+                &width.to_string(),
+                "-y",
+                "50",
+            ])
             .arg(command)
             .status()
             .expect("tmux runs (scripts/setup --test installs it)");
@@ -74,9 +83,9 @@ fn bios_after(screen: &str, marker: &str, leaf: &str) -> Option<u64> {
     let col = header.split_whitespace().position(|h| h == "BIOS")?;
     // A narrow table shortens the path in the middle: its end names the cgroup.
     let tail = &leaf[leaf.len().saturating_sub(8)..];
-    let row = table.lines().find(|l| {
-        l.split_whitespace().any(|c| c.ends_with(tail)) && l.contains("write")
-    })?;
+    let row = table
+        .lines()
+        .find(|l| l.split_whitespace().any(|c| c.ends_with(tail)) && l.contains("write"))?;
     row.split_whitespace().nth(col)?.parse().ok()
 }
 

@@ -29,6 +29,26 @@ pub struct TraceArgs {
     pub ebpf_log: bool,
 }
 
+impl TraceArgs {
+    /// What the kernel side is loaded with for these flags: the tier, the meter units, the
+    /// log forwarding; the caller picks the modes, the ring and whether to keep statistics.
+    pub fn kernel_options(
+        &self,
+        modes: mergetrace_common::Modes,
+        ring_bytes: u32,
+        stats: bool,
+    ) -> crate::kernel::Options {
+        crate::kernel::Options {
+            ring_bytes,
+            tier: self.tier,
+            modes,
+            meter_units: crate::model::aggregate::meter_units(&self.meter_unit),
+            stats,
+            ebpf_log: self.ebpf_log,
+        }
+    }
+}
+
 /// How long a run lasts, how often it reports, and the ring its events cross (live, record).
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {

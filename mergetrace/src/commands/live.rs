@@ -14,7 +14,7 @@ use crate::{
         stop::Stop,
     },
     kernel::{self, monotonic_ns},
-    model::aggregate::{self, Window},
+    model::aggregate::Window,
     model::snapshot::{self, SnapshotKind},
     sys::{
         cgroups::Cgroups,
@@ -61,18 +61,9 @@ pub async fn run(args: LiveArgs) -> Result<()> {
     let meter_units = args.trace.meter_unit.clone();
     let session = kernel::Session::start(
         &devices,
-        &kernel::Options {
-            ring_bytes: args.run.ring_mib << 20,
-            tier: args.trace.tier,
-            modes: Modes {
-                aggregate: 1,
-                emit: 0,
-                ..Modes::default()
-            },
-            meter_units: aggregate::meter_units(&meter_units),
-            stats: args.stats,
-            ebpf_log: args.trace.ebpf_log,
-        },
+        &args
+            .trace
+            .kernel_options(Modes::COUNTING, args.run.ring_mib << 20, args.stats),
     )?;
     let start = monotonic_ns();
     let tier = session.tier.clone();

@@ -22,7 +22,6 @@ use crate::{
         stop::Stop,
     },
     kernel::{self, collector},
-    model::aggregate,
     model::limits,
     sys::{
         cgroups::{Cgroups, Hierarchy},
@@ -202,18 +201,9 @@ pub async fn run(args: RecordArgs) -> Result<()> {
     let probe_header = header("", &devices, &cgroups, &args.trace.meter_unit);
     let mut session = kernel::Session::start(
         &devices,
-        &kernel::Options {
-            ring_bytes: args.run.ring_mib << 20,
-            tier: args.trace.tier,
-            modes: Modes {
-                aggregate: 0,
-                emit: 1,
-                ..Modes::default()
-            },
-            meter_units: aggregate::meter_units(&args.trace.meter_unit),
-            stats: false,
-            ebpf_log: args.trace.ebpf_log,
-        },
+        &args
+            .trace
+            .kernel_options(Modes::EMITTING, args.run.ring_mib << 20, false),
     )?;
     let mut h = probe_header;
     h.tier = session.tier.kind.name().to_string();

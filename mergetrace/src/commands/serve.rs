@@ -26,7 +26,6 @@ use crate::{
     },
     kernel::{self, monotonic_ns},
     model::{
-        aggregate,
         limits::Effective,
         meter::SplitLimits,
         snapshot::{self, Lookup, SnapshotKind},
@@ -188,18 +187,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     }
     let session = kernel::Session::start(
         &devices,
-        &kernel::Options {
-            ring_bytes: 4096,
-            tier: args.trace.tier,
-            modes: Modes {
-                aggregate: 1,
-                emit: 0,
-                ..Modes::default()
-            },
-            meter_units: aggregate::meter_units(&args.trace.meter_unit),
-            stats: false,
-            ebpf_log: args.trace.ebpf_log,
-        },
+        &args.trace.kernel_options(Modes::COUNTING, 4096, false),
     )?;
     let start_ns = monotonic_ns();
     for line in banner::lines(&devices, &session, &cgroups) {

@@ -468,11 +468,7 @@ impl Session {
 /// verifier's first line.
 pub fn fentry_allowed(btf: &Btf) -> Result<Option<&'static str>, String> {
     let (hook, p) = hooks::fentry_probe(btf)?;
-    let modes = Modes {
-        aggregate: 1,
-        emit: 0,
-        ..Modes::default()
-    };
+    let modes = Modes::COUNTING;
     let refused = |e: &anyhow::Error| errno(e) == Some(libc::EPERM);
     let traced = TracedDevices::default();
     let mut loaded = match load_object(modes, MIN_RING_BYTES, &MeterUnits::default(), &traced) {

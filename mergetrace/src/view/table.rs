@@ -360,7 +360,10 @@ mod tests {
         vec![
             row(
                 "/system.slice/mt-test-4242-app-a",
-                ["3100032", "12109.5", "3100032", "0", "3003031", "97001", "12109.5", "32.0", "128 KiB"],
+                [
+                    "3100032", "12109.5", "3100032", "0", "3003031", "97001", "12109.5", "32.0",
+                    "128 KiB",
+                ],
             ),
             row(
                 "/system.slice/mt-test-4242-app-b",
@@ -389,7 +392,11 @@ mod tests {
             // The two cgroups differ only at the end: they stay apart.
             let cg = f.columns.iter().position(|&i| i == CGROUP).unwrap();
             assert_ne!(f.rows[0][cg], f.rows[1][cg], "{width}: {f:?}");
-            assert!(f.rows[0][cg].ends_with("app-a"), "{width}: {}", f.rows[0][cg]);
+            assert!(
+                f.rows[0][cg].ends_with("app-a"),
+                "{width}: {}",
+                f.rows[0][cg]
+            );
             for must in ["CGROUP", "DIR", "BIOS", "MERGED", "REQS"] {
                 let i = HEADER.iter().position(|h| *h == must).unwrap();
                 assert!(f.columns.contains(&i), "{width}: {must} dropped; {f:?}");
@@ -407,8 +414,16 @@ mod tests {
     #[test]
     fn paths_shorten_in_the_middle() {
         assert_eq!(shorten_middle("/app-a", 16), "/app-a");
-        assert_eq!(shorten_middle("/kubepods.slice/pod1234/ctr-abcdef", 16), "/kubepod…-abcdef");
-        assert_eq!(shorten_middle("/kubepods.slice/pod1234/ctr-abcdef", 16).chars().count(), 16);
+        assert_eq!(
+            shorten_middle("/kubepods.slice/pod1234/ctr-abcdef", 16),
+            "/kubepod…-abcdef"
+        );
+        assert_eq!(
+            shorten_middle("/kubepods.slice/pod1234/ctr-abcdef", 16)
+                .chars()
+                .count(),
+            16
+        );
     }
 
     use crate::view::prometheus::tests::{snapshot, write_stats};

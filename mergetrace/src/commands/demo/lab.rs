@@ -263,11 +263,7 @@ impl Lab {
             &kernel::Options {
                 ring_bytes: 4096,
                 tier,
-                modes: Modes {
-                    aggregate: 1,
-                    emit: 0,
-                    ..Modes::default()
-                },
+                modes: Modes::COUNTING,
                 meter_units: aggregate::meter_units(&aggregate::DEFAULT_METER_UNITS),
                 stats: false,
                 ebpf_log: false,
