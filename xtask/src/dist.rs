@@ -39,7 +39,14 @@ Restart=on-failure
 AmbientCapabilities=CAP_BPF CAP_PERFMON CAP_SYS_RESOURCE
 CapabilityBoundingSet=CAP_BPF CAP_PERFMON CAP_SYS_RESOURCE CAP_SYS_ADMIN
 NoNewPrivileges=yes
+# It only reads: the file system, /sys and /proc stay read-only or hidden.
+ProtectSystem=strict
 ProtectHome=yes
+PrivateTmp=yes
+ProtectKernelModules=yes
+ProtectControlGroups=yes
+RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX
+LockPersonality=yes
 
 [Install]
 WantedBy=multi-user.target
@@ -72,7 +79,9 @@ pub fn run(args: &DistArgs) -> Result<()> {
         );
     }
     fs::create_dir_all(share.join("systemd"))?;
-    fs::write(share.join("systemd/mergetrace-serve.service"), SERVICE)?;
+    let unit = share.join("systemd/mergetrace-serve.service");
+    fs::write(&unit, SERVICE)?;
+    verify_unit(&unit, &stage.join("bin/mergetrace"))?;
     fs::copy(root.join("README.md"), stage.join("README.md"))?;
 
     let tarball = out.join(format!("{name}.tar.gz"));
@@ -126,6 +135,32 @@ fn check_static(bin: &Path) -> Result<()> {
         v.status.success() && String::from_utf8_lossy(&v.stdout).starts_with("mergetrace "),
         "the static binary does not run: {}",
         String::from_utf8_lossy(&v.stderr)
+    );
+    Ok(())
+}
+
+/// `systemd-analyze verify` on the unit, with ExecStart pointed at the staged binary (the
+/// installed path does not exist here). Skipped with a note where systemd is not installed.
+fn verify_unit(unit: &Path, bin: &Path) -> Result<()> {
+    if Command::new("systemd-analyze").arg("--version").output().is_err() {
+        eprintln!("dist: systemd-analyze is not installed: the unit file is not verified");
+        return Ok(());
+    }
+    let dir = unit.parent().expect("the unit is in a directory").join("verify");
+    fs::create_dir_all(&dir)?;
+    let copy = dir.join("mergetrace-serve.service");
+    let text = SERVICE.replace("/usr/bin/mergetrace", &bin.display().to_string());
+    fs::write(&copy, text)?;
+    let out = Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(&copy)
+        .output()
+        .context("cannot run systemd-analyze")?;
+    let _ = fs::remove_dir_all(&dir);
+    let said = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        out.status.success() && !said.contains("mergetrace-serve.service:"),
+        "systemd-analyze verify rejects the unit: {said}"
     );
     Ok(())
 }
