@@ -4,12 +4,12 @@
 //! counted in the `COUNTS` hash map. User space gives every key it finds there a slot, at most
 //! `MAX_SLOTS`; what the hash map counted before stays there and is added to the slot's.
 //!
-//! A slot can be taken back (`Slots::reclaim`): its counters are returned, the slot zeroed and
-//! its generation bumped so that a stale per-CPU cache entry stops pointing at it.
+//! Each slot has a generation (`SLOT_GEN`) the programs check, so that a slot can later be given
+//! to another key (a removed cgroup's) without a stale per-CPU cache entry counting into it.
 use std::collections::HashMap;
 
 use anyhow::{Context, Result};
-use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuValues};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray};
 use mergetrace_common::{CountKey, Counters, SlotRef, MAX_SLOTS};
 
 pub struct Slots {
@@ -18,7 +18,7 @@ pub struct Slots {
     counters: PerCpuArray<MapData, Counters>,
     /// The keys with a slot, and the slot.
     by_key: HashMap<CountKey, SlotRef>,
-    /// Slots never given or taken back, and each slot's generation.
+    /// Slots not given yet, and each slot's generation.
     free: Vec<u32>,
     gens: Vec<u32>,
 }
@@ -37,11 +37,6 @@ impl Slots {
             free: (0..MAX_SLOTS).rev().collect(),
             gens: vec![0; MAX_SLOTS as usize],
         }
-    }
-
-    /// Keys with a slot.
-    pub fn len(&self) -> usize {
-        self.by_key.len()
     }
 
     /// Every key's counters so far: what the `COUNTS` hash map counted (before the key had a
@@ -107,28 +102,5 @@ impl Slots {
             sum.add(c);
         }
         Ok(sum)
-    }
-
-    /// Takes `key`'s slot back and returns what it counted. The mapping goes first and the
-    /// generation moves on, so no program counts into the slot after it was read; then it is
-    /// zeroed for its next key.
-    pub fn reclaim(&mut self, key: &CountKey) -> Result<Option<Counters>> {
-        let Some(r) = self.by_key.remove(key) else {
-            return Ok(None);
-        };
-        let _ = self.slot_of.remove(key);
-        let next = r.gen.wrapping_add(1).max(1);
-        self.gens[r.slot as usize] = next;
-        self.generation
-            .set(r.slot, next, 0)
-            .context("cannot write the SLOT_GEN map")?;
-        let counted = self.read_slot(r.slot)?;
-        let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
-        let zeros = PerCpuValues::try_from(vec![Counters::default(); cpus])?;
-        self.counters
-            .set(r.slot, zeros, 0)
-            .context("cannot zero a COUNTERS slot")?;
-        self.free.push(r.slot);
-        Ok(Some(counted))
     }
 }
