@@ -164,19 +164,15 @@ impl Loaded {
             if !done.insert(p.name) {
                 continue;
             }
-            // The function's spellings, newest first (rows carrying the same program).
-            let spellings: Vec<&Hook> = hooks::programs_of(TierKind::Fentry)
-                .filter(|(_, q)| q.name == p.name)
-                .map(|(h, _)| h)
-                .collect();
-            let Some(hook) = spellings.iter().find(|h| self.btf.has_function(h.name)) else {
-                let names: Vec<&str> = spellings.iter().map(|h| h.name).collect();
-                self.notes.push(format!(
-                    "kernel function {} is not traceable here (inlined or renamed): {} not attached",
-                    names.join(" or "),
-                    p.name
-                ));
-                continue;
+            let hook = match hooks::function_for(&self.btf, p.name) {
+                Ok(hook) => hook,
+                Err(names) => {
+                    self.notes.push(format!(
+                        "kernel function {names} is not traceable here (inlined or renamed): {} not attached",
+                        p.name
+                    ));
+                    continue;
+                }
             };
             let what = if p.attach == Attach::Fexit {
                 "fexit"

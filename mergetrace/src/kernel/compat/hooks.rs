@@ -419,24 +419,34 @@ pub fn required_tracepoints() -> impl Iterator<Item = &'static str> {
         .map(|h| h.name)
 }
 
+/// The function a fentry-tier program attaches to on this kernel: the first of the rows that
+/// carry it (its function's spellings, newest first) that the kernel's BTF has. `Err`: every
+/// spelling, joined by "or", none of them present.
+pub fn function_for(btf: &Btf, program: &str) -> Result<&'static Hook, String> {
+    let spellings: Vec<&'static Hook> = programs_of(TierKind::Fentry)
+        .filter(|(_, p)| p.name == program)
+        .map(|(h, _)| h)
+        .collect();
+    spellings
+        .iter()
+        .find(|h| btf.has_function(h.name))
+        .copied()
+        .ok_or_else(|| {
+            let names: Vec<&str> = spellings.iter().map(|h| h.name).collect();
+            names.join(" or ")
+        })
+}
+
 /// What `check` loads to learn whether the kernel allows fentry: the fentry tier's first
-/// fentry program, on the function a real run attaches it to (the first of its spellings this
-/// kernel has). `Err`: the kernel has none of them, named.
+/// fentry program, on the function a real run attaches it to ([`function_for`]). `Err`: the
+/// kernel has none of its spellings, named.
 pub fn fentry_probe(btf: &Btf) -> Result<(&'static Hook, &'static Program), String> {
     let (_, first) = programs_of(TierKind::Fentry)
         .find(|(_, p)| p.attach == Attach::Fentry)
         .expect("the hook table has an fentry program");
-    let spellings: Vec<_> = programs_of(TierKind::Fentry)
-        .filter(|(_, p)| p.name == first.name)
-        .collect();
-    spellings
-        .iter()
-        .find(|(h, _)| btf.has_function(h.name))
-        .copied()
-        .ok_or_else(|| {
-            let names: Vec<&str> = spellings.iter().map(|(h, _)| h.name).collect();
-            format!("{} is not in this kernel's BTF", names.join(" or "))
-        })
+    function_for(btf, first.name)
+        .map(|hook| (hook, first))
+        .map_err(|names| format!("{names} is not in this kernel's BTF"))
 }
 
 /// The object's name for `p` on this kernel: its variant's where the running kernel's
