@@ -125,8 +125,12 @@ fn build_static(root: &Path) -> Result<PathBuf> {
 
 /// The binary needs no shared library and runs.
 fn check_static(bin: &Path) -> Result<()> {
-    let ldd = Command::new("ldd").arg(bin).output().context("cannot run ldd")?;
-    let said = String::from_utf8_lossy(&ldd.stdout).to_string() + &String::from_utf8_lossy(&ldd.stderr);
+    let ldd = Command::new("ldd")
+        .arg(bin)
+        .output()
+        .context("cannot run ldd")?;
+    let said =
+        String::from_utf8_lossy(&ldd.stdout).to_string() + &String::from_utf8_lossy(&ldd.stderr);
     if !said.contains("not a dynamic executable") && !said.contains("statically linked") {
         bail!("{} is not static; ldd says: {said}", bin.display());
     }
@@ -142,11 +146,18 @@ fn check_static(bin: &Path) -> Result<()> {
 /// `systemd-analyze verify` on the unit, with ExecStart pointed at the staged binary (the
 /// installed path does not exist here). Skipped with a note where systemd is not installed.
 fn verify_unit(unit: &Path, bin: &Path) -> Result<()> {
-    if Command::new("systemd-analyze").arg("--version").output().is_err() {
+    if Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
         eprintln!("dist: systemd-analyze is not installed: the unit file is not verified");
         return Ok(());
     }
-    let dir = unit.parent().expect("the unit is in a directory").join("verify");
+    let dir = unit
+        .parent()
+        .expect("the unit is in a directory")
+        .join("verify");
     fs::create_dir_all(&dir)?;
     let copy = dir.join("mergetrace-serve.service");
     let text = SERVICE.replace("/usr/bin/mergetrace", &bin.display().to_string());
@@ -178,13 +189,19 @@ fn debian_package(stage: &Path, out: &Path, version: &str) -> Result<PathBuf> {
     copy("bin/mergetrace", "usr/bin/mergetrace")?;
     for entry in fs::read_dir(stage.join("share/man/man1"))? {
         let name = entry?.file_name().to_string_lossy().to_string();
-        copy(&format!("share/man/man1/{name}"), &format!("usr/share/man/man1/{name}"))?;
+        copy(
+            &format!("share/man/man1/{name}"),
+            &format!("usr/share/man/man1/{name}"),
+        )?;
     }
     copy(
         "share/completions/mergetrace.bash",
         "usr/share/bash-completion/completions/mergetrace",
     )?;
-    copy("share/completions/_mergetrace", "usr/share/zsh/vendor-completions/_mergetrace")?;
+    copy(
+        "share/completions/_mergetrace",
+        "usr/share/zsh/vendor-completions/_mergetrace",
+    )?;
     copy(
         "share/completions/mergetrace.fish",
         "usr/share/fish/vendor_completions.d/mergetrace.fish",
@@ -209,7 +226,10 @@ fn debian_package(stage: &Path, out: &Path, version: &str) -> Result<PathBuf> {
         .args(["--root-owner-group", "--build"])
         .arg(&pkg)
         .arg(&deb))?;
-    let listing = Command::new("dpkg-deb").arg("--contents").arg(&deb).output()?;
+    let listing = Command::new("dpkg-deb")
+        .arg("--contents")
+        .arg(&deb)
+        .output()?;
     let listing = String::from_utf8_lossy(&listing.stdout);
     for want in [
         "./usr/bin/mergetrace",
