@@ -325,6 +325,12 @@ impl Counters {
         self.issues
     }
 
+    /// The requests bios created: those issued, those a request-request merge absorbed later,
+    /// and flush-only writes (what a merge-aware iops limit would charge, a what-if).
+    pub fn requests_created(&self) -> u64 {
+        self.requests() + self.flush_only + self.rq_merges
+    }
+
     /// Bios (and split pieces) that reached a request: what merging compressed into
     /// [`Counters::requests`]. Flush-only writes are left out: they never become one.
     pub fn bios_to_requests(&self) -> u64 {

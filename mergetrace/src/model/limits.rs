@@ -27,7 +27,12 @@ pub enum LimitKind {
 
 impl LimitKind {
     /// Every kind, in the order the files list them.
-    pub const ALL: [LimitKind; 4] = KINDS;
+    pub const ALL: [LimitKind; 4] = [
+        LimitKind::Rbps,
+        LimitKind::Wbps,
+        LimitKind::Riops,
+        LimitKind::Wiops,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -109,13 +114,6 @@ impl Effective {
     }
 }
 
-const KINDS: [LimitKind; 4] = [
-    LimitKind::Rbps,
-    LimitKind::Wbps,
-    LimitKind::Riops,
-    LimitKind::Wiops,
-];
-
 /// Parses cgroup v2 `io.max` for device `maj:min`: `8:16 rbps=max wbps=1048576 riops=max wiops=2000`.
 pub fn parse_io_max(text: &str, major: u32, minor: u32) -> Limits {
     let dev = format!("{major}:{minor}");
@@ -178,7 +176,7 @@ pub fn own_limits(hierarchy: Hierarchy, dir: &Path, major: u32, minor: u32) -> L
 pub fn effective(chain: &[(String, Limits)]) -> Effective {
     let mut e = Effective::default();
     for (path, own) in chain {
-        for k in KINDS {
+        for k in LimitKind::ALL {
             if let Some(v) = own.get(k) {
                 let slot = e.slot(k);
                 if slot.as_ref().is_none_or(|cur| v < cur.limit) {

@@ -352,7 +352,7 @@ impl DirStats {
             meters: Meters {
                 per_bio: c.bios + c.splits,
                 per_request: c.requests(),
-                per_request_created: c.requests() + c.flush_only + c.rq_merges,
+                per_request_created: c.requests_created(),
                 cloud: opts
                     .meter_units
                     .iter()

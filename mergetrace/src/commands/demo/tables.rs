@@ -88,7 +88,7 @@ pub(super) fn print_throttled(arms: &[Arm], wiops: u64, throttle_secs: u64, limi
         let charged = meter::Charged {
             ios: a.counts.charged_ios,
             bytes: a.counts.charged_bytes,
-            requests_created: a.counts.requests() + a.counts.flush_only + a.counts.rq_merges,
+            requests_created: a.counts.requests_created(),
         };
         let lu = meter::limit_use(&eff, true, charged, a.secs);
         if let Some(v) = meter::verdict(

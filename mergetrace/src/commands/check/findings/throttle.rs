@@ -82,13 +82,7 @@ fn shown_value(k: LimitKind, v: u64) -> String {
 }
 
 fn throttle_finding(device: &str, t: &ThrottledCgroup, all: &[ThrottledCgroup]) -> Finding {
-    let kinds = [
-        LimitKind::Rbps,
-        LimitKind::Wbps,
-        LimitKind::Riops,
-        LimitKind::Wiops,
-    ];
-    let set: Vec<(LimitKind, u64)> = kinds
+    let set: Vec<(LimitKind, u64)> = LimitKind::ALL
         .iter()
         .filter_map(|k| t.limits.get(*k).map(|v| (*k, v)))
         .collect();
