@@ -19,14 +19,6 @@ use std::{
 use serde_json::Value;
 use support::*;
 
-fn mergetrace(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_mergetrace"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("cannot run mergetrace")
-}
-
 fn ok(out: Output, what: &str) -> (String, String) {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();

@@ -10,7 +10,7 @@
 //!   cargo test --release -p mergetrace --test kernel_check
 mod support;
 
-use std::process::{Command, Output};
+use std::process::Command;
 
 use serde_json::Value;
 use support::*;
@@ -29,13 +29,6 @@ fn hierarchy_words() -> String {
         CgroupVersion::V2 => "cgroup v2",
     };
     format!("{name} hierarchy at {}", root.display())
-}
-
-fn mergetrace(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_mergetrace"))
-        .args(args)
-        .output()
-        .expect("cannot run the mergetrace binary")
 }
 
 /// `mergetrace check -d DEV --json`, parsed.

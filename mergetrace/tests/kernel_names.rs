@@ -7,10 +7,7 @@
 //!   cargo test --release -p mergetrace --test kernel_names
 mod support;
 
-use std::{
-    process::{Command, Output, Stdio},
-    sync::Mutex,
-};
+use std::sync::Mutex;
 
 use serde_json::Value;
 use support::*;
@@ -174,24 +171,6 @@ fn cgroup_filter_takes_a_container_id_prefix_or_a_unit_name() {
     assert_eq!(rows.len(), 1, "only the pod's container: {rows:?}");
     assert_eq!(rows[0]["cgroup"], l.ctr.path());
     assert_eq!(u(&rows[0]["write"], "bios"), ios_k8s);
-}
-
-fn mergetrace(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_mergetrace"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("cannot run mergetrace")
-}
-
-/// Exit code 1 and one stderr line containing `needle`.
-fn assert_one_line_error(out: &Output, needle: &str) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "exit code; stderr: {stderr}");
-    let lines: Vec<&str> = stderr.lines().collect();
-    assert_eq!(lines.len(), 1, "want one line, got: {stderr}");
-    assert!(lines[0].starts_with("mergetrace: error: "), "{stderr}");
-    assert!(lines[0].contains(needle), "want {needle:?} in: {stderr}");
 }
 
 #[test]

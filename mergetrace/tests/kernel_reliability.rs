@@ -6,31 +6,12 @@ mod support;
 use std::{
     fs,
     path::{Path, PathBuf},
-    process::{Command, Output, Stdio},
+    process::{Command, Stdio},
     thread,
     time::{Duration, Instant},
 };
 
 use support::*;
-
-fn mergetrace(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_mergetrace"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("cannot run mergetrace")
-}
-
-/// The run failed with exit code 1 and exactly one stderr line containing `needle`.
-fn assert_one_line_error(out: &Output, needle: &str) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "exit code; stderr: {stderr}");
-    let lines: Vec<&str> = stderr.lines().collect();
-    assert_eq!(lines.len(), 1, "want one line, got: {stderr}");
-    assert!(lines[0].starts_with("mergetrace: error: "), "{stderr}");
-    assert!(lines[0].contains(needle), "want {needle:?} in: {stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
-}
 
 #[test]
 fn unknown_device() {

@@ -25,7 +25,7 @@ use std::{
     ops::Deref,
     os::unix::process::CommandExt,
     path::{Path, PathBuf},
-    process::{Child, Command, ExitStatus, Stdio},
+    process::{Child, Command, ExitStatus, Output, Stdio},
     sync::{
         atomic::{AtomicUsize, Ordering},
         mpsc, Arc, Mutex, MutexGuard, Once, OnceLock, PoisonError,
@@ -1920,6 +1920,27 @@ pub fn run_workload(dev: &BlockDev, cg: Option<&Cgroup>, args: &[&str]) -> Value
     let out = run_ok(&mut cmd);
     serde_json::from_str(out.trim())
         .unwrap_or_else(|e| panic!("__workload printed no JSON ({e}): {out}"))
+}
+
+/// Runs the mergetrace binary with `args` to completion (stdin closed): what it did.
+pub fn mergetrace(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mergetrace"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("cannot run mergetrace")
+}
+
+/// The run failed as bad input must: exit code 1 and exactly one stderr line, a
+/// "mergetrace: error: " line containing `needle`, and no panic.
+pub fn assert_one_line_error(out: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "exit code; stderr: {stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "want one line, got: {stderr}");
+    assert!(lines[0].starts_with("mergetrace: error: "), "{stderr}");
+    assert!(lines[0].contains(needle), "want {needle:?} in: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
 /// Runs a command to completion, requiring success; returns its stdout.
