@@ -1,0 +1,207 @@
+//! The arms of the benchmark (no tracer, the live view, record, bpftrace, perf, --stats),
+//! the order they run in each round, and what one run of an arm measured.
+
+use super::{
+    fio::{self, FioRun, Workload},
+    stats::si,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Arm {
+    Baseline,
+    Live,
+    Record,
+    Bpftrace,
+    Perf,
+    LiveStats,
+}
+
+impl Arm {
+    pub const ALL: [Arm; 6] = [
+        Arm::Baseline,
+        Arm::Live,
+        Arm::Record,
+        Arm::Bpftrace,
+        Arm::Perf,
+        Arm::LiveStats,
+    ];
+
+    pub fn key(self) -> &'static str {
+        match self {
+            Arm::Baseline => "baseline",
+            Arm::Live => "live",
+            Arm::Record => "record",
+            Arm::Bpftrace => "bpftrace",
+            Arm::Perf => "perf",
+            Arm::LiveStats => "live_stats",
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Arm::Baseline => "baseline (no tracer)",
+            Arm::Live => "mergetrace live",
+            Arm::Record => "mergetrace record",
+            Arm::Bpftrace => "bpftrace",
+            Arm::Perf => "perf record",
+            Arm::LiveStats => "mergetrace live --stats",
+        }
+    }
+
+    /// What the arm runs, for the JSON.
+    pub fn command(self) -> &'static str {
+        match self {
+            Arm::Baseline => "",
+            Arm::Live => "mergetrace -d DEV --json -i 10s",
+            Arm::Record => "mergetrace record -d DEV -o /dev/shm/... --force",
+            Arm::Bpftrace => {
+                "bpftrace -B line SCRIPT (@[probe, args->dev] = count() on the block tracepoints)"
+            }
+            Arm::Perf => "perf record -e block:... -a -B -N -o /dev/shm/.../perf.data",
+            Arm::LiveStats => "mergetrace -d DEV --json -i 10s --stats",
+        }
+    }
+}
+
+/// Round `r`'s order of arms: every arm, rotated by `r`.
+pub fn order(round: usize) -> Vec<Arm> {
+    let mut v = Arm::ALL.to_vec();
+    let n = v.len();
+    v.rotate_left(round % n);
+    v
+}
+
+/// Round `r`'s order of workloads: the chosen ones, rotated by `r`.
+pub fn workload_order(chosen: &[Workload], round: usize) -> Vec<Workload> {
+    let mut v = chosen.to_vec();
+    if !v.is_empty() {
+        let n = v.len();
+        v.rotate_left(round % n);
+    }
+    v
+}
+
+/// What one arm saw in one round of one workload.
+#[derive(Debug, Default, Clone)]
+pub struct Sample {
+    pub iops: f64,
+    /// I/Os fio did (reads and writes).
+    pub ios: u64,
+    /// The machine's busy CPU time per I/O over the fio run, ns (/proc/stat, all CPUs).
+    pub cpu_ns_per_io: Option<f64>,
+    /// Busy, steal and all CPU time over the run, ns.
+    pub cpu: Option<fio::CpuUse>,
+    /// Bios per request on the device (diskstats).
+    pub bios_per_request: Option<f64>,
+    /// Events the tracer reported for the loop device (mergetrace record, bpftrace) or in
+    /// all (perf samples).
+    pub events: Option<u64>,
+    pub lost: Option<u64>,
+    pub bytes: Option<u64>,
+    /// `--stats`: (program, runs, ns per run).
+    pub programs: Vec<(String, u64, f64)>,
+    pub notes: Vec<String>,
+}
+
+impl Sample {
+    pub fn of(r: &FioRun) -> Sample {
+        Sample {
+            iops: r.iops,
+            ios: r.ios,
+            cpu_ns_per_io: r.cpu_ns_per_io(),
+            cpu: r.cpu,
+            bios_per_request: r.bios_per_request,
+            ..Sample::default()
+        }
+    }
+
+    /// `--stats`: the programs' kernel time (runs × ns/run, added up) per I/O fio did, ns.
+    pub fn bpf_ns_per_io(&self) -> Option<f64> {
+        if self.programs.is_empty() || self.ios == 0 {
+            return None;
+        }
+        let ns: f64 = self
+            .programs
+            .iter()
+            .map(|(_, runs, ns)| *runs as f64 * ns)
+            .sum();
+        Some(ns / self.ios as f64)
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct ArmResults {
+    pub samples: Vec<Option<Sample>>,
+    pub unavailable: Option<String>,
+}
+
+impl ArmResults {
+    /// One value per round (None where the arm did not run or the value is missing).
+    pub fn per_round(&self, f: impl Fn(&Sample) -> Option<f64>) -> Vec<Option<f64>> {
+        self.samples
+            .iter()
+            .map(|s| s.as_ref().and_then(&f))
+            .collect()
+    }
+
+    pub fn iops(&self) -> Vec<Option<f64>> {
+        self.per_round(|s| Some(s.iops))
+    }
+
+    /// The values of the rounds that have one.
+    pub fn values(&self, f: impl Fn(&Sample) -> Option<f64>) -> Vec<f64> {
+        self.per_round(f).into_iter().flatten().collect()
+    }
+}
+
+/// A line for one arm's run in one round.
+pub fn progress(arm: Arm, s: &Sample) -> String {
+    let mut line = format!("bench:   {:<24} {:>8} IOPS", arm.label(), si(s.iops));
+    if let Some(c) = s.cpu_ns_per_io {
+        line += &format!("  {:.2} µs CPU/I/O", c / 1e3);
+    }
+    if let Some(e) = s.events {
+        line += &format!("  {} events", si(e as f64));
+    }
+    if let Some(l) = s.lost {
+        line += &format!(", {l} lost");
+    }
+    if let (Some(b), Some(e)) = (s.bytes, s.events) {
+        line += &format!(", {:.1} bytes/event", b as f64 / e.max(1) as f64);
+    }
+    if let Some(b) = s.bpf_ns_per_io() {
+        line += &format!("  BPF {b:.0} ns/I/O");
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::fio::Workload;
+
+    #[test]
+    fn orders_rotate_through_every_arm_and_workload() {
+        assert_eq!(order(0), Arm::ALL.to_vec());
+        assert_eq!(order(1)[0], Arm::Live);
+        assert_eq!(*order(1).last().unwrap(), Arm::Baseline);
+        for r in 0..7 {
+            let mut o = order(r);
+            o.sort();
+            assert_eq!(o, Arm::ALL.to_vec());
+        }
+        let all = Workload::ALL;
+        assert_eq!(workload_order(&all, 0), all.to_vec());
+        assert_eq!(
+            workload_order(&all, 1),
+            vec![Workload::Merging, Workload::Reads]
+        );
+        assert_eq!(
+            workload_order(&[Workload::Merging], 3),
+            vec![Workload::Merging]
+        );
+        assert_eq!(Workload::parse("all"), all.to_vec());
+        assert_eq!(Workload::parse("reads"), vec![Workload::Reads]);
+        assert_eq!(Workload::parse("merging"), vec![Workload::Merging]);
+    }
+}

@@ -1,0 +1,689 @@
+//! The goals of the benchmark and how each is judged from the rounds' samples.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+
+use super::{
+    arms::{Arm, ArmResults},
+    calibrate::Calibration,
+    fio::{Fio, Workload},
+    offline::{self, Offline},
+    stats::{paired_overheads, pct, si, Summary},
+};
+
+/// Goals from the issue, each for every workload:
+/// the live view's median overhead,
+pub const LIVE_MAX_OVERHEAD: f64 = 0.03;
+/// bpftrace's median overhead over the live view's,
+pub const BPFTRACE_OVER_LIVE_MIN: f64 = 8.0;
+/// record's median overhead,
+pub const RECORD_MAX_OVERHEAD: f64 = 0.12;
+/// bpftrace's over record's (record costs at most half of bpftrace),
+pub const BPFTRACE_OVER_RECORD_MIN: f64 = 2.0;
+/// the BPF programs' kernel time per I/O over the CPU time of an I/O.
+pub const BPF_MAX_CPU_SHARE: f64 = 0.03;
+/// Offline, on the biggest capture: report's events/s on one core,
+pub const REPORT_MIN_EVENTS_PER_S: f64 = 20e6;
+/// the capture's bytes per event,
+pub const MAX_BYTES_PER_EVENT: f64 = 24.0;
+/// blkparse's best time on the blktrace export over report's best time,
+pub const BLKPARSE_MIN_SLOWDOWN: f64 = 10.0;
+/// the blktrace export's bytes over the capture's.
+pub const BLKTRACE_MIN_SIZE_RATIO: f64 = 10.0;
+
+/// A goal from the issue and what was measured.
+pub struct Target {
+    /// The workload it is measured on; None for the offline ones.
+    pub workload: Option<Workload>,
+    pub name: String,
+    pub goal: String,
+    pub measured: String,
+    /// Some(yes/no), or None when it could not be told (with `measured` saying why).
+    pub met: Option<bool>,
+    pub value: Value,
+}
+
+impl Target {
+    pub fn met_str(&self) -> &'static str {
+        match self.met {
+            Some(true) => "yes",
+            Some(false) => "no",
+            None => "n/a",
+        }
+    }
+}
+
+/// Everything one workload's arms measured.
+pub struct WorkloadOutcome {
+    pub fio: Fio,
+    pub calibration: Vec<Calibration>,
+    pub arms: BTreeMap<Arm, ArmResults>,
+    pub orders: Vec<Vec<Arm>>,
+}
+
+/// The `--stats` arm's BPF time per I/O against the baseline's CPU time per I/O, in one round.
+pub struct BpfShare {
+    pub bpf_ns_per_io: f64,
+    pub cpu_ns_per_io: f64,
+}
+
+impl WorkloadOutcome {
+    pub fn workload(&self) -> Workload {
+        self.fio.workload
+    }
+
+    pub fn overheads(&self, arm: Arm) -> Vec<f64> {
+        paired_overheads(&self.arms[&arm].iops(), &self.arms[&Arm::Baseline].iops())
+    }
+
+    /// `theirs` median overhead over `ours`: at least `min`.
+    pub fn ratio_target(&self, tracer: Arm, ours: Arm, min: f64) -> Target {
+        let name = format!("{} / {} overhead", tracer.key(), ours.key());
+        let goal = format!("≥ {min:.0}×");
+        let t = |measured: String, met: Option<bool>, value: Value| Target {
+            workload: Some(self.workload()),
+            name: name.clone(),
+            goal: goal.clone(),
+            measured,
+            met,
+            value,
+        };
+        match self.overhead_ratio(tracer, ours) {
+            Ratio::Unavailable(why) => t(
+                // The reason is in the arms table above (and here in the JSON).
+                format!("{} unavailable", tracer.key()),
+                None,
+                json!({"unavailable": why}),
+            ),
+            Ratio::NotPaired => t("no paired rounds".into(), None, json!(null)),
+            Ratio::Unbounded {
+                theirs,
+                mine,
+                detail,
+            } => t(
+                // Our overhead is within the noise (at or below zero).
+                format!("∞ {detail}"),
+                Some(theirs > 0.0),
+                json!({"ratio": null, "tracer_overhead": theirs, "mergetrace_overhead": mine}),
+            ),
+            Ratio::Of {
+                r,
+                theirs,
+                mine,
+                detail,
+            } => t(
+                format!("{r:.1}× {detail}"),
+                Some(r >= min),
+                json!({"ratio": r, "tracer_overhead": theirs, "mergetrace_overhead": mine}),
+            ),
+        }
+    }
+
+    pub fn overhead_ratio(&self, tracer: Arm, ours: Arm) -> Ratio {
+        if let Some(why) = &self.arms[&tracer].unavailable {
+            if self.overheads(tracer).is_empty() {
+                return Ratio::Unavailable(why.clone());
+            }
+        }
+        let (Some(theirs), Some(mine)) = (
+            Summary::of(&self.overheads(tracer)),
+            Summary::of(&self.overheads(ours)),
+        ) else {
+            return Ratio::NotPaired;
+        };
+        let detail = format!(
+            "({} {}, {} {})",
+            tracer.key(),
+            pct(theirs.median),
+            ours.key(),
+            pct(mine.median)
+        );
+        if mine.median <= 0.0 {
+            return Ratio::Unbounded {
+                theirs: theirs.median,
+                mine: mine.median,
+                detail,
+            };
+        }
+        Ratio::Of {
+            r: theirs.median / mine.median,
+            theirs: theirs.median,
+            mine: mine.median,
+            detail,
+        }
+    }
+
+    pub fn overhead_target(&self, arm: Arm, max: f64) -> Target {
+        let s = Summary::of(&self.overheads(arm));
+        Target {
+            workload: Some(self.workload()),
+            name: format!("{} overhead", arm.label()),
+            goal: format!("≤ {:.0} %", max * 100.0),
+            measured: s
+                .map(|s| s.show(pct))
+                .unwrap_or_else(|| "not measured".into()),
+            met: s.map(|s| s.median <= max),
+            value: s.map(|s| s.json()).unwrap_or(Value::Null),
+        }
+    }
+
+    /// Per round where both ran: the `--stats` arm's programs' time per I/O and the
+    /// baseline's CPU time per I/O.
+    pub fn bpf_shares(&self) -> Vec<BpfShare> {
+        self.arms[&Arm::LiveStats]
+            .samples
+            .iter()
+            .zip(&self.arms[&Arm::Baseline].samples)
+            .filter_map(|(s, b)| {
+                let bpf = s.as_ref()?.bpf_ns_per_io()?;
+                let cpu = b.as_ref()?.cpu_ns_per_io?;
+                (cpu > 0.0).then_some(BpfShare {
+                    bpf_ns_per_io: bpf,
+                    cpu_ns_per_io: cpu,
+                })
+            })
+            .collect()
+    }
+
+    pub fn bpf_cost_target(&self) -> Target {
+        let v = self.bpf_shares();
+        let share = Summary::of(
+            &v.iter()
+                .map(|s| s.bpf_ns_per_io / s.cpu_ns_per_io)
+                .collect::<Vec<_>>(),
+        );
+        let bpf = Summary::of(&v.iter().map(|s| s.bpf_ns_per_io).collect::<Vec<_>>());
+        let cpu = Summary::of(&v.iter().map(|s| s.cpu_ns_per_io).collect::<Vec<_>>());
+        let (measured, met, value) = match (share, bpf, cpu) {
+            (Some(share), Some(bpf), Some(cpu)) => (
+                format!(
+                    "{} ({:.0} ns/I/O of programs, {:.2} µs/I/O of CPU)",
+                    share.show(pct),
+                    bpf.median,
+                    cpu.median / 1e3
+                ),
+                Some(share.median <= BPF_MAX_CPU_SHARE),
+                json!({
+                    "share": share.json(),
+                    "bpf_ns_per_io": bpf.json(),
+                    "cpu_ns_per_io": cpu.json(),
+                }),
+            ),
+            _ => (
+                "not measured (no --stats program times or no /proc/stat)".to_string(),
+                None,
+                Value::Null,
+            ),
+        };
+        Target {
+            workload: Some(self.workload()),
+            name: "BPF cost per I/O".into(),
+            goal: format!("≤ {:.0} % of the I/O's CPU time", BPF_MAX_CPU_SHARE * 100.0),
+            measured,
+            met,
+            value,
+        }
+    }
+
+    pub fn targets(&self) -> Vec<Target> {
+        let lost: Vec<u64> = self.arms[&Arm::Record]
+            .samples
+            .iter()
+            .flatten()
+            .filter_map(|s| s.lost)
+            .collect();
+        vec![
+            self.overhead_target(Arm::Live, LIVE_MAX_OVERHEAD),
+            self.ratio_target(Arm::Bpftrace, Arm::Live, BPFTRACE_OVER_LIVE_MIN),
+            self.overhead_target(Arm::Record, RECORD_MAX_OVERHEAD),
+            self.ratio_target(Arm::Bpftrace, Arm::Record, BPFTRACE_OVER_RECORD_MIN),
+            Target {
+                workload: Some(self.workload()),
+                name: "mergetrace record lost events".into(),
+                goal: "0".into(),
+                measured: if lost.is_empty() {
+                    "not measured".into()
+                } else {
+                    format!(
+                        "{} in {} runs (max {} per run)",
+                        lost.iter().sum::<u64>(),
+                        lost.len(),
+                        lost.iter().max().unwrap_or(&0)
+                    )
+                },
+                met: (!lost.is_empty()).then(|| lost.iter().all(|&l| l == 0)),
+                value: json!(lost),
+            },
+            self.bpf_cost_target(),
+        ]
+    }
+
+    /// perf's overhead over live's and record's, shown without a target.
+    pub fn perf_ratios(&self) -> String {
+        let show = |ours: Arm| match self.overhead_ratio(Arm::Perf, ours) {
+            Ratio::Of { r, .. } => format!("{r:.1}× {}'s", ours.key()),
+            Ratio::Unbounded { .. } => format!("∞× {}'s", ours.key()),
+            Ratio::Unavailable(_) | Ratio::NotPaired => format!("n/a × {}'s", ours.key()),
+        };
+        format!(
+            "perf record's overhead (no target): {}, {}",
+            show(Arm::Live),
+            show(Arm::Record)
+        )
+    }
+
+    /// Per program: runs per round, runs per I/O and ns/run, over the `--stats` rounds.
+    pub fn program_stats(&self) -> Vec<ProgramStat> {
+        // program → (runs, runs per I/O, ns/run), one of each per round.
+        type PerRound = (Vec<f64>, Vec<f64>, Vec<f64>);
+        let mut by: BTreeMap<String, PerRound> = BTreeMap::new();
+        for s in self.arms[&Arm::LiveStats].samples.iter().flatten() {
+            for (p, runs, ns) in &s.programs {
+                let e = by.entry(p.clone()).or_default();
+                e.0.push(*runs as f64);
+                if s.ios > 0 {
+                    e.1.push(*runs as f64 / s.ios as f64);
+                }
+                e.2.push(*ns);
+            }
+        }
+        let mut v: Vec<ProgramStat> = by
+            .into_iter()
+            .filter_map(|(program, (runs, per_io, ns))| {
+                Some(ProgramStat {
+                    program,
+                    runs: Summary::of(&runs)?,
+                    runs_per_io: Summary::of(&per_io),
+                    ns_per_run: Summary::of(&ns)?,
+                })
+            })
+            .collect();
+        v.sort_by(|a, b| b.runs.median.total_cmp(&a.runs.median));
+        v
+    }
+}
+
+/// A ratio of two arms' median overheads.
+pub enum Ratio {
+    Unavailable(String),
+    NotPaired,
+    /// Ours at or below zero (in the noise).
+    Unbounded {
+        theirs: f64,
+        mine: f64,
+        detail: String,
+    },
+    Of {
+        r: f64,
+        theirs: f64,
+        mine: f64,
+        detail: String,
+    },
+}
+
+pub struct ProgramStat {
+    pub program: String,
+    pub runs: Summary,
+    pub runs_per_io: Option<Summary>,
+    pub ns_per_run: Summary,
+}
+
+pub struct Outcome {
+    pub workloads: Vec<WorkloadOutcome>,
+    pub offline: Option<Offline>,
+    pub offline_note: Option<String>,
+}
+
+impl Outcome {
+    pub fn offline_targets(&self) -> Vec<Target> {
+        let Some(o) = &self.offline else {
+            let why = self
+                .offline_note
+                .clone()
+                .unwrap_or_else(|| "no capture".into());
+            return OfflineGoal::ALL
+                .iter()
+                .map(|g| g.target(why.clone(), None, Value::Null))
+                .collect();
+        };
+        vec![
+            report_speed(o),
+            capture_size(o),
+            report_vs_blkparse(o),
+            capture_vs_export(o),
+        ]
+    }
+
+    pub fn targets(&self) -> Vec<Target> {
+        let mut v: Vec<Target> = self
+            .workloads
+            .iter()
+            .flat_map(WorkloadOutcome::targets)
+            .collect();
+        v.extend(self.offline_targets());
+        v
+    }
+}
+
+/// The offline side's goals, each judged on the biggest capture.
+#[derive(Clone, Copy)]
+enum OfflineGoal {
+    ReportSpeed,
+    CaptureSize,
+    VsBlkparse,
+    VsExport,
+}
+
+impl OfflineGoal {
+    const ALL: [OfflineGoal; 4] = [
+        OfflineGoal::ReportSpeed,
+        OfflineGoal::CaptureSize,
+        OfflineGoal::VsBlkparse,
+        OfflineGoal::VsExport,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            OfflineGoal::ReportSpeed => "report speed, 1 core",
+            OfflineGoal::CaptureSize => "capture size",
+            OfflineGoal::VsBlkparse => "report vs blkparse, 1 core",
+            OfflineGoal::VsExport => "capture vs blktrace export",
+        }
+    }
+
+    fn goal(self) -> String {
+        match self {
+            OfflineGoal::ReportSpeed => format!("≥ {:.0}M events/s", REPORT_MIN_EVENTS_PER_S / 1e6),
+            OfflineGoal::CaptureSize => format!("≤ {MAX_BYTES_PER_EVENT:.0} bytes/event"),
+            OfflineGoal::VsBlkparse => format!("≥ {BLKPARSE_MIN_SLOWDOWN:.0}× faster"),
+            OfflineGoal::VsExport => format!("≥ {BLKTRACE_MIN_SIZE_RATIO:.0}× smaller"),
+        }
+    }
+
+    fn target(self, measured: String, met: Option<bool>, value: Value) -> Target {
+        Target {
+            workload: None,
+            name: self.name().into(),
+            goal: self.goal(),
+            measured,
+            met,
+            value,
+        }
+    }
+}
+
+fn report_speed(o: &Offline) -> Target {
+    let rates: Vec<f64> = o
+        .report_seconds
+        .iter()
+        .map(|s| o.events as f64 / s)
+        .collect();
+    let best_rate = rates.iter().copied().fold(0.0, f64::max);
+    let s = Summary::of(&rates);
+    OfflineGoal::ReportSpeed.target(
+        format!(
+            "{} events/s best of {} ({}; {} events)",
+            si(best_rate),
+            rates.len(),
+            s.map(|s| s.show(si)).unwrap_or_default(),
+            si(o.events as f64)
+        ),
+        Some(best_rate >= REPORT_MIN_EVENTS_PER_S),
+        json!({"best": best_rate, "events_per_s": s.map(|s| s.json()), "seconds": o.report_seconds, "events": o.events}),
+    )
+}
+
+fn capture_size(o: &Offline) -> Target {
+    let bpe = o.file_bytes as f64 / o.events.max(1) as f64;
+    OfflineGoal::CaptureSize.target(
+        format!(
+            "{bpe:.1} bytes/event ({} bytes, {} events)",
+            o.file_bytes, o.events
+        ),
+        Some(bpe <= MAX_BYTES_PER_EVENT),
+        json!({"bytes_per_event": bpe, "bytes": o.file_bytes, "events": o.events}),
+    )
+}
+
+fn report_vs_blkparse(o: &Offline) -> Target {
+    let g = OfflineGoal::VsBlkparse;
+    let blkparse = match &o.blkparse_seconds {
+        Ok(b) => b,
+        Err(why) => {
+            return g.target(
+                format!("unavailable: {why}"),
+                None,
+                json!({"unavailable": why}),
+            )
+        }
+    };
+    let Some(ours) = offline::best(&o.report_seconds) else {
+        return g.target("report not timed".into(), None, Value::Null);
+    };
+    let Some(theirs) = offline::best(blkparse) else {
+        return g.target("blkparse not timed".into(), None, Value::Null);
+    };
+    let r = theirs / ours;
+    g.target(
+        format!(
+            "{r:.1}× (report {ours:.2} s, blkparse {theirs:.2} s, best of {} each)",
+            offline::TIMED_RUNS
+        ),
+        Some(r >= BLKPARSE_MIN_SLOWDOWN),
+        json!({"ratio": r, "report_seconds": o.report_seconds, "blkparse_seconds": blkparse}),
+    )
+}
+
+fn capture_vs_export(o: &Offline) -> Target {
+    let g = OfflineGoal::VsExport;
+    match &o.export {
+        Ok(e) => {
+            let r = e.bytes as f64 / o.file_bytes.max(1) as f64;
+            g.target(
+                format!(
+                    "{r:.1}× ({:.1} MB vs {:.1} MB)",
+                    o.file_bytes as f64 / 1e6,
+                    e.bytes as f64 / 1e6
+                ),
+                Some(r >= BLKTRACE_MIN_SIZE_RATIO),
+                json!({"ratio": r, "capture_bytes": o.file_bytes, "blktrace_bytes": e.bytes}),
+            )
+        }
+        Err(why) => g.target(
+            format!("export failed: {why}"),
+            None,
+            json!({"export_failed": why}),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::arms::Sample;
+
+    fn sample(iops: f64) -> Sample {
+        Sample {
+            iops,
+            ..Sample::default()
+        }
+    }
+
+    fn outcome(base: &[f64], live: &[f64], bt: Option<&[f64]>) -> WorkloadOutcome {
+        let mk = |v: &[f64]| ArmResults {
+            samples: v.iter().map(|&iops| Some(sample(iops))).collect(),
+            unavailable: None,
+        };
+        let mut arms: BTreeMap<Arm, ArmResults> = Arm::ALL
+            .iter()
+            .map(|a| (*a, ArmResults::default()))
+            .collect();
+        arms.insert(Arm::Baseline, mk(base));
+        arms.insert(Arm::Live, mk(live));
+        arms.insert(Arm::Record, mk(live));
+        match bt {
+            Some(v) => {
+                arms.insert(Arm::Bpftrace, mk(v));
+            }
+            None => arms.get_mut(&Arm::Bpftrace).unwrap().unavailable = Some("no tracefs".into()),
+        }
+        WorkloadOutcome {
+            fio: Fio {
+                workload: Workload::Merging,
+                numjobs: 1,
+                loop_direct_io: true,
+            },
+            calibration: vec![],
+            arms,
+            orders: vec![],
+        }
+    }
+
+    #[test]
+    fn ratios_of_median_overheads() {
+        let o = outcome(
+            &[100.0, 100.0, 100.0],
+            &[99.0, 98.0, 99.0],
+            Some(&[90.0, 95.0, 80.0]),
+        );
+        let t = o.ratio_target(Arm::Bpftrace, Arm::Live, BPFTRACE_OVER_LIVE_MIN);
+        assert_eq!(t.met, Some(true));
+        assert_eq!(t.workload, Some(Workload::Merging));
+        assert!(
+            (t.value["ratio"].as_f64().unwrap() - 10.0).abs() < 1e-9,
+            "{}",
+            t.measured
+        );
+        // 10× is not 12×.
+        assert_eq!(
+            o.ratio_target(Arm::Bpftrace, Arm::Live, 12.0).met,
+            Some(false)
+        );
+        // Our overhead in the noise: unbounded ratio, met when theirs is positive.
+        let o = outcome(&[100.0], &[101.0], Some(&[90.0]));
+        let t = o.ratio_target(Arm::Bpftrace, Arm::Live, BPFTRACE_OVER_LIVE_MIN);
+        assert_eq!(t.met, Some(true));
+        assert!(t.measured.starts_with('∞'));
+        // Unavailable tracer: not told, with the reason.
+        let o = outcome(&[100.0], &[99.0], None);
+        let t = o.ratio_target(Arm::Bpftrace, Arm::Live, BPFTRACE_OVER_LIVE_MIN);
+        assert_eq!(t.met, None);
+        assert!(t.measured.contains("unavailable"));
+        assert_eq!(t.value["unavailable"], "no tracefs");
+        assert!(o.perf_ratios().contains("n/a"));
+    }
+
+    #[test]
+    fn overhead_targets_use_the_median() {
+        let o = outcome(&[100.0, 100.0, 100.0], &[99.0, 90.0, 99.5], None);
+        let t = &o.targets()[0];
+        assert_eq!(t.name, "mergetrace live overhead");
+        assert_eq!(t.met, Some(true), "{}", t.measured);
+        assert_eq!(t.measured, "1.0 % [0.5 %–10.0 %]");
+        let names: Vec<String> = o.targets().into_iter().map(|t| t.name).collect();
+        assert_eq!(
+            names,
+            [
+                "mergetrace live overhead",
+                "bpftrace / live overhead",
+                "mergetrace record overhead",
+                "bpftrace / record overhead",
+                "mergetrace record lost events",
+                "BPF cost per I/O",
+            ]
+        );
+    }
+
+    #[test]
+    fn bpf_cost_pairs_the_stats_arm_with_the_baseline_cpu() {
+        let mut o = outcome(&[100.0, 100.0], &[99.0, 99.0], None);
+        let base = o.arms.get_mut(&Arm::Baseline).unwrap();
+        for (s, cpu) in base.samples.iter_mut().zip([4000.0, 5000.0]) {
+            s.as_mut().unwrap().cpu_ns_per_io = Some(cpu);
+        }
+        // Two programs, 1000 I/Os: (1000 × 50 + 2000 × 25) / 1000 = 100 ns per I/O.
+        let stats = |ios| {
+            Some(Sample {
+                iops: 99.0,
+                ios,
+                programs: vec![("a".into(), 1000, 50.0), ("b".into(), 2000, 25.0)],
+                ..Sample::default()
+            })
+        };
+        o.arms.get_mut(&Arm::LiveStats).unwrap().samples = vec![stats(1000), stats(1000)];
+        assert_eq!(
+            o.arms[&Arm::LiveStats].samples[0]
+                .as_ref()
+                .unwrap()
+                .bpf_ns_per_io(),
+            Some(100.0)
+        );
+        let t = o.bpf_cost_target();
+        // 100 / 4000 = 2.5 %, 100 / 5000 = 2 %: median 2.25 %.
+        assert_eq!(t.met, Some(true), "{}", t.measured);
+        assert!(
+            (t.value["share"]["median"].as_f64().unwrap() - 0.0225).abs() < 1e-12,
+            "{}",
+            t.value
+        );
+        assert!(t.measured.contains("100 ns/I/O"), "{}", t.measured);
+        assert!(t.measured.contains("4.50 µs/I/O"), "{}", t.measured);
+        // No CPU figure: not told.
+        let o = outcome(&[100.0], &[99.0], None);
+        assert_eq!(o.bpf_cost_target().met, None);
+    }
+
+    #[test]
+    fn offline_targets() {
+        let off = |blkparse: std::result::Result<Vec<f64>, String>| Outcome {
+            workloads: vec![],
+            offline: Some(Offline {
+                workload: Workload::Reads,
+                events: 4_000_000,
+                file_bytes: 40_000_000,
+                report_seconds: vec![0.25, 0.2, 0.3],
+                export: Ok(offline::Export {
+                    bytes: 600_000_000,
+                    traces: Some(8_000_000),
+                    seconds: 1.0,
+                }),
+                blkparse_seconds: blkparse,
+            }),
+            offline_note: None,
+        };
+        let t = off(Ok(vec![3.0, 2.5, 2.8])).offline_targets();
+        let names: Vec<&str> = t.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "report speed, 1 core",
+                "capture size",
+                "report vs blkparse, 1 core",
+                "capture vs blktrace export",
+            ]
+        );
+        // 4M events in 0.2 s: 20M events/s.
+        assert_eq!(t[0].met, Some(true), "{}", t[0].measured);
+        assert_eq!(t[1].met, Some(true), "{}", t[1].measured);
+        // 2.5 s / 0.2 s = 12.5×.
+        assert_eq!(t[2].met, Some(true), "{}", t[2].measured);
+        assert!(t[2].measured.starts_with("12.5×"), "{}", t[2].measured);
+        // 600 MB / 40 MB = 15×.
+        assert_eq!(t[3].met, Some(true), "{}", t[3].measured);
+        assert!(t[3].measured.starts_with("15.0×"), "{}", t[3].measured);
+        let t = off(Err("blkparse is not installed".into())).offline_targets();
+        assert_eq!(t[2].met, None);
+        assert!(t[2].measured.contains("unavailable"), "{}", t[2].measured);
+        // The size comparison needs no blkparse.
+        assert_eq!(t[3].met, Some(true));
+        let none = Outcome {
+            workloads: vec![],
+            offline: None,
+            offline_note: Some("no capture with events".into()),
+        };
+        let t = none.offline_targets();
+        assert_eq!(t.len(), 4);
+        assert!(t.iter().all(|t| t.met.is_none() && t.workload.is_none()));
+    }
+}

@@ -1,0 +1,300 @@
+//! Running one arm: its tracer up and attached, fio, the tracer down, and what the tracer
+//! printed parsed into a [`Sample`].
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+use super::{
+    arms::{Arm, Sample},
+    fio::{self, Fio},
+    sys::{self, last_line, nap, LoopDev, Proc, Ready},
+};
+
+/// The block tracepoints mergetrace attaches (the hook table, mergetrace/src/kernel/compat/hooks.rs),
+/// which the bpftrace and perf arms attach too.
+pub const BLOCK_TRACEPOINTS: [&str; 11] = [
+    "block_bio_queue",
+    "block_split",
+    "block_bio_backmerge",
+    "block_bio_frontmerge",
+    "block_getrq",
+    "block_rq_merge",
+    "block_rq_insert",
+    "block_rq_issue",
+    "block_rq_requeue",
+    "block_rq_complete",
+    "block_unplug",
+];
+
+pub struct Ctx<'a> {
+    pub mergetrace: PathBuf,
+    pub lp: &'a LoopDev,
+    pub dir: &'a Path,
+    pub bpftrace_script: PathBuf,
+    pub cpus: usize,
+}
+
+impl Ctx<'_> {
+    pub fn capture_path(&self) -> PathBuf {
+        self.dir.join("record.mtr")
+    }
+
+    /// Starts the arm's tracer, if it has one, and waits until it is attached.
+    pub fn start(&self, arm: Arm) -> Result<std::result::Result<Option<Proc>, String>> {
+        let dev = self.lp.name.as_str();
+        let (cmd, timeout): (Command, u64) = match arm {
+            Arm::Baseline => return Ok(Ok(None)),
+            Arm::Live | Arm::LiveStats => {
+                let mut c = Command::new(&self.mergetrace);
+                c.args(["-d", dev, "--json", "-i", "10s"]);
+                if arm == Arm::LiveStats {
+                    c.arg("--stats");
+                }
+                (c, 60)
+            }
+            Arm::Record => {
+                let mut c = Command::new(&self.mergetrace);
+                c.args(["record", "-d", dev, "--force", "-o"])
+                    .arg(self.capture_path());
+                (c, 60)
+            }
+            Arm::Bpftrace => {
+                let mut c = Command::new("bpftrace");
+                c.args(["-B", "line"]).arg(&self.bpftrace_script);
+                (c, 120) // it compiles the script first
+            }
+            Arm::Perf => {
+                let events: Vec<String> = BLOCK_TRACEPOINTS
+                    .iter()
+                    .map(|t| format!("block:{t}"))
+                    .collect();
+                let mut c = Command::new("perf");
+                c.args(["record", "-e", &events.join(","), "-a", "-B", "-N", "-o"])
+                    .arg(self.dir.join("perf.data"));
+                (c, 60)
+            }
+        };
+        let mut p = Proc::spawn(arm.label(), cmd, self.dir, arm.key())?;
+        let perf_fds = BLOCK_TRACEPOINTS.len() * self.cpus;
+        let ready = p.wait_ready(Duration::from_secs(timeout), |p| match arm {
+            Arm::Live | Arm::LiveStats => p.stderr().contains("mergetrace: tracing"),
+            Arm::Record => p.stderr().contains("mergetrace: recording to"),
+            Arm::Bpftrace => p.stdout().contains("bench: attached"),
+            Arm::Perf => sys::perf_event_fds(p.pid()) >= perf_fds,
+            Arm::Baseline => true,
+        })?;
+        match ready {
+            Ready::Yes => {}
+            Ready::Exited(why) => return Ok(Err(why)),
+            Ready::TimedOut => {
+                p.stop(Duration::from_secs(5));
+                return Ok(Err(format!("not attached after {timeout} s")));
+            }
+        }
+        if arm == Arm::Perf {
+            // The event fds are open; perf enables them right after mmap-ing their buffers.
+            nap(Duration::from_millis(300))?;
+        }
+        Ok(Ok(Some(p)))
+    }
+
+    /// Runs one arm: tracer up, fio, tracer down. `Err` for something that must stop the
+    /// bench; `Ok(Err(why))` for a tracer that cannot run here.
+    pub fn run(
+        &self,
+        arm: Arm,
+        fio: &Fio,
+        seconds: f64,
+    ) -> Result<std::result::Result<Sample, String>> {
+        let mergetrace_arm = matches!(arm, Arm::Live | Arm::LiveStats | Arm::Record);
+        let mut tracer = match self.start(arm)? {
+            Ok(t) => t,
+            Err(why) if mergetrace_arm => bail!("{}: {why}", arm.label()),
+            Err(why) => return Ok(Err(why)),
+        };
+        let mut s = Sample::of(&fio::run(fio, self.lp, self.dir, seconds)?);
+        let Some(p) = tracer.as_mut() else {
+            return Ok(Ok(s));
+        };
+        let grace = Duration::from_secs(if arm == Arm::Perf { 120 } else { 30 });
+        let f = p.stop(grace);
+        sys::check_interrupt()?;
+        let by_sigint = {
+            use std::os::unix::process::ExitStatusExt;
+            f.status.signal() == Some(libc::SIGINT)
+        };
+        if f.killed || !(f.status.success() || (arm == Arm::Perf && by_sigint)) {
+            let why = format!(
+                "{} after SIGINT: {}",
+                if f.killed {
+                    format!("did not exit within {} s", grace.as_secs())
+                } else {
+                    format!("exited with {}", f.status)
+                },
+                last_line(&f.stderr).unwrap_or("no message")
+            );
+            if mergetrace_arm {
+                bail!("{}: {why}", arm.label());
+            }
+            return Ok(Err(why));
+        }
+        match arm {
+            Arm::Baseline => {}
+            Arm::Live | Arm::LiveStats => {
+                let total = last_json(&f.stdout)
+                    .with_context(|| format!("{}: no final JSON object on stdout", arm.label()))?;
+                s.lost = total["lost_events"].as_u64();
+                if arm == Arm::LiveStats {
+                    s.programs = parse_program_stats(&total);
+                    if s.programs.is_empty() {
+                        s.notes.push("no program_stats in the final object".into());
+                    }
+                }
+            }
+            Arm::Record => {
+                let (events, lost, bytes) = parse_record_summary(&f.stderr).with_context(|| {
+                    format!(
+                        "mergetrace record: no \"wrote N events (L lost) in B bytes\" line: {}",
+                        last_line(&f.stderr).unwrap_or("no output")
+                    )
+                })?;
+                s.events = Some(events);
+                s.lost = Some(lost);
+                s.bytes = Some(bytes);
+            }
+            Arm::Bpftrace => {
+                s.events = Some(parse_bpftrace_counts(&f.stdout, self.lp.dev_t()));
+            }
+            Arm::Perf => {
+                // perf prints a sample count only when it post-processes (not with -B -N);
+                // the file size says how much it wrote.
+                s.events = parse_perf_samples(&f.stderr);
+                s.bytes = fs::metadata(self.dir.join("perf.data"))
+                    .ok()
+                    .map(|m| m.len());
+                s.notes.extend(
+                    f.stderr
+                        .lines()
+                        .filter(|l| l.to_ascii_lowercase().contains("lost"))
+                        .map(|l| l.trim().to_string()),
+                );
+                let _ = fs::remove_file(self.dir.join("perf.data"));
+            }
+        }
+        Ok(Ok(s))
+    }
+}
+
+/// The last line of NDJSON output that parses.
+pub fn last_json(stdout: &str) -> Option<Value> {
+    stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str::<Value>(l.trim()).ok())
+}
+
+pub fn parse_program_stats(total: &Value) -> Vec<(String, u64, f64)> {
+    total["program_stats"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|p| {
+                    Some((
+                        p["program"].as_str()?.to_string(),
+                        p["runs"].as_u64()?,
+                        p["ns_per_run"].as_f64()?,
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// "mergetrace: wrote N events (L lost) in B bytes to FILE (...)" → (N, L, B).
+pub fn parse_record_summary(stderr: &str) -> Option<(u64, u64, u64)> {
+    let line = stderr.lines().find(|l| l.contains("mergetrace: wrote "))?;
+    let w: Vec<&str> = line.split_whitespace().collect();
+    let i = w.iter().position(|x| *x == "wrote")?;
+    let events = w.get(i + 1)?.parse().ok()?;
+    let lost = w.get(i + 3)?.trim_start_matches('(').parse().ok()?;
+    let bytes = w.get(i + 6)?.parse().ok()?;
+    Some((events, lost, bytes))
+}
+
+/// bpftrace's map dump: "@[tracepoint:block:block_getrq, 7340036]: 123" → the sum of counts
+/// whose key ends with our dev_t.
+pub fn parse_bpftrace_counts(stdout: &str, dev_t: u64) -> u64 {
+    let suffix = format!(", {dev_t}]");
+    stdout
+        .lines()
+        .filter_map(|l| {
+            let (key, n) = l.trim().rsplit_once(": ")?;
+            key.ends_with(&suffix)
+                .then(|| n.parse::<u64>().ok())
+                .flatten()
+        })
+        .sum()
+}
+
+/// "[ perf record: Captured and wrote 12.3 MB /path (123456 samples) ]" → 123456.
+pub fn parse_perf_samples(stderr: &str) -> Option<u64> {
+    let line = stderr.lines().find(|l| l.contains("Captured and wrote"))?;
+    let open = line.rfind('(')?;
+    line[open + 1..].split_whitespace().next()?.parse().ok()
+}
+
+pub fn bpftrace_script() -> String {
+    let with_dev: Vec<String> = BLOCK_TRACEPOINTS
+        .iter()
+        .filter(|t| **t != "block_unplug")
+        .map(|t| format!("tracepoint:block:{t}"))
+        .collect();
+    format!(
+        "// Written by cargo xtask bench: count the block tracepoints mergetrace uses, per device.\n\
+         BEGIN {{ printf(\"bench: attached\\n\"); }}\n\
+         {} {{ @[probe, args->dev] = count(); }}\n\
+         tracepoint:block:block_unplug {{ @[probe, 0] = count(); }}\n",
+        with_dev.join(",\n")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_tool_output() {
+        let rec = "mergetrace: tracing loop4 (7:4)\nmergetrace: wrote 4123456 events (7 lost) in 80000000 bytes to /dev/shm/x.mtr (19.4 bytes/event)\n";
+        assert_eq!(parse_record_summary(rec), Some((4_123_456, 7, 80_000_000)));
+        assert_eq!(parse_record_summary("nothing"), None);
+        let bt = "Attaching 12 probes...\nbench: attached\n\n\n@[tracepoint:block:block_getrq, 7340036]: 100\n@[tracepoint:block:block_bio_queue, 266338304]: 5\n@[tracepoint:block:block_rq_issue, 7340036]: 23\n@[tracepoint:block:block_unplug, 0]: 4\n";
+        assert_eq!(parse_bpftrace_counts(bt, 7 << 20 | 4), 123);
+        let perf = "[ perf record: Woken up 1 times to write data ]\n[ perf record: Captured and wrote 12.072 MB /dev/shm/perf.data (123456 samples) ]\n";
+        assert_eq!(parse_perf_samples(perf), Some(123_456));
+        let total = serde_json::json!({"program_stats": [{"program": "block_getrq", "runs": 10, "run_time_ns": 1000, "ns_per_run": 100.0}]});
+        assert_eq!(
+            parse_program_stats(&total),
+            vec![("block_getrq".to_string(), 10, 100.0)]
+        );
+        assert_eq!(
+            last_json("{\"kind\":\"interval\"}\n{\"kind\":\"total\"}\n").unwrap()["kind"],
+            "total"
+        );
+    }
+
+    #[test]
+    fn bpftrace_script_covers_the_tracepoints() {
+        let s = bpftrace_script();
+        for t in BLOCK_TRACEPOINTS {
+            assert!(s.contains(&format!("tracepoint:block:{t}")), "{t}");
+        }
+        assert!(s.contains("BEGIN"));
+    }
+}
