@@ -8,6 +8,8 @@
 //!
 //! Facts this relies on: shared/docs/kvm-lab.md. Pieces: [`kernel`] (fetch, unpack,
 //! initramfs), [`vm`] (virtiofsd + QEMU + timeout), scripts/lab/init (the guest's /init).
+mod apt;
+mod initramfs;
 mod kernel;
 mod vm;
 
@@ -349,18 +351,7 @@ pub fn lab(args: LabArgs) -> Result<ExitCode> {
         .with_context(|| format!("cannot run {}", setup.display()))?;
     ensure!(st.success(), "{} --lab failed ({st})", setup.display());
 
-    let mut series: Vec<Series> = Vec::new();
-    for k in &args.kernel {
-        let add = match k.as_str() {
-            "all" => Series::all(),
-            k => vec![Series::by_name(k).with_context(|| format!("unknown kernel {k}"))?],
-        };
-        for s in add {
-            if !series.iter().any(|have| have.name == s.name) {
-                series.push(s);
-            }
-        }
-    }
+    let series = chosen_series(&args.kernel)?;
     let body = match &args.shell_cmd {
         Some(cmd) => cmd.clone(),
         None => {
@@ -374,113 +365,11 @@ pub fn lab(args: LabArgs) -> Result<ExitCode> {
     fs::create_dir_all(&lab_dir).with_context(|| format!("cannot create {}", lab_dir.display()))?;
     remove_stale_runs(&lab_dir);
     let init = crate::workspace_root().join("scripts/lab/init");
-    let apt = kernel::Apt::new(&cache)?;
+    let apt = apt::Apt::new(&cache)?;
 
     let mut outcomes = Vec::new();
     for s in series {
-        let t0 = Instant::now();
-        let k = kernel::fetch(s, &apt, &cache)
-            .with_context(|| format!("getting the {} guest kernel", s.name))?;
-        let initramfs = kernel::initramfs(&k, &cache, &init)?;
-        let run_dir = lab_dir.join(format!("run-{}-{}", s.name, std::process::id()));
-        let _ = fs::remove_dir_all(&run_dir);
-        fs::create_dir_all(&run_dir)?;
-        let script = run_dir.join("guest.sh");
-        fs::write(&script, guest_script(s.name, &body))?;
-        let prep = t0.elapsed();
-        eprintln!(
-            "lab: === {} ({}): booting ({} MiB, {} CPUs, TCG thread={}) ===",
-            s.name, k.release, args.mem, args.smp, args.tcg
-        );
-        let r = vm::run(&vm::VmConfig {
-            vmlinuz: &k.vmlinuz,
-            initramfs: &initramfs,
-            extra_append: format!(
-                "mt.script={} mt.moddir={}",
-                script.display(),
-                k.moddir.display()
-            ),
-            run_dir: &run_dir,
-            mem_mib: args.mem,
-            smp: args.smp,
-            tcg_threads: &args.tcg,
-            scratch_mib: args.disk,
-            timeout: Duration::from_secs(args.timeout),
-            echo: true,
-        })?;
-        if !r.output.ends_with('\n') && !r.output.is_empty() {
-            println!();
-        }
-        let secs = |d: Duration| format!("{:.1} s", d.as_secs_f64());
-        let boot = r
-            .boot
-            .map(|b| format!(", boot {}", secs(b)))
-            .unwrap_or_default();
-        let timing = format!("{}{boot}, prep {}", secs(r.elapsed), secs(prep));
-        let (ok, detail) = if r.timed_out {
-            (
-                false,
-                format!("guest timed out after {} s and was killed", args.timeout),
-            )
-        } else {
-            match r.exit {
-                None => (
-                    false,
-                    "the guest died without reporting an exit status".to_string(),
-                ),
-                Some(125) if r.boot.is_none() => {
-                    (false, "the guest's setup failed (exit 125)".to_string())
-                }
-                Some(rc) if args.shell_cmd.is_some() => (rc == 0, format!("exit {rc}")),
-                Some(rc) => {
-                    let (p, f) = count_results(&r.output);
-                    let ends = r.output.matches("lab: end ").count();
-                    let bad = r
-                        .output
-                        .lines()
-                        .filter(|l| l.starts_with("lab: end ") && !l.ends_with(": exit 0"))
-                        .count();
-                    let none = if p + f == 0 { ", no test ran" } else { "" };
-                    (
-                        rc == 0,
-                        format!(
-                            "{p} passed, {f} failed ({ends} test executable{}, {bad} failed{none}; exit {rc})",
-                            if ends == 1 { "" } else { "s" }
-                        ),
-                    )
-                }
-            }
-        };
-        if !ok && (r.timed_out || r.exit.is_none() || r.boot.is_none()) {
-            eprintln!(
-                "lab: last lines of the guest console ({}):\n{}",
-                r.console_log.display(),
-                vm::tail(&r.console_log, 25)
-            );
-        }
-        let line = format!(
-            "lab: {} ({}): {} — {detail} — {timing}",
-            s.name,
-            k.release,
-            if ok { "PASS" } else { "FAIL" }
-        );
-        eprintln!("{line}");
-        if args.keep {
-            let _ = fs::write(run_dir.join(".keep"), "");
-            eprintln!("lab: kept {}", run_dir.display());
-        } else if !ok {
-            // The logs stay until the next lab run; the disk images go now.
-            let _ = fs::remove_file(run_dir.join("aux.img"));
-            let _ = fs::remove_file(run_dir.join("scratch.img"));
-            let _ = fs::remove_file(run_dir.join("requeue.img"));
-            eprintln!(
-                "lab: logs in {} (until the next lab run)",
-                run_dir.display()
-            );
-        } else {
-            let _ = fs::remove_dir_all(&run_dir);
-        }
-        outcomes.push(Outcome { line, ok });
+        outcomes.push(run_series(s, &args, &body, &apt, &cache, &lab_dir, &init)?);
     }
     if outcomes.len() > 1 {
         eprintln!("lab: summary");
@@ -493,6 +382,148 @@ pub fn lab(args: LabArgs) -> Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The kernel series named by `--kernel` (or all), each once, in the order given.
+fn chosen_series(names: &[String]) -> Result<Vec<Series>> {
+    let mut series: Vec<Series> = Vec::new();
+    for k in names {
+        let add = match k.as_str() {
+            "all" => Series::all(),
+            k => vec![Series::by_name(k).with_context(|| format!("unknown kernel {k}"))?],
+        };
+        for s in add {
+            if !series.iter().any(|have| have.name == s.name) {
+                series.push(s);
+            }
+        }
+    }
+    Ok(series)
+}
+
+/// One guest: fetch its kernel, build its initramfs, boot it with the tests, judge the run.
+fn run_series(
+    s: Series,
+    args: &LabArgs,
+    body: &str,
+    apt: &apt::Apt,
+    cache: &Path,
+    lab_dir: &Path,
+    init: &Path,
+) -> Result<Outcome> {
+    let t0 = Instant::now();
+    let k = kernel::fetch(s, apt, cache)
+        .with_context(|| format!("getting the {} guest kernel", s.name))?;
+    let initramfs = initramfs::initramfs(&k, cache, init)?;
+    let run_dir = lab_dir.join(format!("run-{}-{}", s.name, std::process::id()));
+    let _ = fs::remove_dir_all(&run_dir);
+    fs::create_dir_all(&run_dir)?;
+    let script = run_dir.join("guest.sh");
+    fs::write(&script, guest_script(s.name, body))?;
+    let prep = t0.elapsed();
+    eprintln!(
+        "lab: === {} ({}): booting ({} MiB, {} CPUs, TCG thread={}) ===",
+        s.name, k.release, args.mem, args.smp, args.tcg
+    );
+    let r = vm::run(&vm::VmConfig {
+        vmlinuz: &k.vmlinuz,
+        initramfs: &initramfs,
+        extra_append: format!(
+            "mt.script={} mt.moddir={}",
+            script.display(),
+            k.moddir.display()
+        ),
+        run_dir: &run_dir,
+        mem_mib: args.mem,
+        smp: args.smp,
+        tcg_threads: &args.tcg,
+        scratch_mib: args.disk,
+        timeout: Duration::from_secs(args.timeout),
+        echo: true,
+    })?;
+    if !r.output.ends_with('\n') && !r.output.is_empty() {
+        println!();
+    }
+    let secs = |d: Duration| format!("{:.1} s", d.as_secs_f64());
+    let boot = r
+        .boot
+        .map(|b| format!(", boot {}", secs(b)))
+        .unwrap_or_default();
+    let timing = format!("{}{boot}, prep {}", secs(r.elapsed), secs(prep));
+    let (ok, detail) = judge(&r, args);
+    if !ok && (r.timed_out || r.exit.is_none() || r.boot.is_none()) {
+        eprintln!(
+            "lab: last lines of the guest console ({}):\n{}",
+            r.console_log.display(),
+            vm::tail(&r.console_log, 25)
+        );
+    }
+    let line = format!(
+        "lab: {} ({}): {} — {detail} — {timing}",
+        s.name,
+        k.release,
+        if ok { "PASS" } else { "FAIL" }
+    );
+    eprintln!("{line}");
+    clean_up(&run_dir, ok, args.keep);
+    Ok(Outcome { line, ok })
+}
+
+/// Whether a guest run passed, and a line saying what it did.
+fn judge(r: &vm::VmResult, args: &LabArgs) -> (bool, String) {
+    if r.timed_out {
+        (
+            false,
+            format!("guest timed out after {} s and was killed", args.timeout),
+        )
+    } else {
+        match r.exit {
+            None => (
+                false,
+                "the guest died without reporting an exit status".to_string(),
+            ),
+            Some(125) if r.boot.is_none() => {
+                (false, "the guest's setup failed (exit 125)".to_string())
+            }
+            Some(rc) if args.shell_cmd.is_some() => (rc == 0, format!("exit {rc}")),
+            Some(rc) => {
+                let (p, f) = count_results(&r.output);
+                let ends = r.output.matches("lab: end ").count();
+                let bad = r
+                    .output
+                    .lines()
+                    .filter(|l| l.starts_with("lab: end ") && !l.ends_with(": exit 0"))
+                    .count();
+                let none = if p + f == 0 { ", no test ran" } else { "" };
+                (
+                rc == 0,
+                format!(
+                    "{p} passed, {f} failed ({ends} test executable{}, {bad} failed{none}; exit {rc})",
+                    if ends == 1 { "" } else { "s" }
+                ),
+            )
+            }
+        }
+    }
+}
+
+/// A kept run stays; a failed one keeps its logs until the next lab run; a passed one goes.
+fn clean_up(run_dir: &Path, ok: bool, keep: bool) {
+    if keep {
+        let _ = fs::write(run_dir.join(".keep"), "");
+        eprintln!("lab: kept {}", run_dir.display());
+    } else if !ok {
+        // The logs stay until the next lab run; the disk images go now.
+        let _ = fs::remove_file(run_dir.join("aux.img"));
+        let _ = fs::remove_file(run_dir.join("scratch.img"));
+        let _ = fs::remove_file(run_dir.join("requeue.img"));
+        eprintln!(
+            "lab: logs in {} (until the next lab run)",
+            run_dir.display()
+        );
+    } else {
+        let _ = fs::remove_dir_all(run_dir);
+    }
 }
 
 #[cfg(test)]

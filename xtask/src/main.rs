@@ -6,7 +6,7 @@ use std::{
     process::{Command, ExitCode},
 };
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 
 mod bench;
@@ -72,6 +72,25 @@ fn cargo() -> Command {
 }
 
 /// Runs `cmd`; its exit status becomes ours.
+/// Runs a short helper command (losetup, mount, apt-get, dpkg) quietly: its standard output,
+/// trimmed; on failure, an error with the command and what it printed.
+fn run_quiet(cmd: &mut Command) -> Result<String> {
+    let out = cmd
+        .stdin(std::process::Stdio::null())
+        .output()
+        .with_context(|| format!("cannot start {:?}", cmd.get_program()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let printed: Vec<&str> = [stdout.as_str(), stderr.trim()]
+            .into_iter()
+            .filter(|t| !t.is_empty())
+            .collect();
+        bail!("{cmd:?} failed ({}): {}", out.status, printed.join("\n"));
+    }
+    Ok(stdout)
+}
+
 fn run(mut cmd: Command) -> Result<ExitCode> {
     let status = cmd
         .status()

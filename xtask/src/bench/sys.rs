@@ -16,6 +16,8 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
+use crate::run_quiet;
+
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(_: libc::c_int) {
@@ -55,22 +57,6 @@ pub fn nap(d: Duration) -> Result<()> {
         sleep((end - Instant::now()).min(Duration::from_millis(20)));
     }
     check_interrupt()
-}
-
-/// Runs a short helper command (losetup, mount); its stderr on failure.
-pub fn run_quiet(cmd: &mut Command) -> Result<String> {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("cannot start {:?}", cmd.get_program()))?;
-    if !out.status.success() {
-        bail!(
-            "{:?} failed: {}",
-            cmd,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 /// /dev/shm/mt-bench-PID: the backing file, captures, perf.data and the children's output.

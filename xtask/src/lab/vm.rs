@@ -123,28 +123,81 @@ fn check_path(p: &Path) -> Result<String> {
 
 pub fn run(cfg: &VmConfig) -> Result<VmResult> {
     let dir = cfg.run_dir;
-    let aux = dir.join("aux.img");
-    let scratch = dir.join("scratch.img");
-    sparse_file(&aux, 64)?;
-    sparse_file(&scratch, cfg.scratch_mib)?;
-    let requeue = dir.join("requeue.img");
-    sparse_file(&requeue, REQUEUE_DISK_MIB)?;
-    let console_log = dir.join("console.log");
-    let out_log = dir.join("out.log");
-    let rc_log = dir.join("rc.log");
-    for f in [&console_log, &out_log, &rc_log] {
+    let disks = Disks {
+        aux: dir.join("aux.img"),
+        scratch: dir.join("scratch.img"),
+        requeue: dir.join("requeue.img"),
+    };
+    sparse_file(&disks.aux, 64)?;
+    sparse_file(&disks.scratch, cfg.scratch_mib)?;
+    sparse_file(&disks.requeue, REQUEUE_DISK_MIB)?;
+    let logs = Logs {
+        console: dir.join("console.log"),
+        out: dir.join("out.log"),
+        rc: dir.join("rc.log"),
+    };
+    for f in [&logs.console, &logs.out, &logs.rc] {
         fs::File::create(f).with_context(|| format!("cannot create {}", f.display()))?;
     }
     let sock = dir.join("virtiofs.sock");
-    let sock_s = check_path(&sock)?;
+    let virtiofsd = start_virtiofsd(&sock, &dir.join("virtiofsd.log"))?;
+
+    let mut q = qemu_command(cfg, &disks, &logs, &check_path(&sock)?)?;
+    let qemu_log = dir.join("qemu.log");
+    q.stdin(Stdio::null())
+        .stdout(fs::File::create(&qemu_log)?)
+        .stderr(fs::File::create(&qemu_log)?.try_clone()?);
+    die_with_parent(&mut q);
+    let start = Instant::now();
+    let qemu = Reaped(Some(q.spawn().with_context(|| {
+        format!("cannot start {QEMU} (scripts/setup --lab installs qemu-system-x86)")
+    })?));
+    let watched = watch(cfg, qemu, &logs, start)?;
+    stop_virtiofsd(virtiofsd, &sock)?;
+
+    let rc_text = fs::read_to_string(&logs.rc).unwrap_or_default();
+    let exit = rc_text
+        .lines()
+        .rev()
+        .find_map(|l| l.trim().parse::<i32>().ok());
+    if let Some(st) = watched.status {
+        if exit.is_none() && !st.success() {
+            eprintln!("lab: qemu exited with {st}:\n{}", tail(&qemu_log, 20));
+        }
+    }
+    Ok(VmResult {
+        exit,
+        boot: watched.boot,
+        elapsed: watched.elapsed,
+        timed_out: watched.timed_out,
+        output: String::from_utf8_lossy(&watched.output).into_owned(),
+        console_log: logs.console,
+    })
+}
+
+/// The guest's three disks: vda (aux), vdb (scratch), vdc (requeue).
+struct Disks {
+    aux: PathBuf,
+    scratch: PathBuf,
+    requeue: PathBuf,
+}
+
+/// The guest's serial ports: the console, the test output, the exit code.
+struct Logs {
+    console: PathBuf,
+    out: PathBuf,
+    rc: PathBuf,
+}
+
+/// virtiofsd serving the host's / on `sock`, once it listens.
+fn start_virtiofsd(sock: &Path, log: &Path) -> Result<Reaped> {
+    let sock_s = check_path(sock)?;
     ensure!(
         sock_s.len() < 100,
         "the virtiofs socket path is too long for a unix socket: {sock_s}"
     );
-    let _ = fs::remove_file(&sock);
-
-    // virtiofsd: the C one, chroot sandbox (the namespace one fails with pivot_root EBUSY).
-    let vfs_log = dir.join("virtiofsd.log");
+    let _ = fs::remove_file(sock);
+    // The C virtiofsd, chroot sandbox (the namespace one fails with pivot_root EBUSY).
     let mut vcmd = Command::new(VIRTIOFSD);
     vcmd.arg(format!("--socket-path={sock_s}"))
         .args([
@@ -156,8 +209,8 @@ pub fn run(cfg: &VmConfig) -> Result<VmResult> {
             "cache=always",
         ])
         .stdin(Stdio::null())
-        .stdout(fs::File::create(&vfs_log)?)
-        .stderr(fs::File::create(&vfs_log)?.try_clone()?);
+        .stdout(fs::File::create(log)?)
+        .stderr(fs::File::create(log)?.try_clone()?);
     die_with_parent(&mut vcmd);
     let mut virtiofsd = Reaped(Some(vcmd.spawn().with_context(|| {
         format!("cannot start {VIRTIOFSD} (scripts/setup --lab installs qemu-system-common)")
@@ -167,17 +220,33 @@ pub fn run(cfg: &VmConfig) -> Result<VmResult> {
         if let Some(st) = virtiofsd.child().try_wait()? {
             bail!(
                 "virtiofsd exited ({st}) before listening:\n{}",
-                tail(&vfs_log, 20)
+                tail(log, 20)
             );
         }
         ensure!(
             Instant::now() < deadline,
             "virtiofsd did not create {sock_s} within 15 s:\n{}",
-            tail(&vfs_log, 20)
+            tail(log, 20)
         );
         thread::sleep(Duration::from_millis(20));
     }
+    Ok(virtiofsd)
+}
 
+/// virtiofsd exits when QEMU goes away; give it a moment, then stop it.
+fn stop_virtiofsd(mut virtiofsd: Reaped, sock: &Path) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while virtiofsd.child().try_wait()?.is_none() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+    }
+    drop(virtiofsd);
+    let _ = fs::remove_file(sock);
+    Ok(())
+}
+
+/// The QEMU command line: TCG, the kernel and initramfs, the serial logs, the host's / over
+/// virtiofs and the three disks.
+fn qemu_command(cfg: &VmConfig, disks: &Disks, logs: &Logs, sock_s: &str) -> Result<Command> {
     let append = format!(
         "console=ttyS0 panic=-1 oops=panic tsc=reliable rdinit=/init {}",
         cfg.extra_append
@@ -215,37 +284,41 @@ pub fn run(cfg: &VmConfig) -> Result<VmResult> {
     .arg("-initrd")
     .arg(cfg.initramfs)
     .args(["-append", &append])
-    .args(["-serial", &format!("file:{}", check_path(&console_log)?)])
-    .args(["-serial", &format!("file:{}", check_path(&out_log)?)])
-    .args(["-serial", &format!("file:{}", check_path(&rc_log)?)])
+    .args(["-serial", &format!("file:{}", check_path(&logs.console)?)])
+    .args(["-serial", &format!("file:{}", check_path(&logs.out)?)])
+    .args(["-serial", &format!("file:{}", check_path(&logs.rc)?)])
     .args(["-chardev", &format!("socket,id=vfs,path={sock_s}")])
     .args(["-device", "vhost-user-fs-pci,chardev=vfs,tag=host"])
     // vda: a small extra disk, so that the scratch disk is vdb (as in the article's lab).
-    .args(["-drive", &drive(&aux, "d0")?])
+    .args(["-drive", &drive(&disks.aux, "d0")?])
     .args([
         "-device",
         "virtio-blk-pci,drive=d0,num-queues=1,serial=mt-aux",
     ])
     // vdb: the scratch disk; one queue, so mq-deadline is the default scheduler.
-    .args(["-drive", &drive(&scratch, "d1")?])
+    .args(["-drive", &drive(&disks.scratch, "d1")?])
     .args([
         "-device",
         "virtio-blk-pci,drive=d1,num-queues=1,serial=mt-scratch",
     ])
     // vdc: the requeue disk (after vda and vdb, which the tests rely on).
-    .args(["-drive", &drive(&requeue, "d2")?])
+    .args(["-drive", &drive(&disks.requeue, "d2")?])
     .args(["-device", REQUEUE_DEVICE]);
-    let qemu_log = dir.join("qemu.log");
-    q.stdin(Stdio::null())
-        .stdout(fs::File::create(&qemu_log)?)
-        .stderr(fs::File::create(&qemu_log)?.try_clone()?);
-    die_with_parent(&mut q);
-    let start = Instant::now();
-    let mut qemu = Reaped(Some(q.spawn().with_context(|| {
-        format!("cannot start {QEMU} (scripts/setup --lab installs qemu-system-x86)")
-    })?));
+    Ok(q)
+}
 
-    let mut out = fs::File::open(&out_log)?;
+/// What watching the guest saw.
+struct Watched {
+    status: Option<std::process::ExitStatus>,
+    boot: Option<Duration>,
+    elapsed: Duration,
+    timed_out: bool,
+    output: Vec<u8>,
+}
+
+/// Follows the guest's output (echoing it when asked) until QEMU exits or the timeout.
+fn watch(cfg: &VmConfig, mut qemu: Reaped, logs: &Logs, start: Instant) -> Result<Watched> {
+    let mut out = fs::File::open(&logs.out)?;
     let mut output = Vec::new();
     let mut boot = None;
     let mut timed_out = false;
@@ -270,7 +343,7 @@ pub fn run(cfg: &VmConfig) -> Result<VmResult> {
     };
     let status = loop {
         follow(&mut output)?;
-        if boot.is_none() && fs::read_to_string(&rc_log).is_ok_and(|s| s.starts_with("ready")) {
+        if boot.is_none() && fs::read_to_string(&logs.rc).is_ok_and(|s| s.starts_with("ready")) {
             boot = Some(start.elapsed());
         }
         if let Some(st) = qemu.child().try_wait()? {
@@ -288,31 +361,11 @@ pub fn run(cfg: &VmConfig) -> Result<VmResult> {
     let elapsed = start.elapsed();
     follow(&mut output)?;
     drop(qemu);
-
-    // virtiofsd exits when QEMU goes away; give it a moment, then stop it.
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while virtiofsd.child().try_wait()?.is_none() && Instant::now() < deadline {
-        thread::sleep(Duration::from_millis(20));
-    }
-    drop(virtiofsd);
-    let _ = fs::remove_file(&sock);
-
-    let rc_text = fs::read_to_string(&rc_log).unwrap_or_default();
-    let exit = rc_text
-        .lines()
-        .rev()
-        .find_map(|l| l.trim().parse::<i32>().ok());
-    if let Some(st) = status {
-        if exit.is_none() && !st.success() {
-            eprintln!("lab: qemu exited with {st}:\n{}", tail(&qemu_log, 20));
-        }
-    }
-    Ok(VmResult {
-        exit,
+    Ok(Watched {
+        status,
         boot,
         elapsed,
         timed_out,
-        output: String::from_utf8_lossy(&output).into_owned(),
-        console_log,
+        output,
     })
 }
