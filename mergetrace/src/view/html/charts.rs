@@ -45,6 +45,34 @@ fn y_max(m: u64, legend: bool) -> u64 {
     }
 }
 
+/// Every chart's frame: its caption, margins and room for the axis labels.
+fn frame<'a, 'b>(
+    root: &'a DrawingArea<SVGBackend<'b>, plotters::coord::Shift>,
+    title: &'b str,
+) -> ChartBuilder<'a, 'b, SVGBackend<'b>> {
+    let mut b = ChartBuilder::on(root);
+    b.caption(title, (FONT, 16))
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(60);
+    b
+}
+
+/// The legend, upper right, on a white background of `opacity`.
+fn legend<'a, 'b: 'a, X: Ranged, Y: Ranged>(
+    chart: &mut ChartContext<'a, SVGBackend<'b>, Cartesian2d<X, Y>>,
+    opacity: f64,
+) -> Result<()> {
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .label_font((FONT, 12))
+        .background_style(WHITE.mix(opacity))
+        .border_style(RGBColor(180, 180, 180))
+        .draw()
+        .map_err(err)
+}
+
 /// One line of a [`line_chart`].
 pub(super) struct Line<'a> {
     pub(super) name: &'a str,
@@ -72,11 +100,7 @@ pub(super) fn line_chart(
             .max()
             .unwrap_or(0);
         let x_end = buckets.max(1) as u64;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(title, (FONT, 16))
-            .margin(10)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
+        let mut chart = frame(&root, title)
             .build_cartesian_2d(0u64..x_end, 0u64..y_max(max, true))
             .map_err(err)?;
         chart
@@ -110,14 +134,7 @@ pub(super) fn line_chart(
             anno.label(l.name)
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .label_font((FONT, 12))
-            .background_style(WHITE.mix(0.9))
-            .border_style(RGBColor(180, 180, 180))
-            .draw()
-            .map_err(err)?;
+        legend(&mut chart, 0.9)?;
         root.present().map_err(err)?;
     }
     Ok(svg)
@@ -145,11 +162,7 @@ pub(super) fn bar_chart<S: AsRef<str>>(
             })
             .collect();
         let max = totals.iter().copied().max().unwrap_or(0);
-        let mut chart = ChartBuilder::on(&root)
-            .caption(title, (FONT, 16))
-            .margin(10)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
+        let mut chart = frame(&root, title)
             // an inclusive range: n segments
             .build_cartesian_2d(
                 (0..n - 1).into_segmented(),
@@ -179,14 +192,7 @@ pub(super) fn bar_chart<S: AsRef<str>>(
         stack(&mut chart, series, n)?;
         label_totals(&mut chart, &totals)?;
         if series.len() > 1 {
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .label_font((FONT, 12))
-                .background_style(WHITE.mix(0.85))
-                .border_style(RGBColor(180, 180, 180))
-                .draw()
-                .map_err(err)?;
+            legend(&mut chart, 0.85)?;
         }
         root.present().map_err(err)?;
     }
