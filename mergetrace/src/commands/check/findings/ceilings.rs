@@ -92,12 +92,7 @@ mod tests {
         i.queue.hw_queues = 4;
         let f = findings(&i);
         let c = by_topic(&f, "merge ceiling");
-        assert!(
-            c.finding
-                .starts_with("the largest request merging can build is 256 KiB"),
-            "{}",
-            c.finding
-        );
+        assert_starts(c, "the largest request merging can build is 256 KiB");
         assert!(
             c.finding.contains("set by max_sectors_kb") && c.finding.contains("rotational: seeks")
         );

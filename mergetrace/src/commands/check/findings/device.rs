@@ -145,9 +145,7 @@ mod tests {
             "none, also available: mq-deadline, kyber, bfq: no elevator: bios merge in the task's plug list, then on the software queues (blk_bio_list_merge); nr_requests=128"
         );
         let n = by_topic(&f, "nomerges");
-        assert!(n
-            .finding
-            .starts_with("nomerges=0: all merge attempts are on"));
+        assert_starts(n, "nomerges=0: all merge attempts are on");
         assert_eq!(
             n.lever.as_deref(),
             Some("echo 2 > /sys/block/sda/queue/nomerges turns every merge off; 1 would change nothing here")
@@ -155,12 +153,7 @@ mod tests {
         i.queue.nomerges = 1;
         let f = findings(&i);
         let n = by_topic(&f, "nomerges");
-        assert!(
-            n.finding
-                .starts_with("nomerges=1 changes nothing with scheduler none"),
-            "{}",
-            n.finding
-        );
+        assert_starts(n, "nomerges=1 changes nothing with scheduler none");
         assert!(n
             .lever
             .as_deref()
@@ -170,12 +163,7 @@ mod tests {
         let f = findings(&i);
         assert!(by_topic(&f, "scheduler").finding.starts_with("mq-deadline, also available: none, kyber, bfq: bios merge in the task's plug list, then in mq-deadline through elv_merge"));
         let n = by_topic(&f, "nomerges");
-        assert!(
-            n.finding
-                .starts_with("nomerges=1 with mq-deadline: plug merges still happen"),
-            "{}",
-            n.finding
-        );
+        assert_starts(n, "nomerges=1 with mq-deadline: plug merges still happen");
         assert!(n
             .lever
             .as_deref()
@@ -190,19 +178,13 @@ mod tests {
         i.queue.nomerges = 2;
         let f = findings(&i);
         let n = by_topic(&f, "nomerges");
-        assert!(n.finding.starts_with("nomerges=2 disables all bio merges"));
+        assert_starts(n, "nomerges=2 disables all bio merges");
         assert_eq!(
             n.lever.as_deref(),
             Some("echo 0 > /sys/block/sda/queue/nomerges turns merging back on")
         );
         let p = by_topic(&f, "plug flush");
-        assert!(
-            p.finding.starts_with(
-                "a task's plug list is flushed to the device at 32 requests only (the 128 KiB size rule is off with nomerges=2); 64 requests"
-            ),
-            "{}",
-            p.finding
-        );
+        assert_starts(p, "a task's plug list is flushed to the device at 32 requests only (the 128 KiB size rule is off with nomerges=2); 64 requests");
         i.queue.scheduler = parse_scheduler("none [kyber]");
         assert!(by_topic(&findings(&i), "scheduler")
             .finding

@@ -134,31 +134,13 @@ mod tests {
     fn sda_arithmetic() {
         let f = findings(&sda_input());
         let w = by_topic(&f, "write merges");
-        assert!(
-            w.finding.starts_with(
-                "write merge rate since boot (11.5 h): 23.6 % (3,282,202 of 13,918,839 write bios merged into 10,636,637 device requests; 337 write bios/s on average; diskstats' merged also counts request-request merges)"
-            ),
-            "{}",
-            w.finding
-        );
+        assert_starts(w, "write merge rate since boot (11.5 h): 23.6 % (3,282,202 of 13,918,839 write bios merged into 10,636,637 device requests; 337 write bios/s on average; diskstats' merged also counts request-request merges)");
         assert!(w.lever.as_deref().unwrap().contains("submit in batches"));
         let s = by_topic(&f, "write request size");
-        assert!(
-            s.finding.starts_with(
-                "average write request reaching the device: 6.36 KiB (135,302,774 sectors over 10,636,637 requests; merging can build up to 512 KiB)"
-            ),
-            "{}",
-            s.finding
-        );
+        assert_starts(s, "average write request reaching the device: 6.36 KiB (135,302,774 sectors over 10,636,637 requests; merging can build up to 512 KiB)");
         let r = by_topic(&f, "read merges");
         // 234489 / (639705 + 234489) = 26.8 %
-        assert!(
-            r.finding.starts_with(
-                "read merge rate since boot (11.5 h): 26.8 % (234,489 of 874,194 read bios merged into 639,705 device requests"
-            ),
-            "{}",
-            r.finding
-        );
+        assert_starts(r, "read merge rate since boot (11.5 h): 26.8 % (234,489 of 874,194 read bios merged into 639,705 device requests");
         let rs = by_topic(&f, "read request size");
         // 36923566 / 639705 / 2 = 28.86 KiB
         assert!(rs.finding.contains("28.86 KiB"), "{}", rs.finding);
@@ -172,7 +154,7 @@ mod tests {
         assert_eq!(by_topic(&f, "write merges").finding, "no writes since boot");
         assert!(f.iter().all(|x| x.topic != "write request size"));
         let r = by_topic(&f, "read merges");
-        assert!(r.finding.starts_with("read merge rate since boot: 0.0 % (0 of 10 read bios merged into 10 device requests; diskstats'"), "{}", r.finding);
+        assert_starts(r, "read merge rate since boot: 0.0 % (0 of 10 read bios merged into 10 device requests; diskstats'");
         assert!(by_topic(&f, "read request size")
             .finding
             .contains(": 4.00 KiB (80 sectors over 10 requests"));

@@ -108,4 +108,14 @@ pub(super) mod fixtures {
             .find(|x| x.topic == topic)
             .unwrap_or_else(|| panic!("no finding {topic} in {f:#?}"))
     }
+
+    /// The finding's text starts with `prefix` (the rest carries numbers of the moment).
+    #[track_caller]
+    pub fn assert_starts(f: &Finding, prefix: &str) {
+        assert!(
+            f.finding.starts_with(prefix),
+            "{:?} does not start with {prefix:?}",
+            f.finding
+        );
+    }
 }

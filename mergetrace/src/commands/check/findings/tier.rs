@@ -70,12 +70,7 @@ mod tests {
         i.env.fentry = None;
         i.env.privileges = Privileges::Missing;
         let t = by_topic(&findings(&i), "tier").clone();
-        assert!(
-            t.finding
-                .starts_with("mergetrace cannot trace here: needs root"),
-            "{}",
-            t.finding
-        );
+        assert_starts(&t, "mergetrace cannot trace here: needs root");
         assert_eq!(
             t.lever.as_deref(),
             Some("run it with sudo, or grant CAP_BPF and CAP_PERFMON")
