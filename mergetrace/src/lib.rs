@@ -21,4 +21,6 @@ pub mod kernel;
 pub mod model;
 pub mod offline;
 pub mod sys;
+#[cfg(test)]
+mod testing;
 pub mod view;

@@ -166,7 +166,7 @@ mod tests {
     use super::*;
     use crate::{
         capture::{CaptureWriter, Header, RecordedDevice, WriterOptions},
-        offline::synth::{Synth, START_NS},
+        testing::synth::{Synth, START_NS},
     };
     use mergetrace_common::path;
 

@@ -2,5 +2,3 @@ pub mod analysis;
 pub mod lineage;
 pub mod load;
 pub mod names;
-#[cfg(test)]
-pub mod synth;

@@ -244,23 +244,7 @@ impl QueueSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn loop_like() -> QueueSettings {
-        QueueSettings {
-            scheduler: parse_scheduler("[none] mq-deadline kyber bfq\n"),
-            nomerges: 0,
-            max_sectors_kb: 1280,
-            max_hw_sectors_kb: 1280,
-            max_segments: 128,
-            nr_requests: Some(128),
-            rotational: false,
-            logical_block_size: 512,
-            hw_queues: 1,
-            max_segment_size: Some(65536),
-            chunk_sectors: Some(0),
-            discard_max_bytes: Some(4 << 30),
-        }
-    }
+    use crate::testing::fixtures::loop_queue as loop_like;
 
     #[test]
     fn scheduler_lines() {

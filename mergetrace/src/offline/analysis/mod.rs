@@ -302,8 +302,8 @@ mod tests {
     use crate::{
         model::aggregate::Aggregator,
         model::snapshot::{self, Lookup, SnapshotKind},
-        offline::synth::{Synth, START_NS},
         sys::device::Device,
+        testing::synth::{Synth, START_NS},
     };
     use mergetrace_common::path;
 

@@ -3,7 +3,7 @@
 use mergetrace_common::{flags, kind, path};
 
 use super::*;
-use crate::offline::{names::Names, synth::Synth};
+use crate::{offline::names::Names, testing::synth::Synth};
 
 const DEV: u32 = 7 << 20 | 2;
 
@@ -258,7 +258,7 @@ fn lineage_throttle_wait_and_charge_follow_the_bio() {
 fn lineage_renders_text_and_json() {
     let (_, l) = one_batch(false);
     let h = crate::capture::Header {
-        start_monotonic_ns: crate::offline::synth::START_NS,
+        start_monotonic_ns: crate::testing::synth::START_NS,
         devices: vec![crate::capture::RecordedDevice {
             name: "loop2".into(),
             major: 7,

@@ -232,7 +232,7 @@ pub fn write_files(base: &Path, events: &[Event], h: &Header) -> Result<Vec<Writ
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::offline::synth::{Synth, START_NS};
+    use crate::testing::synth::{Synth, START_NS};
     use mergetrace_common::path;
 
     fn field_u32(r: &[u8], at: usize) -> u32 {

@@ -132,7 +132,7 @@ mod tests {
     use super::*;
     use crate::{
         capture::{Header, RecordedCgroup, RecordedDevice},
-        offline::synth::{Synth, START_NS},
+        testing::synth::{Synth, START_NS},
     };
     use mergetrace_common::path;
 

@@ -53,12 +53,8 @@ pub fn findings(input: &CheckInput) -> Vec<Finding> {
 pub(super) mod fixtures {
     pub use super::{findings, Finding};
     pub use crate::commands::check::{environment::tests::env, gather::CheckInput};
-    use crate::sys::{
-        cgroups::Hierarchy,
-        device::Device,
-        diskstats::find_diskstats,
-        queue::{parse_scheduler, QueueSettings},
-    };
+    use crate::sys::{cgroups::Hierarchy, device::Device, diskstats::find_diskstats};
+    pub use crate::testing::fixtures::loop_queue;
 
     /// A published sda line, with the fields it elides filled with zeros.
     pub const SDA_LINE: &str =
@@ -71,23 +67,6 @@ pub(super) mod fixtures {
             minor: 0,
             notes: vec![],
             bio_based: false,
-        }
-    }
-
-    pub fn loop_queue() -> QueueSettings {
-        QueueSettings {
-            scheduler: parse_scheduler("[none] mq-deadline kyber bfq"),
-            nomerges: 0,
-            max_sectors_kb: 1280,
-            max_hw_sectors_kb: 1280,
-            max_segments: 128,
-            nr_requests: Some(128),
-            rotational: false,
-            logical_block_size: 512,
-            hw_queues: 1,
-            max_segment_size: Some(65536),
-            chunk_sectors: Some(0),
-            discard_max_bytes: Some(4 << 30),
         }
     }
 

@@ -169,7 +169,7 @@ fn metadata(out: &mut Out, layout: &Layout, names: &mut Names) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::offline::synth::{Synth, START_NS};
+    use crate::testing::synth::{Synth, START_NS};
     use mergetrace_common::path;
     use std::collections::BTreeMap;
 

@@ -1,7 +1,5 @@
 //! Synthetic event streams for unit tests: what the probes emit for plugged batches,
 //! elevator merges, splits, requeues and flushes, in the kernel's order.
-#![cfg(test)]
-
 use mergetrace_common::{flags, kind, Event};
 
 /// Capture start used by [`Synth`]: events begin 1 µs later.
