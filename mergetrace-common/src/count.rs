@@ -186,6 +186,13 @@ pub struct Counters {
     /// Issued requests by the number of bios they carry: bucket `i` holds `2^i ..= 2^(i+1)-1`
     /// bios (the last bucket takes everything larger). See [`count_bucket`].
     pub bios_per_request_hist: [u64; COUNT_BUCKETS],
+    /// io.cost (events with `flags::IOCOST`): bios that started a request (each pays a base
+    /// cost), those of them random by the cursor rule, bios that merged (size cost only), and
+    /// the 4 KiB pages of all of them (size cost).
+    pub iocost_requests: u64,
+    pub iocost_random: u64,
+    pub iocost_merged: u64,
+    pub iocost_pages: u64,
 }
 
 /// Request size histogram buckets: 512 B, 1 KiB, … 8 MiB, larger.
@@ -235,6 +242,10 @@ impl Counters {
         // bio kinds are 1 (BIO_QUEUE) to 5 (GETRQ).
         if ev.flags & flags::THROTTLE_RELEASED != 0 && ev.kind <= kind::GETRQ {
             self.throttled_bios += 1;
+        }
+        // The io.cost bit is only set on merges and getrq (kinds 3 to 5).
+        if ev.flags & flags::IOCOST != 0 && ev.kind >= kind::BACK_MERGE && ev.kind <= kind::GETRQ {
+            self.count_iocost(ev);
         }
         match ev.kind {
             kind::BIO_QUEUE => {
@@ -317,6 +328,18 @@ impl Counters {
             }
             kind::ELV_MERGE => self.elv_decisions[ev.path as usize & 3] += 1,
             _ => {}
+        }
+    }
+
+    /// io.cost's charge of a bio that started a request (base and size) or merged (size).
+    #[inline(always)]
+    fn count_iocost(&mut self, ev: &Event) {
+        self.iocost_pages += crate::iocost::pages(ev.bytes);
+        if ev.kind == kind::GETRQ {
+            self.iocost_requests += 1;
+            self.iocost_random += (ev.path != 0) as u64;
+        } else {
+            self.iocost_merged += 1;
         }
     }
 

@@ -38,7 +38,9 @@ pub struct Event {
     pub kind: u8,
     /// `REQ_OP_*` (`opf & 0xff`).
     pub op: u8,
-    /// Bio merges: one of [`path`]; complete: the `blk_status_t`.
+    /// Bio merges: one of [`path`]; complete: the `blk_status_t`; getrq with
+    /// [`flags::IOCOST`]: 1 if io.cost's cursor rule calls the bio random (it pays the random
+    /// base cost), 0 if sequential.
     pub path: u8,
     /// Bits of [`flags`].
     pub flags: u8,
@@ -149,8 +151,60 @@ pub const MAX_DEVICES: usize = 16;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TracedDevices {
     pub devs: [u32; MAX_DEVICES],
+    /// Per disk, bits of [`iocost`]: io.cost is on for the disk (when the run started), and
+    /// how this kernel charges an empty bio.
+    pub iocost: [u32; MAX_DEVICES],
     pub count: u32,
     pub _pad: u32,
+}
+
+/// io.cost's charging rule as the programs follow it, per traced disk ([`TracedDevices`]).
+pub mod iocost {
+    /// io.cost is enabled on the disk (`io.cost.qos` `enable=1`).
+    pub const ENABLED: u32 = 1 << 0;
+    /// An empty bio (a data-less `REQ_PREFLUSH` write) is charged a base cost and one page,
+    /// and moves the cursor to its sector (before 6.6, which skips empty bios).
+    pub const EMPTY_CHARGED: u32 = 1 << 1;
+    /// A bio that starts a request more than this many 4 KiB pages from its cgroup's cursor
+    /// pays the random base cost (`LCOEF_RANDIO_PAGES`), else the sequential one.
+    pub const RANDIO_PAGES: u64 = 4096;
+
+    /// The pages io.cost charges for a bio of `bytes`: `max(bio_sectors >> 3, 1)`.
+    #[inline(always)]
+    pub fn pages(bytes: u32) -> u64 {
+        let p = (bytes >> 12) as u64;
+        if p == 0 {
+            1
+        } else {
+            p
+        }
+    }
+
+    /// io.cost's per-(cgroup, disk) cursor rule for a bio that starts a request at `sector`
+    /// with `bytes`: whether it is random (seeks more than [`RANDIO_PAGES`] from `cursor`; a
+    /// cursor of 0 seeks nowhere), and the cursor after it (the bio's end).
+    #[inline(always)]
+    pub fn start(cursor: u64, sector: u64, bytes: u32) -> (bool, u64) {
+        let seek = if cursor == 0 {
+            0
+        } else if sector > cursor {
+            (sector - cursor) >> 3
+        } else {
+            (cursor - sector) >> 3
+        };
+        (seek > RANDIO_PAGES, sector + (bytes >> 9) as u64)
+    }
+
+    /// The cursor after a bio back-merges at `sector` with `bytes`: io.cost moves it to the
+    /// bio's end only when the request the bio joins ended at the cursor.
+    #[inline(always)]
+    pub fn back_merge(cursor: u64, sector: u64, bytes: u32) -> u64 {
+        if cursor == sector {
+            sector + (bytes >> 9) as u64
+        } else {
+            cursor
+        }
+    }
 }
 
 /// Plug flush depths counted per disk and kind (explicit or from schedule): 0 ..= this; deeper
@@ -190,6 +244,9 @@ pub mod flags {
     /// Issue: the request was issued before and handed back by the driver (requeued); this
     /// issue is the same request again, not a new one.
     pub const REISSUE: u8 = 1 << 6;
+    /// Bio merges and getrq: io.cost charges this bio (its disk has io.cost on, it reads or
+    /// writes, and it has data or this kernel charges empty bios).
+    pub const IOCOST: u8 = 1 << 7;
 }
 
 /// Kernel struct offsets (bytes) and enum values, resolved by user space from the running

@@ -90,10 +90,13 @@ pub fn dir_name(code: u32) -> &'static str {
 }
 
 /// The flag bits exports name ([`crate::flags`]); others are shown as hex.
-pub const FLAG_NAMES: [(u8, &str); 5] = [
+pub const FLAG_NAMES: [(u8, &str); 8] = [
     (flags::THROTTLE_RELEASED, "throttle_released"),
     (flags::RULES_IOPS, "rules_iops"),
     (flags::RULES_BPS, "rules_bps"),
     (flags::BPS_CHARGED, "bps_charged"),
     (flags::UNPLUG_EXPLICIT, "unplug_explicit"),
+    (flags::FLUSH_SEQ, "flush_seq"),
+    (flags::REISSUE, "reissue"),
+    (flags::IOCOST, "iocost"),
 ];

@@ -6,11 +6,11 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
     EbpfContext,
 };
-use mergetrace_common::{flags, kind, path, Event, NONE};
+use mergetrace_common::{flags, iocost, kind, path, Event, NONE};
 
 use crate::{
     emit::{emit, now},
-    maps::{frozen, off, THROTTLE_POLICY},
+    maps::{frozen, off, CursorKey, IOCOST_CURSOR, THROTTLE_POLICY},
     read::{
         bio_disk, blkg_cgroup_id, disk_dev, learn_queue, read, read_probe, ready, traced, Disk,
     },
@@ -342,7 +342,43 @@ fn bio_merge(ctx: &BtfTracePointContext, bio: u64, rq: u64, kind: u8) {
             merge_path_from_plug(ctx, bio, rq, kind == kind::BACK_MERGE)
         };
         mark_released(&mut ev);
+        charge_iocost(&mut ev, disk.slot);
         emit(&ev, disk.slot);
+    }
+}
+
+/// io.cost's charge of a bio that starts a request (getrq) or merges, on a disk with io.cost
+/// on: marks the event `IOCOST` (and random, on getrq) and moves the cgroup's cursor as
+/// `ioc_rqos_throttle` / `ioc_rqos_merge` do. Only reads and writes are charged, and empty
+/// bios only where the kernel charges them. (The root cgroup is never charged: user space
+/// leaves it out.)
+#[inline(always)]
+fn charge_iocost(ev: &mut Event, disk: u32) {
+    let rule = frozen!(TRACED.iocost[(disk & 15) as usize]);
+    if rule & iocost::ENABLED == 0 || ev.op > 1 {
+        return;
+    }
+    if ev.bytes == 0 && rule & iocost::EMPTY_CHARGED == 0 {
+        return;
+    }
+    ev.flags |= flags::IOCOST;
+    if ev.kind == kind::FRONT_MERGE {
+        return;
+    }
+    let key = CursorKey {
+        cgroup_id: ev.cgroup_id,
+        dev: ev.dev as u64,
+    };
+    let cursor = unsafe { IOCOST_CURSOR.get(&key) }.copied().unwrap_or(0);
+    let next = if ev.kind == kind::GETRQ {
+        let (random, next) = iocost::start(cursor, ev.sector, ev.bytes);
+        ev.path = random as u8;
+        next
+    } else {
+        iocost::back_merge(cursor, ev.sector, ev.bytes)
+    };
+    if next != cursor {
+        let _ = IOCOST_CURSOR.insert(&key, &next, 0);
     }
 }
 
@@ -382,6 +418,7 @@ fn getrq(bio: u64) {
             // issues for it (without a bio) is counted for this cgroup.
             unsafe { (*disk.state).flush_cgroup = ev.cgroup_id };
         }
+        charge_iocost(&mut ev, disk.slot);
         emit(&ev, disk.slot);
     }
 }

@@ -112,6 +112,20 @@ pub static REQUEUED: LruHashMap<u64, u64> = LruHashMap::with_max_entries(4096, 0
 #[map]
 pub static THROTTLE_ENTRY: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
 
+/// io.cost's cursor per (cgroup, disk) (`ioc_gq.cursor`), followed from the bios that start
+/// requests and back-merge on disks with io.cost on: it tells a sequential bio from a random
+/// one. LRU: the cursors of cgroups gone (or idle longest) make room.
+#[map]
+pub static IOCOST_CURSOR: LruHashMap<CursorKey, u64> = LruHashMap::with_max_entries(16384, 0);
+
+/// Key of `IOCOST_CURSOR`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CursorKey {
+    pub cgroup_id: u64,
+    pub dev: u64,
+}
+
 /// blk-throttle's policy id + 1 (0: not found yet), the index of its data in `blkg->pd[]`.
 #[map]
 pub static THROTTLE_POLICY: Array<u32> = Array::with_max_entries(1, 0);

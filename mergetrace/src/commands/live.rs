@@ -74,11 +74,17 @@ pub async fn run(args: LiveArgs) -> Result<()> {
     }
     let quit = Arc::new(Notify::new());
     let mut view = view_for(&args, banner, &quit)?;
+    let iocost = session
+        .iocost
+        .iter()
+        .map(|(dev, c)| (*dev, c.model()))
+        .collect();
     let opts = snapshot::Options {
         tier: tier.kind.name(),
         fentry: tier.kind == kernel::TierKind::Fentry,
         meter_units: &meter_units,
         subtree: subtree.as_deref(),
+        iocost: &iocost,
     };
     stop.after(args.run.duration);
     let mut live = Live {

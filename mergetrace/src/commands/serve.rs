@@ -96,6 +96,8 @@ struct Exporter {
     meter_units: Vec<u64>,
     subtree: Option<String>,
     model: Model,
+    /// io.cost's model of the traced disks that have it on.
+    iocost: std::collections::BTreeMap<u32, crate::model::iocost::Model>,
 }
 
 impl Exporter {
@@ -108,6 +110,7 @@ impl Exporter {
             fentry: self.fentry,
             meter_units: &self.meter_units,
             subtree: self.subtree.as_deref(),
+            iocost: &self.iocost,
         };
         let s = snapshot::build(
             &total,
@@ -194,6 +197,11 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         eprintln!("mergetrace: {line}");
     }
     let tier = session.tier.kind;
+    let iocost = session
+        .iocost
+        .iter()
+        .map(|(dev, c)| (*dev, c.model()))
+        .collect();
     let exporter: Shared = Arc::new(Mutex::new(Exporter {
         session,
         names: Names {
@@ -206,6 +214,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         meter_units: args.trace.meter_unit.clone(),
         subtree,
         model: Model::new(args.max_cgroups as usize, tier.name()),
+        iocost,
     }));
     let app = Router::new()
         .route("/metrics", get(metrics))

@@ -1,6 +1,8 @@
 //! Loading the embedded eBPF object for the running kernel and attaching its programs as the
 //! hook table says ([`compat::hooks`]): every tracepoint-tier program, then the fentry tier's
 //! where it is chosen or allowed. A [`Session`] holds them; dropping it detaches everything.
+use std::collections::BTreeMap;
+
 use anyhow::bail;
 use anyhow::{Context, Result};
 use aya::{
@@ -284,6 +286,8 @@ pub struct Session {
     unplugs: PerCpuArray<MapData, u64>,
     /// The traced disks' `dev_t`s, by their slot in the programs' per-disk maps.
     devs: Vec<u32>,
+    /// io.cost on the traced disks that had it on when the run started, by `dev_t`.
+    pub iocost: BTreeMap<u32, crate::sys::iocost::Iocost>,
     /// Held while BPF run-time statistics are on (closing it turns them off).
     _stats: Option<std::os::fd::OwnedFd>,
 }
@@ -310,8 +314,13 @@ impl Session {
             count: devices.len() as u32,
             ..TracedDevices::default()
         };
-        for (slot, d) in traced.devs.iter_mut().zip(devices) {
-            *slot = d.dev().0;
+        let mut iocost = BTreeMap::new();
+        for (slot, d) in devices.iter().enumerate() {
+            traced.devs[slot] = d.dev().0;
+            if let Some(c) = crate::sys::iocost::of(d) {
+                traced.iocost[slot] = c.rule_bits();
+                iocost.insert(d.dev().0, c);
+            }
         }
         let mut modes = opts.modes;
         // A testing knob: tell merge paths from the kernel stack, as before the plug check.
@@ -352,6 +361,7 @@ impl Session {
             slots,
             unplugs,
             devs: devices.iter().map(|d| d.dev().0).collect(),
+            iocost,
             _stats: stats,
         })
     }

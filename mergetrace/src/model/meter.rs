@@ -23,6 +23,10 @@ pub struct Meters {
     pub per_request_created: u64,
     /// Units under cloud-volume meters that count each request in units of `unit_bytes`.
     pub cloud: Vec<CloudMeter>,
+    /// What io.cost charged, where the disk has io.cost on (reads and writes of cgroups other
+    /// than the root).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub iocost: Option<crate::model::iocost::Charge>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

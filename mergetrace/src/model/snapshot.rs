@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::{
     model::aggregate::{Counts, Dir, Window},
+    model::iocost,
     model::limits::{self, Effective},
     model::meter::{self, CloudMeter, LimitUse, Meters, SplitLimits},
     sys::cgroups::{in_subtree, CgroupName},
@@ -65,6 +66,8 @@ pub struct Options<'a> {
     pub meter_units: &'a [u64],
     /// Only cgroups in this subtree.
     pub subtree: Option<&'a str>,
+    /// io.cost's model of each traced disk that has io.cost on, by `dev_t`.
+    pub iocost: &'a BTreeMap<u32, iocost::Model>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -362,6 +365,7 @@ impl DirStats {
                         units,
                     })
                     .collect(),
+                iocost: None,
             },
             histograms: Histograms::from_counts(c),
             limits: BTreeMap::new(),
@@ -446,6 +450,11 @@ impl DirStats {
         self.meters.per_bio += o.meters.per_bio;
         self.meters.per_request += o.meters.per_request;
         self.meters.per_request_created += o.meters.per_request_created;
+        match (&mut self.meters.iocost, &o.meters.iocost) {
+            (Some(a), Some(b)) => a.add(b),
+            (a @ None, Some(b)) => *a = Some(b.clone()),
+            _ => {}
+        }
         if self.meters.cloud.is_empty() {
             self.meters.cloud = o.meters.cloud.clone();
         } else {
@@ -501,6 +510,9 @@ fn device_snapshot(
             .or_insert_with(|| Directions::empty(opts))
             .get_mut(k.dir) = DirStats::from_counts(c, k.dir, opts);
     }
+    if let Some(model) = opts.iocost.get(&dev) {
+        charge_iocost(window, dev, model, &mut rows);
+    }
     let mut cgroups = Vec::new();
     let mut total = Directions::empty(opts);
     let mut split_limits: Option<SplitLimits> = None;
@@ -511,6 +523,11 @@ fn device_snapshot(
         let name = lookup.cgroup_name(id);
         if opts.subtree.is_some_and(|sub| !in_subtree(&name.path, sub)) {
             continue;
+        }
+        if name.path == "/" {
+            for dir in Dir::ALL {
+                dirs.get_mut(dir).meters.iocost = None;
+            }
         }
         let eff = if name.gone {
             Effective::default()
@@ -550,6 +567,32 @@ fn device_snapshot(
     }
 }
 
+/// io.cost's charge of each cgroup's reads and writes on a disk with io.cost on. The root
+/// cgroup is never charged (`ioc_rqos_throttle` skips level 0): it gets none.
+fn charge_iocost(
+    window: &Window,
+    dev: u32,
+    model: &iocost::Model,
+    rows: &mut BTreeMap<u64, Directions>,
+) {
+    for (k, c) in window.counts.iter().filter(|(k, _)| k.dev == dev) {
+        let coefs = match k.dir {
+            Dir::Read => model.read,
+            Dir::Write => model.write,
+            _ => continue,
+        };
+        let counts = iocost::Counts {
+            requests: c.iocost_requests,
+            random: c.iocost_random,
+            merged: c.iocost_merged,
+            pages: c.iocost_pages,
+        };
+        if let Some(dirs) = rows.get_mut(&k.cgroup_id) {
+            dirs.get_mut(k.dir).meters.iocost = Some(iocost::Charge::of(counts, coefs));
+        }
+    }
+}
+
 /// Each direction with I/O: the limits in force with this window's use, and the verdict
 /// (`split_limits` is asked only where bios were split).
 fn judge(
@@ -577,7 +620,7 @@ fn judge(
                 st.avg_request_bytes().unwrap_or(0.0),
             )
         });
-        st.verdict = meter::verdict(
+        let throttle = meter::verdict(
             &st.limits,
             &meter::Activity {
                 bios: st.bios - st.flush_only.min(st.bios),
@@ -589,6 +632,11 @@ fn judge(
                 split_cause,
             },
         );
+        let iocost = st.meters.iocost.as_ref().and_then(|c| c.verdict("it"));
+        st.verdict = match (throttle, iocost) {
+            (Some(t), Some(i)) => Some(format!("{t}; {i}")),
+            (t, i) => t.or(i),
+        };
     }
 }
 
@@ -646,6 +694,7 @@ mod tests {
             fentry: false,
             meter_units: &[256 << 10],
             subtree: Some("/mt"),
+            iocost: &BTreeMap::new(),
         };
         let s = build(
             &a.total(2_000_000_100),
@@ -719,6 +768,7 @@ mod tests {
             fentry: false,
             meter_units: &[],
             subtree: None,
+            iocost: &BTreeMap::new(),
         };
         let s = build(
             &a.total(1_000_000_100),
@@ -753,5 +803,91 @@ mod tests {
         assert_eq!(s.bios_per_request(), Some(32.0));
         assert_eq!(s.avg_request_bytes(), Some(131072.0));
         assert_eq!(DirStats::default().bios_per_request(), None);
+    }
+
+    #[test]
+    fn iocost_charges_requests_a_base_and_merges_their_pages() {
+        use mergetrace_common::{flags, kind};
+        // Two batches of 32 4 KiB writes in /mt, the second's request random; one in "/".
+        let mut a = Aggregator::new(100);
+        for (cgroup, random) in [(21, false), (21, true), (1, false)] {
+            a.apply_all(
+                &batch_of_32(cgroup)
+                    .into_iter()
+                    .map(|mut e| {
+                        if matches!(e.kind, kind::GETRQ | kind::BACK_MERGE) {
+                            e.flags |= flags::IOCOST;
+                            if e.kind == kind::GETRQ {
+                                e.path = random as u8;
+                            }
+                        }
+                        e
+                    })
+                    .collect::<Vec<_>>(),
+            );
+        }
+        let coefs = iocost::Coefs::of(iocost::Linear {
+            bps: 100_000_000,
+            seqiops: 1000,
+            randiops: 500,
+        });
+        let models = BTreeMap::from([(
+            loop3().dev().0,
+            iocost::Model {
+                read: coefs,
+                write: coefs,
+            },
+        )]);
+        let opts = Options {
+            tier: "tracepoint",
+            fentry: false,
+            meter_units: &[],
+            subtree: None,
+            iocost: &models,
+        };
+        let s = build(
+            &a.total(1_000_000_100),
+            SnapshotKind::Total,
+            &[loop3()],
+            &mut Root,
+            &opts,
+        );
+        let rows = &s.devices[0].cgroups;
+        let mt = rows.iter().find(|c| c.cgroup == "/mt").unwrap();
+        let c = mt.dirs.get(Dir::Write).meters.iocost.clone().unwrap();
+        assert_eq!((c.requests, c.random, c.merged, c.pages), (2, 1, 62, 64));
+        let vtime = coefs.seqio + coefs.randio + 64 * coefs.page;
+        assert_eq!(c.cost_us, vtime as f64 / 137_438.0);
+        assert_eq!(
+            c.unmerged_cost_us,
+            (vtime + 62 * coefs.seqio) as f64 / 137_438.0
+        );
+        let root = rows.iter().find(|c| c.cgroup == "/").unwrap();
+        assert_eq!(
+            root.dirs.get(Dir::Write).meters.iocost,
+            None,
+            "io.cost never charges the root"
+        );
+        assert!(mt
+            .dirs
+            .get(Dir::Write)
+            .verdict
+            .as_deref()
+            .unwrap()
+            .contains("io.cost charged it"));
+    }
+
+    /// Cgroup 1 is the root, every other id /mt; no limits.
+    struct Root;
+    impl Lookup for Root {
+        fn limits(&mut self, _cgroup: &str, _dev: &Device) -> Effective {
+            Effective::default()
+        }
+        fn cgroup_name(&mut self, id: u64) -> CgroupName {
+            CgroupName {
+                path: if id == 1 { "/".into() } else { "/mt".into() },
+                gone: false,
+            }
+        }
     }
 }

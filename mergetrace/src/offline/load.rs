@@ -79,6 +79,7 @@ pub fn snapshot(loaded: &Loaded, subtree: Option<&str>) -> Snapshot {
         fentry: h.tier == "fentry",
         meter_units: &h.meter_units,
         subtree,
+        iocost: &std::collections::BTreeMap::new(),
     };
     snapshot::build(
         &loaded.window,

@@ -127,7 +127,7 @@ mod tests {
             ),
             "throttle_released|rules_iops"
         );
-        assert_eq!(flag_names(0x80), "0x80");
+        assert_eq!(flag_names(0x80), "iocost");
         assert_eq!(merge_path(kind::BACK_MERGE, 1), Some("plug"));
         assert_eq!(merge_path(kind::GETRQ, 1), None);
         assert_eq!(maj_min(7 << 20 | 2), "7:2");

@@ -27,6 +27,9 @@ pub fn lines(devices: &[Device], session: &kernel::Session, cgroups: &Cgroups) -
             lines.push(configuration_line(&d.name, &q));
         }
         lines.extend(v1_writeback_note(d, cgroups));
+        if let Some(c) = session.iocost.get(&d.dev().0) {
+            lines.push(format!("{}: {}", d.name, c.describe()));
+        }
     }
     lines.extend(session.notes.iter().cloned());
     lines

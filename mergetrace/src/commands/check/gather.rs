@@ -12,6 +12,7 @@ use crate::{
         cgroups::{self, Hierarchy},
         device::Device,
         diskstats::{find_diskstats, DiskStats},
+        iocost::{self, Iocost},
         queue::QueueSettings,
     },
 };
@@ -27,6 +28,8 @@ pub struct CheckInput {
     /// The hierarchy hosting the io controller and its mount (`None`: none mounted).
     pub io_hierarchy: Option<(Hierarchy, PathBuf)>,
     pub throttled: Vec<ThrottledCgroup>,
+    /// io.cost on the device (cgroup v2 only), when enabled.
+    pub iocost: Option<Iocost>,
     pub env: KernelEnv,
 }
 
@@ -53,7 +56,15 @@ pub fn gather(device: Device) -> Result<CheckInput> {
         .as_ref()
         .map(|(h, m)| throttled_cgroups(*h, m, device.major, device.minor))
         .unwrap_or_default();
+    let iocost = match &io_hierarchy {
+        Some((Hierarchy::V2, mount)) => {
+            let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+            iocost::at(mount, &device, &release)
+        }
+        _ => None,
+    };
     Ok(CheckInput {
+        iocost,
         device,
         queue,
         diskstats,

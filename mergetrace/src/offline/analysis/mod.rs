@@ -341,6 +341,7 @@ mod tests {
                 fentry: false,
                 meter_units: &[],
                 subtree,
+                iocost: &std::collections::BTreeMap::new(),
             },
         )
     }

@@ -44,6 +44,7 @@ pub fn findings(input: &CheckInput) -> Vec<Finding> {
     diskstats::diskstats(input, &mut out);
     ceilings::ceilings(input, &mut out);
     throttle::throttle(input, &mut out);
+    throttle::iocost(input, &mut out);
     tier::tier_finding(input, &mut out);
     out
 }
@@ -78,6 +79,7 @@ pub(super) mod fixtures {
             uptime_secs: Some(41242.0),
             io_hierarchy: Some((Hierarchy::V2, "/sys/fs/cgroup".into())),
             throttled: vec![],
+            iocost: None,
             env: env(),
         }
     }

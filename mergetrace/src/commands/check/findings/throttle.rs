@@ -35,6 +35,39 @@ pub(super) fn throttle(input: &CheckInput, out: &mut Vec<Finding>) {
     }
 }
 
+/// io.cost on the device: what it charges and how merging changes that, or where it cannot be.
+pub(super) fn iocost(input: &CheckInput, out: &mut Vec<Finding>) {
+    let name = &input.device.name;
+    let finding = match (&input.io_hierarchy, &input.iocost) {
+        (_, Some(c)) => Finding::new(
+            "io.cost",
+            format!("{name}: {}", c.describe()),
+            Some(
+                "mergetrace shows each cgroup's charge, split into base and page costs, and \
+                 what the same bios would cost unmerged (meters.iocost)"
+                    .into(),
+            ),
+        ),
+        (Some((Hierarchy::V2, mount)), None) => Finding::new(
+            "io.cost",
+            format!(
+                "io.cost is off on {name} (no enable=1 line in {}/io.cost.qos): no \
+                 cost-based meter",
+                mount.display()
+            ),
+            None,
+        ),
+        _ => Finding::new(
+            "io.cost",
+            "io.cost (io.weight, io.cost.qos) exists only on cgroup v2: on this machine's \
+             hierarchy no cost-based meter can be in force"
+                .into(),
+            None,
+        ),
+    };
+    out.push(finding);
+}
+
 fn hierarchy_name(h: Hierarchy) -> &'static str {
     match h {
         Hierarchy::V1 => "cgroup v1 blkio",
