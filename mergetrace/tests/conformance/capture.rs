@@ -1,0 +1,312 @@
+//! A capture of the window: `report` against the live run, lineage against blktrace.
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead, BufReader},
+    path::Path,
+    process::{Command, Stdio},
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use super::*;
+use crate::support::{
+    blktrace::{self},
+    *,
+};
+
+/// `mergetrace record -d DEV -o FILE` running as a child, started once it said it records.
+/// Killed on drop if not stopped.
+pub(crate) struct Recorder {
+    pub(crate) child: Option<std::process::Child>,
+    pub(crate) stderr: Option<thread::JoinHandle<String>>,
+}
+
+impl Recorder {
+    pub(crate) fn start(dev: &BlockDev, out: &Path) -> Recorder {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mergetrace"));
+        cmd.args(["record", "-d", &dev.name, "-o"]).arg(out);
+        if let Some(tier) = test_tier() {
+            cmd.args(["--tier", &tier]);
+        }
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("cannot start mergetrace record");
+        let err = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel::<String>();
+        let stderr = thread::spawn(move || {
+            let mut all = String::new();
+            for line in BufReader::new(err).lines() {
+                let Ok(line) = line else { break };
+                all.push_str(&line);
+                all.push('\n');
+                let _ = tx.send(line);
+            }
+            all
+        });
+        let mut rec = Recorder {
+            child: Some(child),
+            stderr: Some(stderr),
+        };
+        let deadline = Instant::now() + ATTACH_TIMEOUT;
+        loop {
+            match rx.recv_timeout(Duration::from_millis(200)) {
+                Ok(line) if line.starts_with("mergetrace: recording to") => break,
+                Ok(_) => {}
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if let Some(s) = rec.child.as_mut().unwrap().try_wait().unwrap() {
+                        panic!("mergetrace record exited ({s}) before recording");
+                    }
+                    assert!(
+                        Instant::now() < deadline,
+                        "mergetrace record did not start within {ATTACH_TIMEOUT:?}"
+                    );
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let s = rec.child.as_mut().unwrap().wait();
+                    panic!("mergetrace record closed stderr ({s:?}) before recording");
+                }
+            }
+        }
+        rec
+    }
+
+    /// SIGINT, wait for a clean exit; returns its stderr.
+    pub(crate) fn stop(mut self) -> String {
+        let mut child = self.child.take().unwrap();
+        unsafe {
+            libc::kill(child.id() as libc::pid_t, libc::SIGINT);
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("mergetrace record did not stop within {STOP_TIMEOUT:?}");
+            }
+            thread::sleep(Duration::from_millis(50));
+        };
+        let stderr = self.stderr.take().unwrap().join().unwrap_or_default();
+        assert!(
+            status.success(),
+            "mergetrace record exited with {status}: {stderr}"
+        );
+        stderr
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// `mergetrace ARGS`, requiring success; (stdout, stderr).
+pub(crate) fn mergetrace(args: &[&str]) -> (String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_mergetrace"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("cannot run mergetrace");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(
+        out.status.success(),
+        "mergetrace {args:?} failed ({}): {stderr}\n{}",
+        out.status,
+        &stdout[..stdout.len().min(2000)]
+    );
+    (stdout, stderr)
+}
+
+/// One request of `report --lineage --json`.
+#[derive(Debug, Clone)]
+pub(crate) struct LineageRq {
+    pub(crate) dir: String,
+    pub(crate) sector: u64,
+    pub(crate) bytes: u64,
+    /// Its bios, (sector, bytes), in chain order.
+    pub(crate) bios: Vec<(u64, u64)>,
+    pub(crate) consistent: bool,
+    pub(crate) line: String,
+}
+
+/// Fields of a direction object the capture's report must give as the live run did.
+pub(crate) const REPORTED: [&str; 9] = [
+    "bios",
+    "bytes",
+    "merged",
+    "requests",
+    "request_bytes",
+    "splits",
+    "flush_only",
+    "requeues",
+    "merged_by_path",
+];
+
+/// The capture of the window: `report --json` gives the live run's device total;
+/// `report --lineage --json` has one request per request the live run counted, each
+/// `consistent` (its bios are the kernel's chain: count and bytes), every bio and split
+/// piece that made a request in exactly one of them; and (guests) each request's bios —
+/// sector and size of each, in chain order — are the bios blktrace saw join that request,
+/// requests matched by (direction, sector, size) in issue order. Returns (lineage requests,
+/// requests compared with blktrace).
+pub(crate) fn check_capture(
+    c: &mut Checks,
+    out: &TraceOutput,
+    disk: &BlockDev,
+    capture: &Path,
+    trace: Option<&blktrace::Trace>,
+) -> (usize, usize) {
+    let cap = capture.to_str().expect("a UTF-8 capture path");
+    let (rep, _) = mergetrace(&["report", cap, "--json"]);
+    let rep: Value = serde_json::from_str(rep.trim()).expect("report --json is one JSON object");
+    let rd = rep["devices"]
+        .as_array()
+        .and_then(|d| {
+            d.iter()
+                .find(|d| d["major"] == disk.major && d["minor"] == disk.minor)
+        })
+        .cloned()
+        .unwrap_or_default();
+    let live = out.device_total(disk);
+    for dir in ALL_DIRS {
+        for f in REPORTED {
+            if live[dir][f] != rd["total"][dir][f] {
+                c.fail(format!(
+                    "capture report {dir}.{f} {} != live {}",
+                    rd["total"][dir][f], live[dir][f]
+                ));
+            }
+        }
+    }
+
+    let (text, summary) = mergetrace(&["report", cap, "--lineage", "--json"]);
+    let mut rqs = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let v: Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("a lineage line is not JSON ({e}): {line}"));
+        let bios = v["bios"]
+            .as_array()
+            .map(|b| b.iter().map(|b| (u(b, "sector"), u(b, "bytes"))).collect())
+            .unwrap_or_default();
+        rqs.push(LineageRq {
+            dir: v["dir"].as_str().unwrap_or("?").to_string(),
+            sector: u(&v, "sector"),
+            bytes: u(&v, "bytes"),
+            bios,
+            consistent: v["consistent"] == true,
+            line: line.to_string(),
+        });
+    }
+    let inconsistent: Vec<&LineageRq> = rqs.iter().filter(|r| !r.consistent).collect();
+    if !inconsistent.is_empty() {
+        c.fail(format!(
+            "lineage: {} of {} requests not consistent, e.g. {}",
+            inconsistent.len(),
+            rqs.len(),
+            inconsistent[0].line
+        ));
+    }
+    let requests: u64 = ALL_DIRS.iter().map(|d| c.get(&live[*d], "requests")).sum();
+    c.eq(
+        "lineage requests == requests (every direction)",
+        rqs.len() as u64,
+        requests,
+    );
+    // Every bio and split piece either made a request, merged into one, or was a flush-only
+    // write; discard merges fire no tracepoint, so those bios are in no lineage.
+    let mut pieces = 0;
+    for dir in DATA_DIRS {
+        pieces += c.get(&live[dir], "requests") + c.get(&live[dir], "merged");
+        pieces -= c.get(&live[dir]["merged_by_path"], "discard");
+    }
+    let bios: u64 = rqs.iter().map(|r| r.bios.len() as u64).sum();
+    c.eq(
+        "lineage bios == requests + merged - discard merges (read, write, discard)",
+        bios,
+        pieces,
+    );
+    eprintln!(
+        "  lineage: {} requests, {bios} bios; {}",
+        rqs.len(),
+        summary.trim()
+    );
+
+    let Some(t) = trace else {
+        return (rqs.len(), 0);
+    };
+    let (bt, unmatched) = t.requests();
+    c.eq(
+        "blktrace: M / F / D events that match no request",
+        unmatched,
+        0,
+    );
+    // (direction, sector, bytes) -> the requests of that identity, in issue order.
+    let mut by_key: BTreeMap<(String, u64, u64), std::collections::VecDeque<&blktrace::Request>> =
+        BTreeMap::new();
+    for r in &bt {
+        by_key
+            .entry((r.dir.name().to_string(), r.sector, r.bytes))
+            .or_default()
+            .push_back(r);
+    }
+    let (mut compared, mut missing, mut differ) = (0usize, Vec::new(), Vec::new());
+    for r in &rqs {
+        let key = (r.dir.clone(), r.sector, r.bytes);
+        match by_key.get_mut(&key).and_then(|q| q.pop_front()) {
+            None => missing.push(format!("{key:?}")),
+            Some(b) => {
+                compared += 1;
+                if b.chain != r.bios {
+                    differ.push(format!(
+                        "{key:?}: lineage bios {:?} != blktrace {:?}",
+                        r.bios, b.chain
+                    ));
+                }
+            }
+        }
+    }
+    let extra: Vec<String> = by_key
+        .iter()
+        .filter(|(_, q)| !q.is_empty())
+        .map(|(k, q)| format!("{k:?} x{}", q.len()))
+        .collect();
+    let few = |v: &[String]| v.iter().take(8).cloned().collect::<Vec<_>>().join("; ");
+    if !missing.is_empty() {
+        c.fail(format!(
+            "lineage: {} requests blktrace did not issue: {}",
+            missing.len(),
+            few(&missing)
+        ));
+    }
+    if !extra.is_empty() {
+        c.fail(format!(
+            "blktrace: {} requests (by identity) not in the lineage: {}",
+            extra.len(),
+            few(&extra)
+        ));
+    }
+    if !differ.is_empty() {
+        c.fail(format!(
+            "lineage: {} of {compared} requests have other bios than blktrace saw: {}",
+            differ.len(),
+            few(&differ)
+        ));
+    }
+    (rqs.len(), compared)
+}
