@@ -8,115 +8,13 @@ mod support;
 use std::{
     collections::BTreeMap,
     fs,
-    io::{BufRead, BufReader},
     path::{Path, PathBuf},
-    process::{Child, Command, Output, Stdio},
-    sync::mpsc,
+    process::Command,
     thread,
-    time::{Duration, Instant},
 };
 
 use serde_json::Value;
 use support::*;
-
-fn ok(out: Output, what: &str) -> (String, String) {
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(
-        out.status.success(),
-        "{what} failed ({}): {stderr}\n{}",
-        out.status,
-        &stdout[..stdout.len().min(2000)]
-    );
-    assert!(!stderr.contains("panicked"), "{what}: {stderr}");
-    (stdout, stderr)
-}
-
-/// `mergetrace record` running as a child, started once it said it records.
-struct Recorder {
-    child: Option<Child>,
-    stderr: thread::JoinHandle<String>,
-}
-
-impl Recorder {
-    fn start(dev: &LoopDevice, out: &Path) -> Recorder {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mergetrace"))
-            .args(["record", "-d", &dev.name, "-o"])
-            .arg(out)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("cannot start mergetrace record");
-        let err = child.stderr.take().unwrap();
-        let (tx, rx) = mpsc::channel::<String>();
-        let stderr = thread::spawn(move || {
-            let mut all = String::new();
-            for line in BufReader::new(err).lines() {
-                let Ok(line) = line else { break };
-                all.push_str(&line);
-                all.push('\n');
-                let _ = tx.send(line);
-            }
-            all
-        });
-        let deadline = Instant::now() + ATTACH_TIMEOUT;
-        let mut rec = Recorder {
-            child: Some(child),
-            stderr,
-        };
-        loop {
-            match rx.recv_timeout(Duration::from_millis(200)) {
-                Ok(line) if line.starts_with("mergetrace: recording to") => break,
-                Ok(_) => {}
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    if let Some(s) = rec.child.as_mut().unwrap().try_wait().unwrap() {
-                        panic!("record exited before recording: {s}");
-                    }
-                    assert!(Instant::now() < deadline, "record did not start in time");
-                }
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    let s = rec.child.as_mut().unwrap().wait();
-                    panic!("record closed stderr before recording: {s:?}");
-                }
-            }
-        }
-        rec
-    }
-
-    /// SIGINT, wait for a clean exit; returns its stderr.
-    fn stop(mut self) -> String {
-        let mut child = self.child.take().unwrap();
-        unsafe {
-            libc::kill(child.id() as libc::pid_t, libc::SIGINT);
-        }
-        let deadline = Instant::now() + STOP_TIMEOUT;
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!("record did not stop within {STOP_TIMEOUT:?}");
-            }
-            thread::sleep(Duration::from_millis(50));
-        };
-        let stderr = std::mem::replace(&mut self.stderr, thread::spawn(String::new))
-            .join()
-            .unwrap();
-        assert!(status.success(), "record exited with {status}: {stderr}");
-        stderr
-    }
-}
-
-impl Drop for Recorder {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 /// "wrote N events" from record's last words.
 fn events_written(stderr: &str) -> u64 {
@@ -209,7 +107,7 @@ fn capture_run(ios: u64) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let capture = dir.path().join("run.mtr");
     let live = Tracer::on(&lo);
-    let rec = Recorder::start(&lo, &capture);
+    let rec = Recorder::start(&lo, &capture, None);
     let before = lo.diskstats();
     let ios_s = ios.to_string();
     thread::scope(|s| {
@@ -254,7 +152,7 @@ fn capture_round_trip_report_lineage_and_exports() {
     let ctx = format!("{} on {}", cap, lo.name);
 
     // report --json: the live view's total object, plus distributions
-    let (out, err) = ok(mergetrace(&["report", cap, "--json"]), "report --json");
+    let (out, err) = succeeded(mergetrace(&["report", cap, "--json"]), "report --json");
     assert!(!err.contains("warning"), "{err}");
     let rep: Value = serde_json::from_str(out.trim()).expect("report --json is one object");
     assert_eq!(rep["type"], "total");
@@ -332,7 +230,7 @@ fn capture_round_trip_report_lineage_and_exports() {
     );
 
     // the text report has the tables and the distributions
-    let (text, _) = ok(mergetrace(&["report", cap]), "report");
+    let (text, _) = succeeded(mergetrace(&["report", cap]), "report");
     for want in [
         "(total)",
         "--- distributions",
@@ -349,7 +247,7 @@ fn capture_round_trip_report_lineage_and_exports() {
     }
 
     // lineage: every request's bios are the kernel's (count and bytes), no splits here
-    let (lines, err) = ok(
+    let (lines, err) = succeeded(
         mergetrace(&["report", cap, "--lineage", "--json"]),
         "lineage",
     );
@@ -385,7 +283,7 @@ fn capture_round_trip_report_lineage_and_exports() {
         err.contains(&format!("lineage: {} requests, {0} consistent", reqs.len())),
         "{err}"
     );
-    let (limited, _) = ok(
+    let (limited, _) = succeeded(
         mergetrace(&["report", cap, "--lineage", "--json", "--limit", "3"]),
         "limit",
     );
@@ -394,7 +292,7 @@ fn capture_round_trip_report_lineage_and_exports() {
     // csv: one line per event (plus the header); counts by kind for blkparse
     let dir = run.capture.parent().unwrap();
     let csv = dir.join("run.csv");
-    ok(
+    succeeded(
         mergetrace(&[
             "export",
             cap,
@@ -419,7 +317,7 @@ fn capture_round_trip_report_lineage_and_exports() {
             .or_default() += 1;
     }
     let jsonl = dir.join("run.jsonl");
-    ok(
+    succeeded(
         mergetrace(&[
             "export",
             cap,
@@ -437,7 +335,7 @@ fn capture_round_trip_report_lineage_and_exports() {
 
     // blktrace: blkparse reads it; its Q/D/C are the capture's bio_queue/rq_issue/rq_complete
     let base = dir.join("run");
-    let (_, err) = ok(
+    let (_, err) = succeeded(
         mergetrace(&[
             "export",
             cap,
@@ -467,7 +365,7 @@ fn capture_round_trip_report_lineage_and_exports() {
 
     // perfetto: parses, documented structure, flows pair up, one per bio
     let pf = dir.join("run.json");
-    ok(
+    succeeded(
         mergetrace(&[
             "export",
             cap,
@@ -550,25 +448,25 @@ fn capture_truncated_reports_with_a_warning() {
         let p = dir.join(format!("cut-{cut}.mtr"));
         fs::write(&p, &bytes[..cut]).unwrap();
         let ps = p.to_str().unwrap();
-        let (text, err) = ok(mergetrace(&["report", ps]), "report of a cut capture");
+        let (text, err) = succeeded(mergetrace(&["report", ps]), "report of a cut capture");
         assert!(
             err.contains("warning"),
             "no warning for a cut at {cut}: {err}"
         );
         assert!(text.contains("(total)"), "{text}");
-        let (json, _) = ok(
+        let (json, _) = succeeded(
             mergetrace(&["report", ps, "--json"]),
             "report --json of a cut capture",
         );
         let v: Value = serde_json::from_str(json.trim()).unwrap();
         assert!(u(&device_of(&v, &run.lo)["total"]["write"], "bios") <= 1024);
-        let (_, err) = ok(
+        let (_, err) = succeeded(
             mergetrace(&["report", ps, "--lineage"]),
             "lineage of a cut capture",
         );
         assert!(err.contains("warning"), "{err}");
         let out = dir.join(format!("cut-{cut}.csv"));
-        ok(
+        succeeded(
             mergetrace(&["export", ps, "-f", "csv", "-o", out.to_str().unwrap()]),
             "export of a cut capture",
         );
@@ -626,7 +524,7 @@ fn capture_names_cgroups_created_during_the_run() {
     let lo = LoopDevice::new(64 << 20);
     let dir = tempfile::tempdir().unwrap();
     let capture = dir.path().join("late.mtr");
-    let rec = Recorder::start(&lo, &capture);
+    let rec = Recorder::start(&lo, &capture, None);
     // created now: not in the header
     let late = Cgroup::new();
     late.set_write_iops(&lo, 1_000_000);
@@ -641,7 +539,7 @@ fn capture_names_cgroups_created_during_the_run() {
     rec.stop();
 
     let cap = capture.to_str().unwrap();
-    let (json, _) = ok(mergetrace(&["report", cap, "--json"]), "report --json");
+    let (json, _) = succeeded(mergetrace(&["report", cap, "--json"]), "report --json");
     let v: Value = serde_json::from_str(json.trim()).unwrap();
     let dev = device_of(&v, &lo);
     let rows = dev["cgroups"].as_array().unwrap();
@@ -664,7 +562,7 @@ fn capture_names_cgroups_created_during_the_run() {
     );
     assert_eq!(u(w, "charged_ios"), ios, "{w}");
     // -c selects it by name, as for any other cgroup
-    let (json, _) = ok(
+    let (json, _) = succeeded(
         mergetrace(&["report", cap, "--json", "-c", &late.path()]),
         "report -c",
     );

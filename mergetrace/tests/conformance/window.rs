@@ -181,7 +181,9 @@ pub(crate) fn conformance_on(disk: &BlockDev, kind: Kind, opts: Opts) -> Measure
     let capture = scratch.path().join("window.mtr");
     let quiet = disk.diskstats();
     let tracer = Tracer::on(disk);
-    let rec = opts.lineage.then(|| Recorder::start(disk, &capture));
+    let rec = opts
+        .lineage
+        .then(|| Recorder::start(disk, &capture, test_tier().as_deref()));
     let bt = in_lab().then(|| Blktrace::start(disk));
     let ios_before = cgroup_ios(disk);
     let before = disk.diskstats();

@@ -36,6 +36,7 @@ mod cgroup;
 mod disk;
 mod diskstats;
 mod fio;
+mod recorder;
 mod test_disk;
 mod tracer;
 /// Real programs' I/O (ext4, fsync, fstrim, SQLite, PostgreSQL...) for the conformance suite.
@@ -44,7 +45,7 @@ pub mod workloads;
 // One flat namespace for the test binaries (`use support::*`); a binary that uses nothing of
 // a module would otherwise warn about its re-export.
 #[allow(unused_imports)]
-pub use self::{cgroup::*, disk::*, diskstats::*, fio::*, test_disk::*, tracer::*};
+pub use self::{cgroup::*, disk::*, diskstats::*, fio::*, recorder::*, test_disk::*, tracer::*};
 
 /// How long the tracer may take to load and attach its probes (BPF verification on a busy
 /// 2-core machine can be slow). A bound against hangs, not an assertion on speed.

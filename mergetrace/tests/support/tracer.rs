@@ -329,6 +329,20 @@ pub fn mergetrace(args: &[&str]) -> Output {
         .expect("cannot run mergetrace")
 }
 
+/// The run succeeded without a panic: (stdout, stderr); else panics naming `what`.
+pub fn succeeded(out: Output, what: &str) -> (String, String) {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "{what} failed ({}): {stderr}\n{}",
+        out.status,
+        &stdout[..stdout.len().min(2000)]
+    );
+    assert!(!stderr.contains("panicked"), "{what}: {stderr}");
+    (stdout, stderr)
+}
+
 /// The run failed as bad input must: exit code 1 and exactly one stderr line, a
 /// "mergetrace: error: " line containing `needle`, and no panic.
 pub fn assert_one_line_error(out: &Output, needle: &str) {
