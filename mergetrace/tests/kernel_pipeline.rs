@@ -60,18 +60,7 @@ fn assert_internally_consistent(m: &Value, ctx: &str) {
         "requests + merged + flush_only != bios + splits; {ctx}"
     );
     let p = &m["merged_by_path"];
-    let by_path: u64 = [
-        "plug",
-        "elevator_back",
-        "elevator_front",
-        "sw_queue",
-        "discard",
-        "request",
-        "unknown",
-    ]
-    .iter()
-    .map(|f| u(p, f))
-    .sum();
+    let by_path: u64 = MERGE_PATHS.iter().map(|f| u(p, f)).sum();
     assert_eq!(
         by_path, merged,
         "merged_by_path does not add up to merged; {ctx}"

@@ -12,7 +12,7 @@ mod support;
 use std::{
     collections::BTreeSet,
     fs,
-    io::{BufRead, BufReader, Read, Write},
+    io::{Read, Write},
     net::{SocketAddr, TcpListener, TcpStream},
     process::{Child, Command, ExitStatus, Stdio},
     sync::{mpsc, Arc, Mutex},
@@ -60,20 +60,7 @@ impl Server {
         let mut child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
-        let err = child.stderr.take().unwrap();
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = mpsc::channel::<String>();
-        let stderr_thread = {
-            let stderr = stderr.clone();
-            thread::spawn(move || {
-                for line in BufReader::new(err).lines() {
-                    let Ok(line) = line else { break };
-                    stderr.lock().unwrap().push_str(&line);
-                    stderr.lock().unwrap().push('\n');
-                    let _ = tx.send(line);
-                }
-            })
-        };
+        let (stderr, rx, stderr_thread) = tee_stderr(&mut child);
         let mut server = Server {
             child: Some(child),
             addr,
@@ -309,16 +296,6 @@ const FAMILIES: &[(&str, &str)] = &[
     ("mergetrace_cgroups_folded", "gauge"),
 ];
 
-const PATHS: [&str; 7] = [
-    "plug",
-    "elevator_back",
-    "elevator_front",
-    "sw_queue",
-    "discard",
-    "request",
-    "unknown",
-];
-
 // ---------------------------------------------------------------------------------------
 // BPF programs held by a process
 
@@ -547,7 +524,7 @@ fn scrape_deltas_match_diskstats_and_fio() {
         after.text
     );
     let requests = after.count("mergetrace_requests_total", &mine);
-    let merged: u64 = PATHS
+    let merged: u64 = MERGE_PATHS
         .iter()
         .map(|p| {
             after.count(

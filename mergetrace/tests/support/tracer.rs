@@ -21,6 +21,30 @@ pub struct Tracer {
     stderr_thread: Option<thread::JoinHandle<()>>,
 }
 
+/// Reads a child's piped stderr on a thread: every line into the returned buffer and, as it
+/// comes, to the receiver (so a caller can wait for a line such as the attach banner).
+pub fn tee_stderr(
+    child: &mut Child,
+) -> (
+    Arc<Mutex<String>>,
+    mpsc::Receiver<String>,
+    thread::JoinHandle<()>,
+) {
+    let err = child.stderr.take().expect("stderr is piped");
+    let stderr = Arc::new(Mutex::new(String::new()));
+    let (tx, rx) = mpsc::channel::<String>();
+    let all = stderr.clone();
+    let thread = thread::spawn(move || {
+        for line in BufReader::new(err).lines() {
+            let Ok(line) = line else { break };
+            all.lock().unwrap().push_str(&line);
+            all.lock().unwrap().push('\n');
+            let _ = tx.send(line);
+        }
+    });
+    (stderr, rx, thread)
+}
+
 /// What a tracer printed over its run.
 #[derive(Debug, Clone)]
 pub struct TraceOutput {
@@ -67,20 +91,7 @@ impl Tracer {
             let _ = out.read_to_string(&mut s);
             s
         });
-        let err = child.stderr.take().unwrap();
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = mpsc::channel::<String>();
-        let stderr_thread = {
-            let stderr = stderr.clone();
-            thread::spawn(move || {
-                for line in BufReader::new(err).lines() {
-                    let Ok(line) = line else { break };
-                    stderr.lock().unwrap().push_str(&line);
-                    stderr.lock().unwrap().push('\n');
-                    let _ = tx.send(line);
-                }
-            })
-        };
+        let (stderr, rx, stderr_thread) = tee_stderr(&mut child);
         let mut tracer = Tracer {
             child: Some(child),
             stdout: Some(stdout),
