@@ -50,30 +50,21 @@ pub(crate) fn cgroup_ios(dev: &BlockDev) -> BTreeMap<String, Ios> {
         }
         let rel = dir.strip_prefix(root).unwrap_or(Path::new(""));
         let path = format!("/{}", rel.display());
-        let mut ios = Ios::default();
-        match version {
+        let ios = match version {
             CgroupVersion::V1 => {
                 let Ok(t) = fs::read_to_string(dir.join("blkio.throttle.io_serviced")) else {
                     continue;
                 };
                 let b = fs::read_to_string(dir.join("blkio.throttle.io_service_bytes"))
                     .unwrap_or_default();
-                for (text, bytes) in [(t, false), (b, true)] {
-                    for l in text.lines() {
-                        let f: Vec<&str> = l.split_whitespace().collect();
-                        if f.len() == 3 && f[0] == mm {
-                            let n = f[2].parse().unwrap_or(0);
-                            match (f[1], bytes) {
-                                ("Read", false) => ios.read = n,
-                                ("Write", false) => ios.write = n,
-                                ("Discard", false) => ios.discard = n,
-                                ("Read", true) => ios.rbytes = n,
-                                ("Write", true) => ios.wbytes = n,
-                                ("Discard", true) => ios.dbytes = n,
-                                _ => {}
-                            }
-                        }
-                    }
+                let (n, b) = (parse_blkio_stat(&t, &mm), parse_blkio_stat(&b, &mm));
+                Ios {
+                    read: n.read,
+                    write: n.write,
+                    discard: n.discard,
+                    rbytes: b.read,
+                    wbytes: b.write,
+                    dbytes: b.discard,
                 }
             }
             CgroupVersion::V2 => {
@@ -83,27 +74,18 @@ pub(crate) fn cgroup_ios(dev: &BlockDev) -> BTreeMap<String, Ios> {
                 let Ok(t) = fs::read_to_string(dir.join("io.stat")) else {
                     continue;
                 };
-                for kv in t
-                    .lines()
-                    .filter(|l| l.split_whitespace().next() == Some(mm.as_str()))
-                    .flat_map(|l| l.split_whitespace().skip(1))
-                {
-                    let Some((k, v)) = kv.split_once('=') else {
-                        continue;
-                    };
-                    let n = v.parse().unwrap_or(0);
-                    match k {
-                        "rios" => ios.read = n,
-                        "wios" => ios.write = n,
-                        "dios" => ios.discard = n,
-                        "rbytes" => ios.rbytes = n,
-                        "wbytes" => ios.wbytes = n,
-                        "dbytes" => ios.dbytes = n,
-                        _ => {}
-                    }
+                let st = parse_io_stat(&t, &mm);
+                let n = |k: &str| st.get(k).copied().unwrap_or(0);
+                Ios {
+                    read: n("rios"),
+                    write: n("wios"),
+                    discard: n("dios"),
+                    rbytes: n("rbytes"),
+                    wbytes: n("wbytes"),
+                    dbytes: n("dbytes"),
                 }
             }
-        }
+        };
         map.insert(path, ios);
     }
     map

@@ -184,25 +184,7 @@ impl Cgroup {
     pub fn read_stat(&self, file: &str, dev: &BlockDev) -> BlkioStat {
         let text = fs::read_to_string(self.dir.join(file))
             .unwrap_or_else(|e| panic!("cannot read {file} of {}: {e}", self.name));
-        let mm = dev.maj_min();
-        let mut s = BlkioStat::default();
-        for line in text.lines() {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() != 3 || f[0] != mm {
-                continue;
-            }
-            let v: u64 = f[2].parse().unwrap_or(0);
-            match f[1] {
-                "Read" => s.read = v,
-                "Write" => s.write = v,
-                "Sync" => s.sync = v,
-                "Async" => s.async_ = v,
-                "Discard" => s.discard = v,
-                "Total" => s.total = v,
-                _ => {}
-            }
-        }
-        s
+        parse_blkio_stat(&text, &dev.maj_min())
     }
 
     /// v2: the `io.stat` line of one device as key → value (empty when the device is absent,
@@ -210,15 +192,7 @@ impl Cgroup {
     pub fn io_stat(&self, dev: &BlockDev) -> std::collections::BTreeMap<String, u64> {
         let text = fs::read_to_string(self.dir.join("io.stat"))
             .unwrap_or_else(|e| panic!("cannot read io.stat of {}: {e}", self.name));
-        let mm = dev.maj_min();
-        text.lines()
-            .filter(|l| l.split_whitespace().next() == Some(mm.as_str()))
-            .flat_map(|l| l.split_whitespace().skip(1))
-            .filter_map(|kv| {
-                let (k, v) = kv.split_once('=')?;
-                Some((k.to_string(), v.parse().ok()?))
-            })
-            .collect()
+        parse_io_stat(&text, &dev.maj_min())
     }
 
     fn io_stat_dirs(&self, dev: &BlockDev, r: &str, w: &str, d: &str) -> BlkioStat {
@@ -251,6 +225,40 @@ impl Cgroup {
             CgroupVersion::V2 => self.io_stat_dirs(dev, "rbytes", "wbytes", "dbytes"),
         }
     }
+}
+
+/// v1: one device's (`MAJ:MIN`) lines of a `MAJ:MIN Op N` stat file (all zero when absent).
+pub fn parse_blkio_stat(text: &str, mm: &str) -> BlkioStat {
+    let mut s = BlkioStat::default();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() != 3 || f[0] != mm {
+            continue;
+        }
+        let v: u64 = f[2].parse().unwrap_or(0);
+        match f[1] {
+            "Read" => s.read = v,
+            "Write" => s.write = v,
+            "Sync" => s.sync = v,
+            "Async" => s.async_ = v,
+            "Discard" => s.discard = v,
+            "Total" => s.total = v,
+            _ => {}
+        }
+    }
+    s
+}
+
+/// v2: one device's (`MAJ:MIN`) `io.stat` line as key → value (empty when absent).
+pub fn parse_io_stat(text: &str, mm: &str) -> std::collections::BTreeMap<String, u64> {
+    text.lines()
+        .filter(|l| l.split_whitespace().next() == Some(mm))
+        .flat_map(|l| l.split_whitespace().skip(1))
+        .filter_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
 }
 
 /// cgroup v2: a child of `parent` has io.max / io.stat only while `io` is in the parent's
