@@ -53,20 +53,6 @@ use support::*;
 const BS: u64 = 4096;
 const MIB: u64 = 1 << 20;
 const DIRS: [&str; 4] = ["read", "write", "discard", "flush"];
-/// The counts both tiers report, per direction.
-const SHARED: [&str; 10] = [
-    "bios",
-    "bytes",
-    "merged",
-    "requests",
-    "request_bytes",
-    "splits",
-    "flush_only",
-    "requeues",
-    "charged_ios",
-    "charged_bytes",
-];
-
 /// What the tiers do on this machine.
 enum Tiers {
     /// fentry attaches: compare the tiers.
@@ -150,7 +136,8 @@ fn both_tracers(dev: &BlockDev) -> Option<(Tracer, Tracer)> {
 
 /// Every count the tiers share, equal in one direction object.
 fn assert_dir_agrees(tp: &Value, fe: &Value, ctx: &str) {
-    for f in SHARED {
+    let shared = ["flush_only", "requeues", "charged_ios", "charged_bytes"];
+    for f in DIR_COUNTS.into_iter().chain(shared) {
         assert_eq!(
             u(tp, f),
             u(fe, f),

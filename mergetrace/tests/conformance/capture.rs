@@ -30,19 +30,6 @@ pub(crate) struct LineageRq {
     pub(crate) line: String,
 }
 
-/// Fields of a direction object the capture's report must give as the live run did.
-pub(crate) const REPORTED: [&str; 9] = [
-    "bios",
-    "bytes",
-    "merged",
-    "requests",
-    "request_bytes",
-    "splits",
-    "flush_only",
-    "requeues",
-    "merged_by_path",
-];
-
 /// The capture of the window: `report --json` gives the live run's device total;
 /// `report --lineage --json` has one request per request the live run counted, each
 /// `consistent` (its bios are the kernel's chain: count and bytes), every bio and split
@@ -70,7 +57,11 @@ pub(crate) fn check_capture(
         .unwrap_or_default();
     let live = out.device_total(disk);
     for dir in ALL_DIRS {
-        for f in REPORTED {
+        // The fields the capture's report must give as the live run did.
+        for f in DIR_COUNTS
+            .into_iter()
+            .chain(["flush_only", "requeues", "merged_by_path"])
+        {
             if live[dir][f] != rd["total"][dir][f] {
                 c.fail(format!(
                     "capture report {dir}.{f} {} != live {}",

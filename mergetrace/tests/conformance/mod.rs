@@ -12,14 +12,3 @@ pub(crate) use self::{capture::*, cgroups::*, checks::*, devices::*, relations::
 
 pub(crate) const DATA_DIRS: [&str; 3] = ["read", "write", "discard"];
 pub(crate) const ALL_DIRS: [&str; 4] = ["read", "write", "discard", "flush"];
-/// Fields of a direction object the rows must add up to the device total in.
-pub(crate) const SUMMED: [&str; 8] = [
-    "bios",
-    "bytes",
-    "splits",
-    "merged",
-    "requests",
-    "request_bytes",
-    "flush_only",
-    "requeues",
-];

@@ -367,6 +367,17 @@ pub fn assert_one_line_error(out: &Output, needle: &str) {
 }
 
 /// The sum of every `merged_by_path` field of a direction object.
+/// The counts of a direction object that every tier, and a capture's report, give as the live
+/// run did (each caller adds the fields it compares besides these).
+pub const DIR_COUNTS: [&str; 6] = [
+    "bios",
+    "bytes",
+    "merged",
+    "requests",
+    "request_bytes",
+    "splits",
+];
+
 /// The `merged_by_path` fields of a direction object (mergetrace's own vocabulary).
 pub const MERGE_PATHS: [&str; 7] = mergetrace_common::vocab::MERGE_PATH_LABELS;
 
