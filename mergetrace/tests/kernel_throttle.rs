@@ -58,6 +58,36 @@ fn assert_consistent(out: &TraceOutput, w: &Value, ctx: &str) {
     );
 }
 
+/// What one traced window measured: the tracer's output, the diskstats delta, fio's report,
+/// and `cg`'s blk-throttle write counts over it (ios, bytes).
+struct Window {
+    out: TraceOutput,
+    d: DiskStats,
+    report: Value,
+    serviced: u64,
+    serviced_bytes: u64,
+}
+
+/// `fio` run in `cg` with the tracer attached; diskstats and `cg`'s blk-throttle counters
+/// read around it (inside the tracer's window).
+fn traced_window(lo: &BlockDev, cg: &Cgroup, fio: Fio) -> Window {
+    let tracer = Tracer::on(lo);
+    let before = lo.diskstats();
+    let tb = cg.throttle_stats(lo);
+    let report = fio.in_cgroup(cg).run();
+    let ta = cg.throttle_stats(lo);
+    let after = lo.diskstats();
+    let out = tracer.stop();
+    let (serviced, serviced_bytes) = ta.write_since(&tb);
+    Window {
+        out,
+        d: after.since(&before),
+        report,
+        serviced,
+        serviced_bytes,
+    }
+}
+
 /// The row of `cg` on `lo`; panics with the device object when it is missing.
 fn row<'a>(out: &'a TraceOutput, lo: &BlockDev, cg: &Cgroup) -> &'a Value {
     out.cgroup_row(lo, &cg.path())
@@ -88,19 +118,19 @@ fn binding_iops_limit(nomerges: u32) {
     cg.set_write_iops(&lo, WIOPS);
     cg.set_write_bps(&lo, WBPS);
 
-    let tracer = Tracer::on(&lo);
-    let before = lo.diskstats();
-    let tb = cg.throttle_stats(&lo);
-    let report = Fio::sequential("throttled", &lo, "write", SIZE, 32)
-        .opt("time_based", "1")
-        .opt("runtime", RUNTIME)
-        .in_cgroup(&cg)
-        .run();
-    let ta = cg.throttle_stats(&lo);
-    let after = lo.diskstats();
-    let out = tracer.stop();
-    let d = after.since(&before);
-    let (serviced, serviced_bytes) = ta.write_since(&tb);
+    let Window {
+        out,
+        d,
+        report,
+        serviced,
+        serviced_bytes,
+    } = traced_window(
+        &lo,
+        &cg,
+        Fio::sequential("throttled", &lo, "write", SIZE, 32)
+            .opt("time_based", "1")
+            .opt("runtime", RUNTIME),
+    );
 
     let ctx = format!("wiops {WIOPS}, nomerges={nomerges}");
     let ios = fio_total_ios(&report, "write");
@@ -234,18 +264,14 @@ fn limit_that_never_binds() {
     let cg = Cgroup::new();
     cg.set_write_iops(&lo, NEVER_BINDS);
 
-    let tracer = Tracer::on(&lo);
-    let before = lo.diskstats();
-    let tb = cg.throttle_stats(&lo);
     let size = 16 * MIB;
-    let report = Fio::sequential("free", &lo, "write", size, 32)
-        .in_cgroup(&cg)
-        .run();
-    let ta = cg.throttle_stats(&lo);
-    let after = lo.diskstats();
-    let out = tracer.stop();
-    let d = after.since(&before);
-    let (serviced, serviced_bytes) = ta.write_since(&tb);
+    let Window {
+        out,
+        d,
+        report,
+        serviced,
+        serviced_bytes,
+    } = traced_window(&lo, &cg, Fio::sequential("free", &lo, "write", size, 32));
 
     let ctx = "wiops 10,000,000";
     let ios = fio_total_ios(&report, "write");
@@ -299,24 +325,24 @@ fn split_bios_cost_one_io_per_piece() {
     let cg = Cgroup::new();
     cg.set_write_iops(&lo, NEVER_BINDS);
 
-    let tracer = Tracer::on(&lo);
-    let before = lo.diskstats();
-    let tb = cg.throttle_stats(&lo);
     let size = 16 * MIB;
-    let report = Fio::new("split", &lo.path)
-        .opt("rw", "write")
-        .opt("bs", "1M")
-        .opt("direct", "1")
-        .opt("ioengine", "libaio")
-        .opt("iodepth", "4")
-        .opt("size", &size.to_string())
-        .in_cgroup(&cg)
-        .run();
-    let ta = cg.throttle_stats(&lo);
-    let after = lo.diskstats();
-    let out = tracer.stop();
-    let d = after.since(&before);
-    let (serviced, serviced_bytes) = ta.write_since(&tb);
+    let Window {
+        out,
+        d,
+        report,
+        serviced,
+        serviced_bytes,
+    } = traced_window(
+        &lo,
+        &cg,
+        Fio::new("split", &lo.path)
+            .opt("rw", "write")
+            .opt("bs", "1M")
+            .opt("direct", "1")
+            .opt("ioengine", "libaio")
+            .opt("iodepth", "4")
+            .opt("size", &size.to_string()),
+    );
 
     let ctx = "1 MiB bios, max_sectors_kb 256";
     let ios = fio_total_ios(&report, "write");
