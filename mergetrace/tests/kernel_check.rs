@@ -33,14 +33,9 @@ fn hierarchy_words() -> String {
 
 /// `mergetrace check -d DEV --json`, parsed.
 fn check_json(dev: &BlockDev) -> Value {
-    let out = mergetrace(&["check", "-d", &dev.name, "--json"]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "mergetrace check -d {} --json failed ({}): {stderr}",
-        dev.name,
-        out.status
+    let (stdout, _) = succeeded(
+        mergetrace(&["check", "-d", &dev.name, "--json"]),
+        &format!("mergetrace check -d {} --json", dev.name),
     );
     let v: Value = serde_json::from_str(stdout.trim())
         .unwrap_or_else(|e| panic!("check --json is not one JSON object ({e}): {stdout}"));

@@ -374,16 +374,11 @@ fn tiers_auto_and_forced_say_which_tier() {
 
 /// `mergetrace check -d DEV --json`'s `tier` object.
 fn check_tier(disk: &BlockDev) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_mergetrace"))
-        .args(["check", "-d", &disk.name, "--json"])
-        .output()
-        .expect("cannot run mergetrace check");
-    assert!(
-        out.status.success(),
-        "mergetrace check failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let (out, _) = succeeded(
+        mergetrace(&["check", "-d", &disk.name, "--json"]),
+        "mergetrace check",
     );
-    let v: Value = serde_json::from_slice(&out.stdout).expect("check --json is JSON");
+    let v: Value = serde_json::from_str(&out).expect("check --json is JSON");
     v["tier"].clone()
 }
 
@@ -508,10 +503,7 @@ fn plug_batches(sched: &str, nomerges: u32) {
     ) else {
         return;
     };
-    let w = &fe.device_total(&disk)["write"];
-    assert_eq!(u(w, "bios"), fio_total_ios(&report, "write"), "{ctx}; {w}");
-    assert_writes_match(w, &d, &ctx);
-    assert_attempts_consistent(w, sched, nomerges, &ctx);
+    let w = fentry_writes(&fe, &disk, (&d, &report), (sched, nomerges), &ctx);
     if nomerges == 2 {
         assert_eq!(u(w, "merged"), 0, "{ctx}; {w}");
     } else {
@@ -534,6 +526,22 @@ fn tiers_agree_plug_batches_none() {
 #[test]
 fn tiers_agree_nomerges2_mq_deadline() {
     plug_batches("mq-deadline", 2);
+}
+
+/// The fentry tier's write total of a window both tiers traced, checked against fio's I/Os
+/// and diskstats, its merge attempts consistent with `(scheduler, nomerges)`.
+fn fentry_writes<'a>(
+    fe: &'a TraceOutput,
+    disk: &BlockDev,
+    (d, report): (&DiskStats, &Value),
+    (sched, nomerges): (&str, u32),
+    ctx: &str,
+) -> &'a Value {
+    let w = &fe.device_total(disk)["write"];
+    assert_eq!(u(w, "bios"), fio_total_ios(report, "write"), "{ctx}; {w}");
+    assert_writes_match(w, d, ctx);
+    assert_attempts_consistent(w, sched, nomerges, ctx);
+    w
 }
 
 /// 4 KiB sequential writes submitted one at a time, iodepth 512: no plug batch, so bios meet
@@ -559,10 +567,7 @@ fn deep_unbatched(sched: &str, nomerges: u32) {
     ) else {
         return;
     };
-    let w = &fe.device_total(&disk)["write"];
-    assert_eq!(u(w, "bios"), fio_total_ios(&report, "write"), "{ctx}; {w}");
-    assert_writes_match(w, &d, &ctx);
-    assert_attempts_consistent(w, sched, nomerges, &ctx);
+    let w = fentry_writes(&fe, &disk, (&d, &report), (sched, nomerges), &ctx);
     if sched == "mq-deadline" {
         let a = &w["merge_attempts"];
         assert!(
