@@ -64,23 +64,16 @@ pub(crate) fn describe(
         q("write_zeroes_max_bytes"),
         q("max_sectors_kb")
     );
+    let [reads, rmerged, rsectors, writes, wmerged, wsectors, discards, dmerged, dsectors, flushes] =
+        counts_of(d);
     format!(
-        "conformance [{}] on {} ({queue}): did {did}\n  rows: {}\n  diskstats: reads {} (merged {}, sectors {}), writes {} \
-         (merged {}, sectors {}), discards {} (merged {}, sectors {}), flushes {}\n  mergetrace {}\n  \
-         mergetrace {}\n  mergetrace {}\n  mergetrace {}",
+        "conformance [{}] on {} ({queue}): did {did}\n  rows: {}\n  diskstats: reads {reads} (merged \
+         {rmerged}, sectors {rsectors}), writes {writes} (merged {wmerged}, sectors {wsectors}), \
+         discards {discards} (merged {dmerged}, sectors {dsectors}), flushes {flushes}\n  \
+         mergetrace {}\n  mergetrace {}\n  mergetrace {}\n  mergetrace {}",
         kind.name(),
         disk.name,
         rows.join("; "),
-        d.reads,
-        d.reads_merged,
-        d.sectors_read,
-        d.writes,
-        d.writes_merged,
-        d.sectors_written,
-        d.discards,
-        d.discards_merged,
-        d.sectors_discarded,
-        d.flushes,
         pick("read"),
         pick("write"),
         pick("discard"),
