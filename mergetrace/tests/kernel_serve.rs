@@ -14,8 +14,8 @@ use std::{
     fs,
     io::{Read, Write},
     net::{SocketAddr, TcpListener, TcpStream},
-    process::{Child, Command, ExitStatus, Stdio},
-    sync::{mpsc, Arc, Mutex},
+    process::{Command, ExitStatus, Stdio},
+    sync::mpsc,
     thread,
     time::{Duration, Instant},
 };
@@ -32,10 +32,8 @@ const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
 // The server as a child process
 
 struct Server {
-    child: Option<Child>,
+    proc: Spawned,
     addr: SocketAddr,
-    stderr: Arc<Mutex<String>>,
-    stderr_thread: Option<thread::JoinHandle<()>>,
 }
 
 /// A port nobody listens on right now: bind :0, read the port, close.
@@ -57,16 +55,11 @@ impl Server {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
-        let mut child = cmd
+        let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
-        let (stderr, rx, stderr_thread) = tee_stderr(&mut child);
-        let mut server = Server {
-            child: Some(child),
-            addr,
-            stderr,
-            stderr_thread: Some(stderr_thread),
-        };
+        let (proc, rx) = Spawned::new(child);
+        let mut server = Server { proc, addr };
         let deadline = Instant::now() + ATTACH_TIMEOUT;
         loop {
             match rx.recv_timeout(Duration::from_millis(200)) {
@@ -80,8 +73,8 @@ impl Server {
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    if let Some(status) = server.try_wait() {
-                        server.join_stderr();
+                    if let Some(status) = server.proc.try_wait() {
+                        server.proc.join_stderr();
                         panic!(
                             "mergetrace serve exited ({status}) before serving; stderr:\n{}",
                             server.stderr()
@@ -108,45 +101,22 @@ impl Server {
     }
 
     fn pid(&self) -> u32 {
-        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+        self.proc.pid()
     }
 
     fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
-    }
-
-    fn try_wait(&mut self) -> Option<ExitStatus> {
-        self.child
-            .as_mut()
-            .and_then(|c| c.try_wait().ok().flatten())
-    }
-
-    fn join_stderr(&mut self) {
-        if let Some(t) = self.stderr_thread.take() {
-            let _ = t.join();
-        }
+        self.proc.stderr()
     }
 
     /// Sends `sig`, waits for the exit, returns the status and stderr.
     fn stop(mut self, sig: libc::c_int) -> (ExitStatus, String) {
-        unsafe {
-            libc::kill(self.pid() as libc::pid_t, sig);
-        }
-        let deadline = Instant::now() + STOP_TIMEOUT;
-        let status = loop {
-            if let Some(s) = self.try_wait() {
-                break s;
-            }
-            if Instant::now() >= deadline {
-                panic!(
-                    "mergetrace serve did not exit within {STOP_TIMEOUT:?} of signal {sig}; stderr:\n{}",
-                    self.stderr()
-                );
-            }
-            thread::sleep(Duration::from_millis(50));
+        self.proc.signal(sig);
+        let Some(status) = self.proc.wait_exit(STOP_TIMEOUT) else {
+            panic!(
+                "mergetrace serve did not exit within {STOP_TIMEOUT:?} of signal {sig}; stderr:\n{}",
+                self.stderr()
+            );
         };
-        self.child = None;
-        self.join_stderr();
         (status, self.stderr())
     }
 
@@ -165,16 +135,6 @@ impl Server {
             "not the Prometheus text format: {headers}"
         );
         Metrics::parse(body)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        // Only reached without `stop()` when a test panicked: do not leave it running.
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
     }
 }
 

@@ -33,6 +33,7 @@ use std::{
 /// The real blktrace + blkparse as a second oracle (guests only: it needs debugfs).
 pub mod blktrace;
 mod cgroup;
+mod child;
 mod disk;
 mod diskstats;
 mod fio;
@@ -45,7 +46,9 @@ pub mod workloads;
 // One flat namespace for the test binaries (`use support::*`); a binary that uses nothing of
 // a module would otherwise warn about its re-export.
 #[allow(unused_imports)]
-pub use self::{cgroup::*, disk::*, diskstats::*, fio::*, recorder::*, test_disk::*, tracer::*};
+pub use self::{
+    cgroup::*, child::*, disk::*, diskstats::*, fio::*, recorder::*, test_disk::*, tracer::*,
+};
 
 /// How long the tracer may take to load and attach its probes (BPF verification on a busy
 /// 2-core machine can be slow). A bound against hangs, not an assertion on speed.

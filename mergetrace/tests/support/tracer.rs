@@ -2,9 +2,9 @@
 //! ([`Tracer`]), its NDJSON output, and one-shot runs of the binary.
 
 use std::{
-    io::{BufRead, BufReader, Read},
-    process::{Child, Command, ExitStatus, Output, Stdio},
-    sync::{mpsc, Arc, Mutex},
+    io::Read,
+    process::{Command, Output, Stdio},
+    sync::mpsc,
     thread,
     time::{Duration, Instant},
 };
@@ -15,34 +15,8 @@ use super::*;
 
 /// `mergetrace --json` running as a child; started only once its probes are attached.
 pub struct Tracer {
-    child: Option<Child>,
+    proc: Spawned,
     stdout: Option<thread::JoinHandle<String>>,
-    stderr: Arc<Mutex<String>>,
-    stderr_thread: Option<thread::JoinHandle<()>>,
-}
-
-/// Reads a child's piped stderr on a thread: every line into the returned buffer and, as it
-/// comes, to the receiver (so a caller can wait for a line such as the attach banner).
-pub fn tee_stderr(
-    child: &mut Child,
-) -> (
-    Arc<Mutex<String>>,
-    mpsc::Receiver<String>,
-    thread::JoinHandle<()>,
-) {
-    let err = child.stderr.take().expect("stderr is piped");
-    let stderr = Arc::new(Mutex::new(String::new()));
-    let (tx, rx) = mpsc::channel::<String>();
-    let all = stderr.clone();
-    let thread = thread::spawn(move || {
-        for line in BufReader::new(err).lines() {
-            let Ok(line) = line else { break };
-            all.lock().unwrap().push_str(&line);
-            all.lock().unwrap().push('\n');
-            let _ = tx.send(line);
-        }
-    });
-    (stderr, rx, thread)
 }
 
 /// What a tracer printed over its run.
@@ -91,12 +65,10 @@ impl Tracer {
             let _ = out.read_to_string(&mut s);
             s
         });
-        let (stderr, rx, stderr_thread) = tee_stderr(&mut child);
+        let (proc, rx) = Spawned::new(child);
         let mut tracer = Tracer {
-            child: Some(child),
+            proc,
             stdout: Some(stdout),
-            stderr,
-            stderr_thread: Some(stderr_thread),
         };
         let deadline = Instant::now() + ATTACH_TIMEOUT;
         let first = loop {
@@ -104,8 +76,8 @@ impl Tracer {
             match rx.recv_timeout(left.min(Duration::from_millis(200))) {
                 Ok(line) => break line,
                 Err(mpsc::RecvTimeoutError::Timeout) => {
-                    if let Some(status) = tracer.try_wait() {
-                        tracer.join_stderr();
+                    if let Some(status) = tracer.proc.try_wait() {
+                        tracer.proc.join_stderr();
                         panic!(
                             "mergetrace exited ({status}) before attaching; args {:?}; stderr:\n{}",
                             cmd.get_args().collect::<Vec<_>>(),
@@ -120,7 +92,7 @@ impl Tracer {
                     }
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    let status = tracer.child.as_mut().unwrap().wait().ok();
+                    let status = tracer.proc.wait();
                     panic!(
                         "mergetrace closed stderr ({status:?}) before attaching; args {:?}; stderr:\n{}",
                         cmd.get_args().collect::<Vec<_>>(),
@@ -134,11 +106,11 @@ impl Tracer {
             let deadline = Instant::now() + Duration::from_secs(10);
             let mut status = None;
             while status.is_none() && Instant::now() < deadline {
-                status = tracer.try_wait();
+                status = tracer.proc.try_wait();
                 thread::sleep(Duration::from_millis(50));
             }
             if status.is_some() {
-                tracer.join_stderr();
+                tracer.proc.join_stderr();
             }
             panic!(
                 "mergetrace's first stderr line is not the attach banner: {first:?} \
@@ -170,53 +142,24 @@ impl Tracer {
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+        self.proc.pid()
     }
 
     /// Everything on stderr so far.
     pub fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
-    }
-
-    fn try_wait(&mut self) -> Option<ExitStatus> {
-        self.child
-            .as_mut()
-            .and_then(|c| c.try_wait().ok().flatten())
-    }
-
-    fn join_stderr(&mut self) {
-        if let Some(t) = self.stderr_thread.take() {
-            let _ = t.join();
-        }
-    }
-
-    fn signal(&self, sig: libc::c_int) {
-        if let Some(c) = &self.child {
-            unsafe {
-                libc::kill(c.id() as libc::pid_t, sig);
-            }
-        }
+        self.proc.stderr()
     }
 
     /// SIGINT, wait, require exit code 0, and parse the NDJSON it printed.
     pub fn stop(mut self) -> TraceOutput {
-        self.signal(libc::SIGINT);
-        let deadline = Instant::now() + STOP_TIMEOUT;
-        let status = loop {
-            if let Some(s) = self.try_wait() {
-                break s;
-            }
-            if Instant::now() >= deadline {
-                self.signal(libc::SIGKILL);
-                panic!(
-                    "mergetrace did not exit within {STOP_TIMEOUT:?} of SIGINT; stderr:\n{}",
-                    self.stderr()
-                );
-            }
-            thread::sleep(Duration::from_millis(50));
+        self.proc.signal(libc::SIGINT);
+        let Some(status) = self.proc.wait_exit(STOP_TIMEOUT) else {
+            self.proc.signal(libc::SIGKILL);
+            panic!(
+                "mergetrace did not exit within {STOP_TIMEOUT:?} of SIGINT; stderr:\n{}",
+                self.stderr()
+            );
         };
-        self.child = None;
-        self.join_stderr();
         let stdout = self.stdout.take().unwrap().join().unwrap_or_default();
         let stderr = self.stderr();
         assert!(
@@ -224,16 +167,6 @@ impl Tracer {
             "mergetrace exited with {status} after SIGINT; stderr:\n{stderr}\nstdout:\n{stdout}"
         );
         parse_ndjson(&stdout, stderr)
-    }
-}
-
-impl Drop for Tracer {
-    fn drop(&mut self) {
-        // Only reached without `stop()` when a test panicked: do not leave it running.
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
     }
 }
 
