@@ -19,31 +19,12 @@ fn size() -> u64 {
 }
 const BS: u64 = 4096;
 
-/// What every test checks: no lost events, no merge of unknown path, the paths sum to
-/// `merged`, and the identity requests + merged == bios + splits.
+/// What every test checks: [`assert_consistent`] (no lost events, no merge of unknown path,
+/// the paths sum to `merged`, requests + merged + flush_only == bios + splits), and no
+/// flush-only bios: requests + merged == bios + splits.
 fn assert_paths_consistent(out: &TraceOutput, m: &Value, ctx: &str) {
-    assert_eq!(
-        out.lost_events(),
-        0,
-        "lost events; {ctx}; stderr:\n{}",
-        out.stderr
-    );
-    let by_path: u64 = MERGE_PATHS.iter().map(|p| path_count(m, p)).sum();
-    assert_eq!(
-        by_path,
-        u(m, "merged"),
-        "merge paths do not add up to merged; {ctx}; {m}"
-    );
-    assert_eq!(
-        path_count(m, "unknown"),
-        0,
-        "merges from an unknown path; {ctx}; {m}"
-    );
-    assert_eq!(
-        u(m, "requests") + u(m, "merged"),
-        u(m, "bios") + u(m, "splits"),
-        "requests + merged != bios + splits; {ctx}; {m}"
-    );
+    assert_consistent(out, m, ctx);
+    assert_eq!(u(m, "flush_only"), 0, "flush-only bios; {ctx}; {m}");
 }
 
 /// The device's write totals against the diskstats delta: requests, merged, sectors.

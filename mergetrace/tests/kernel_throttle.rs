@@ -31,33 +31,6 @@ const RUNTIME: &str = "3";
 /// ever delaying a bio.
 const NEVER_BINDS: u64 = 10_000_000;
 
-/// The checks every run shares: no lost events, no merge of unknown path, the merge paths
-/// add up to `merged`, and every bio or split remainder became a request or merged.
-fn assert_consistent(out: &TraceOutput, w: &Value, ctx: &str) {
-    assert_eq!(
-        out.lost_events(),
-        0,
-        "lost events; {ctx}; stderr:\n{}",
-        out.stderr
-    );
-    let by_path: u64 = MERGE_PATHS.iter().map(|p| path_count(w, p)).sum();
-    assert_eq!(
-        by_path,
-        u(w, "merged"),
-        "merge paths do not add up; {ctx}; {w}"
-    );
-    assert_eq!(
-        path_count(w, "unknown"),
-        0,
-        "unknown merge path; {ctx}; {w}"
-    );
-    assert_eq!(
-        u(w, "requests") + u(w, "merged") + u(w, "flush_only"),
-        u(w, "bios") + u(w, "splits"),
-        "requests + merged + flush_only != bios + splits; {ctx}; {w}"
-    );
-}
-
 /// What one traced window measured: the tracer's output, the diskstats delta, fio's report,
 /// and `cg`'s blk-throttle write counts over it (ios, bytes).
 struct Window {

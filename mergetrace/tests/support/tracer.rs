@@ -314,6 +314,33 @@ pub const DIR_COUNTS: [&str; 6] = [
 /// The `merged_by_path` fields of a direction object (mergetrace's own vocabulary).
 pub const MERGE_PATHS: [&str; 7] = mergetrace_common::vocab::MERGE_PATH_LABELS;
 
+/// The checks every run shares: no lost events, no merge of unknown path, the merge paths
+/// add up to `merged`, and every bio or split remainder became a request or merged.
+pub fn assert_consistent(out: &TraceOutput, w: &Value, ctx: &str) {
+    assert_eq!(
+        out.lost_events(),
+        0,
+        "lost events; {ctx}; stderr:\n{}",
+        out.stderr
+    );
+    let by_path: u64 = MERGE_PATHS.iter().map(|p| path_count(w, p)).sum();
+    assert_eq!(
+        by_path,
+        u(w, "merged"),
+        "merge paths do not add up; {ctx}; {w}"
+    );
+    assert_eq!(
+        path_count(w, "unknown"),
+        0,
+        "unknown merge path; {ctx}; {w}"
+    );
+    assert_eq!(
+        u(w, "requests") + u(w, "merged") + u(w, "flush_only"),
+        u(w, "bios") + u(w, "splits"),
+        "requests + merged + flush_only != bios + splits; {ctx}; {w}"
+    );
+}
+
 /// `merged_by_path.<path>` of a direction object.
 pub fn path_count(dir: &Value, path: &str) -> u64 {
     u(&dir["merged_by_path"], path)
