@@ -61,6 +61,17 @@ fn traced_window(lo: &BlockDev, cg: &Cgroup, fio: Fio) -> Window {
     }
 }
 
+/// `lo` on mq-deadline with merges on, and a cgroup with a write IOPS limit that never binds
+/// on it.
+fn never_binding(lo: &BlockDev) -> Cgroup {
+    lo.set_scheduler("mq-deadline");
+    lo.set_nomerges(0);
+    udev_settle();
+    let cg = Cgroup::new();
+    cg.set_write_iops(lo, NEVER_BINDS);
+    cg
+}
+
 /// The row of `cg` on `lo`; panics with the device object when it is missing.
 fn row<'a>(out: &'a TraceOutput, lo: &BlockDev, cg: &Cgroup) -> &'a Value {
     out.cgroup_row(lo, &cg.path())
@@ -231,11 +242,7 @@ fn binding_iops_limit_nomerges2() {
 fn limit_that_never_binds() {
     require_root();
     let lo = TestDisk::new(SIZE);
-    lo.set_scheduler("mq-deadline");
-    lo.set_nomerges(0);
-    udev_settle();
-    let cg = Cgroup::new();
-    cg.set_write_iops(&lo, NEVER_BINDS);
+    let cg = never_binding(&lo);
 
     let size = 16 * MIB;
     let Window {
@@ -292,11 +299,7 @@ fn split_bios_cost_one_io_per_piece() {
     let lo = TestDisk::new(SIZE);
     // Loop devices keep max_sectors_kb across losetup -d: put it back afterwards.
     let _max_sectors = lo.set_queue_attr_restored("max_sectors_kb", "256");
-    lo.set_scheduler("mq-deadline");
-    lo.set_nomerges(0);
-    udev_settle();
-    let cg = Cgroup::new();
-    cg.set_write_iops(&lo, NEVER_BINDS);
+    let cg = never_binding(&lo);
 
     let size = 16 * MIB;
     let Window {
