@@ -304,11 +304,7 @@ fn assert_writes_match(m: &Value, d: &DiskStats, ctx: &str) {
         d.sectors_written,
         "sectors != diskstats; {ctx}; {m}"
     );
-    assert_eq!(
-        u(m, "requests") + u(m, "merged") + u(m, "flush_only"),
-        u(m, "bios") + u(m, "splits"),
-        "requests + merged + flush_only != bios + splits; {ctx}; {m}"
-    );
+    assert_identity(m, ctx);
 }
 
 /// Runs `work` on `disk` traced by both tiers at once; checks that they agree and returns

@@ -334,10 +334,16 @@ pub fn assert_consistent(out: &TraceOutput, w: &Value, ctx: &str) {
         0,
         "unknown merge path; {ctx}; {w}"
     );
+    assert_identity(w, ctx);
+}
+
+/// The identity of a direction object: every bio or split remainder became a request or
+/// merged, or was a flush-only bio (requests + merged + flush_only == bios + splits).
+pub fn assert_identity(m: &Value, ctx: &str) {
     assert_eq!(
-        u(w, "requests") + u(w, "merged") + u(w, "flush_only"),
-        u(w, "bios") + u(w, "splits"),
-        "requests + merged + flush_only != bios + splits; {ctx}; {w}"
+        u(m, "requests") + u(m, "merged") + u(m, "flush_only"),
+        u(m, "bios") + u(m, "splits"),
+        "requests + merged + flush_only != bios + splits; {ctx}; {m}"
     );
 }
 
