@@ -137,10 +137,20 @@ fn capture_run(ios: u64) -> Run {
 fn capture_round_trip_report_lineage_and_exports() {
     let ios = 2048;
     let run = capture_run(ios);
-    let (lo, cap) = (&run.lo, run.capture.to_str().unwrap());
-    let ctx = format!("{} on {}", cap, lo.name);
+    let cap = run.capture.to_str().unwrap();
+    let ctx = format!("{} on {}", cap, run.lo.name);
+    let w = check_report_json(&run, cap, ios, &ctx);
+    check_text_report(cap);
+    check_lineage(cap, &w, &ctx);
+    let kinds = check_csv_and_jsonl(&run, cap, &ctx);
+    check_blktrace_export(&run, cap, (&kinds, &w), &ctx);
+    check_perfetto_export(&run, cap, &w, &ctx);
+}
 
-    // report --json: the live view's total object, plus distributions
+/// The round trip's `report --json`: the live view's total object, plus distributions.
+/// Returns its device's write total.
+fn check_report_json(run: &Run, cap: &str, ios: u64, ctx: &str) -> Value {
+    let lo = &run.lo;
     let (out, err) = succeeded(mergetrace(&["report", cap, "--json"]), "report --json");
     assert!(!err.contains("warning"), "{err}");
     let rep: Value = serde_json::from_str(out.trim()).expect("report --json is one object");
@@ -217,8 +227,11 @@ fn capture_round_trip_report_lineage_and_exports() {
         u(w, "requests"),
         "{ctx}: each request issued after an insert or directly"
     );
+    w.clone()
+}
 
-    // the text report has the tables and the distributions
+/// The round trip's text report: it has the tables and the distributions.
+fn check_text_report(cap: &str) {
     let (text, _) = succeeded(mergetrace(&["report", cap]), "report");
     for want in [
         "(total)",
@@ -234,8 +247,11 @@ fn capture_round_trip_report_lineage_and_exports() {
             "{want:?} not in the text report:\n{text}"
         );
     }
+}
 
-    // lineage: every request's bios are the kernel's (count and bytes), no splits here
+/// The round trip's lineage: every request's bios are the kernel's (count and bytes), no
+/// splits here.
+fn check_lineage(cap: &str, w: &Value, ctx: &str) {
     let (lines, err) = succeeded(
         mergetrace(&["report", cap, "--lineage", "--json"]),
         "lineage",
@@ -277,8 +293,11 @@ fn capture_round_trip_report_lineage_and_exports() {
         "limit",
     );
     assert_eq!(limited.lines().count(), 3);
+}
 
-    // csv: one line per event (plus the header); counts by kind for blkparse
+/// The round trip's CSV and JSONL exports: one line per event (CSV: plus the header).
+/// Returns the CSV's events by kind, for blkparse.
+fn check_csv_and_jsonl(run: &Run, cap: &str, ctx: &str) -> BTreeMap<String, u64> {
     let dir = run.capture.parent().unwrap();
     let csv = dir.join("run.csv");
     succeeded(
@@ -321,8 +340,18 @@ fn capture_round_trip_report_lineage_and_exports() {
         fs::read_to_string(&jsonl).unwrap().lines().count() as u64,
         events
     );
+    kinds
+}
 
-    // blktrace: blkparse reads it; its Q/D/C are the capture's bio_queue/rq_issue/rq_complete
+/// The round trip's blktrace export: blkparse reads it; its Q/D/C are the capture's
+/// bio_queue/rq_issue/rq_complete.
+fn check_blktrace_export(
+    run: &Run,
+    cap: &str,
+    (kinds, w): (&BTreeMap<String, u64>, &Value),
+    ctx: &str,
+) {
+    let dir = run.capture.parent().unwrap();
     let base = dir.join("run");
     let (_, err) = succeeded(
         mergetrace(&[
@@ -351,8 +380,12 @@ fn capture_round_trip_report_lineage_and_exports() {
         n(&acts, "M") + n(&acts, "F"),
         n(&kinds, "back_merge") + n(&kinds, "front_merge") + n(&kinds, "rq_merge")
     );
+}
 
-    // perfetto: parses, documented structure, flows pair up, one per bio
+/// The round trip's Perfetto export: it parses, has the documented structure, and its flows
+/// pair up, one per bio.
+fn check_perfetto_export(run: &Run, cap: &str, w: &Value, ctx: &str) {
+    let (lo, dir) = (&run.lo, run.capture.parent().unwrap());
     let pf = dir.join("run.json");
     succeeded(
         mergetrace(&[
