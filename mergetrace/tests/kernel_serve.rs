@@ -393,7 +393,36 @@ fn scrape_deltas_match_diskstats_and_fio() {
     let after = server.scrape();
     let d = d1.since(&d0);
 
-    // The exposition: every family with its TYPE, once.
+    check_exposition(&after);
+    let ios = fio_total_ios(&report, "write");
+    assert_eq!(ios, SIZE / BS, "fio wrote {ios} I/Os");
+    assert_eq!(d.in_flight, 0);
+
+    check_device_deltas((&before, &after), &lo, &d, ios);
+    let path = cg.path();
+    let mine = [
+        ("device", lo.name.as_str()),
+        ("cgroup", path.as_str()),
+        ("direction", "write"),
+    ];
+    let requests = check_cgroup_counts((&before, &after), &mine, &d, ios);
+    check_histograms(&after, &mine, requests, ios);
+
+    // Nothing lost, every kind listed.
+    assert!(after.has("mergetrace_lost_events_total", &[("kind", "rq_issue")]));
+    assert_eq!(
+        after.sum("mergetrace_lost_events_total", &[]),
+        0.0,
+        "{}",
+        after.text
+    );
+    assert_eq!(after.sum("mergetrace_cgroups_folded", &[]), 0.0);
+
+    stop_and_check_detached(server, libc::SIGTERM);
+}
+
+/// The exposition: every family with its TYPE, once; the info line.
+fn check_exposition(after: &Metrics) {
     for (family, ty) in FAMILIES {
         let line = format!("# TYPE {family} {ty}");
         assert_eq!(
@@ -408,11 +437,15 @@ fn scrape_deltas_match_diskstats_and_fio() {
         "{}",
         after.text
     );
+}
 
-    let ios = fio_total_ios(&report, "write");
-    assert_eq!(ios, SIZE / BS, "fio wrote {ios} I/Os");
-    assert_eq!(d.in_flight, 0);
-
+/// Per device (every cgroup), the counter deltas over the run: the kernel's own counters.
+fn check_device_deltas(
+    (before, after): (&Metrics, &Metrics),
+    lo: &BlockDev,
+    d: &DiskStats,
+    ios: u64,
+) {
     let dev = [("device", lo.name.as_str()), ("direction", "write")];
     let delta = |m: &str, labels: &[(&str, &str)]| -> u64 {
         let (a, b) = (after.count(m, labels), before.count(m, labels));
@@ -420,7 +453,6 @@ fn scrape_deltas_match_diskstats_and_fio() {
         a - b
     };
     let ctx = format!("diskstats delta {d:?}");
-    // Per device (every cgroup): the kernel's own counters.
     assert_eq!(
         delta("mergetrace_bios_total", &dev),
         ios,
@@ -454,36 +486,38 @@ fn scrape_deltas_match_diskstats_and_fio() {
         "merges from an unrecognised path"
     );
     assert!(d.writes < ios, "batches of 32 merge: {d:?}");
+}
 
-    // Per cgroup: fio's cgroup has every bio, all charged, and its limit as a gauge.
-    let path = cg.path();
-    let mine = [
-        ("device", lo.name.as_str()),
-        ("cgroup", path.as_str()),
-        ("direction", "write"),
-    ];
+/// Per cgroup (`mine`: device, cgroup, direction labels): fio's cgroup has every bio, all
+/// charged, and its limit as a gauge. Returns its requests.
+fn check_cgroup_counts(
+    (before, after): (&Metrics, &Metrics),
+    mine: &[(&str, &str); 3],
+    d: &DiskStats,
+    ios: u64,
+) -> u64 {
     assert_eq!(
-        before.count("mergetrace_bios_total", &mine),
+        before.count("mergetrace_bios_total", mine),
         0,
         "a new cgroup starts at 0"
     );
-    assert_eq!(after.count("mergetrace_bios_total", &mine), ios);
+    assert_eq!(after.count("mergetrace_bios_total", mine), ios);
     assert_eq!(
-        after.count("mergetrace_throttle_charged_ios_total", &mine),
+        after.count("mergetrace_throttle_charged_ios_total", mine),
         ios
     );
     assert_eq!(
-        after.count("mergetrace_throttle_charged_bytes_total", &mine),
+        after.count("mergetrace_throttle_charged_bytes_total", mine),
         SIZE
     );
-    assert_eq!(after.count("mergetrace_throttled_bios_total", &mine), 0);
+    assert_eq!(after.count("mergetrace_throttled_bios_total", mine), 0);
     assert_eq!(
-        after.sum("mergetrace_throttle_limit_iops", &mine),
+        after.sum("mergetrace_throttle_limit_iops", mine),
         1_000_000.0,
         "{}",
         after.text
     );
-    let requests = after.count("mergetrace_requests_total", &mine);
+    let requests = after.count("mergetrace_requests_total", mine);
     let merged: u64 = MERGE_PATHS
         .iter()
         .map(|p| {
@@ -499,9 +533,12 @@ fn scrape_deltas_match_diskstats_and_fio() {
         "every bio became a request or merged"
     );
     assert_eq!(requests, d.writes, "all of this run's requests are fio's");
+    requests
+}
 
-    // Histograms of fio's cgroup: cumulative, _count = requests, _sum = bytes / bios.
-    let sizes = after.buckets("mergetrace_request_size_bytes", &mine);
+/// Histograms of fio's cgroup: cumulative, _count = requests, _sum = bytes / bios.
+fn check_histograms(after: &Metrics, mine: &[(&str, &str); 3], requests: u64, ios: u64) {
+    let sizes = after.buckets("mergetrace_request_size_bytes", mine);
     assert!(
         sizes.windows(2).all(|w| w[0].1 <= w[1].1),
         "cumulative: {sizes:?}"
@@ -515,39 +552,27 @@ fn scrape_deltas_match_diskstats_and_fio() {
         "merged requests are larger than 4 KiB: {sizes:?}"
     );
     assert_eq!(
-        after.sum("mergetrace_request_size_bytes_count", &mine),
+        after.sum("mergetrace_request_size_bytes_count", mine),
         requests as f64
     );
     assert_eq!(
-        after.sum("mergetrace_request_size_bytes_sum", &mine),
+        after.sum("mergetrace_request_size_bytes_sum", mine),
         SIZE as f64
     );
-    let bpr = after.buckets("mergetrace_bios_per_request", &mine);
+    let bpr = after.buckets("mergetrace_bios_per_request", mine);
     assert!(
         bpr.windows(2).all(|w| w[0].1 <= w[1].1),
         "cumulative: {bpr:?}"
     );
     assert_eq!(bpr.last().unwrap().1, requests as f64);
     assert_eq!(
-        after.sum("mergetrace_bios_per_request_sum", &mine),
+        after.sum("mergetrace_bios_per_request_sum", mine),
         ios as f64
     );
     assert_eq!(
-        after.sum("mergetrace_bios_per_request_count", &mine),
+        after.sum("mergetrace_bios_per_request_count", mine),
         requests as f64
     );
-
-    // Nothing lost, every kind listed.
-    assert!(after.has("mergetrace_lost_events_total", &[("kind", "rq_issue")]));
-    assert_eq!(
-        after.sum("mergetrace_lost_events_total", &[]),
-        0.0,
-        "{}",
-        after.text
-    );
-    assert_eq!(after.sum("mergetrace_cgroups_folded", &[]), 0.0);
-
-    stop_and_check_detached(server, libc::SIGTERM);
 }
 
 /// 50 concurrent scrapes all answer 200 with the exposition; clients that disconnect
