@@ -92,6 +92,7 @@ fn assert_only_writer(out: &TraceOutput, lo: &BlockDev, cg: &Cgroup) {
 /// limited to 2000 write IOPS (and 100 MiB/s). The limit binds: bios wait in blk-throttle.
 /// blk-throttle charges one io per bio before merging, so merging (nomerges=0) cuts the
 /// requests the device sees by >8× but leaves the charges — and fio's IOPS — where they were.
+// Long (~130 lines) on purpose: one window and, in order, every count it is checked on.
 fn binding_iops_limit(nomerges: u32) {
     require_root();
     let lo = TestDisk::new(SIZE);

@@ -37,6 +37,8 @@ pub(crate) struct LineageRq {
 /// sector and size of each, in chain order — are the bios blktrace saw join that request,
 /// requests matched by (direction, sector, size) in issue order. Returns (lineage requests,
 /// requests compared with blktrace).
+// Long (~150 lines) on purpose: one pass over the lineage checks it against the live counts
+// and, in the guests, request by request against blktrace; split, each half would re-walk it.
 pub(crate) fn check_capture(
     c: &mut Checks,
     out: &TraceOutput,

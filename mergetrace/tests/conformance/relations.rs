@@ -156,6 +156,8 @@ pub(crate) fn check_cgroups(
 
 /// mergetrace against the real blktrace over the same window (support/blktrace.rs says
 /// where each relation comes from in the kernel).
+// Long (~120 lines) on purpose: one relation per blktrace action (README of
+// support/blktrace), in the order the module documents them.
 pub(crate) fn check_blktrace(
     c: &mut Checks,
     out: &TraceOutput,

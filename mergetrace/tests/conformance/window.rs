@@ -159,6 +159,8 @@ pub(crate) fn conformance(kind: Kind) {
 /// checks everything: the workload's claims, the device total against diskstats and the
 /// identity, the cgroup rows against blk-cgroup, blktrace, and what `opts` asks for. Panics
 /// with every failure at once.
+// Long (~120 lines) on purpose: the window's steps (attach, snapshot, run, snapshot, stop)
+// and the checks of what they measured, in the order they must happen.
 pub(crate) fn conformance_on(disk: &BlockDev, kind: Kind, opts: Opts) -> Measured {
     let t0 = Instant::now();
     let cg = Cgroup::new();

@@ -438,6 +438,8 @@ impl Trace {
     /// whole waiting request (a request merge, `block_rq_merge`) folds that request into
     /// the one that ends at its start. Returns the issued requests, in the order of their
     /// first issue, and the number of M / F / D that matched no waiting request.
+    // Long (~130 lines) on purpose: one pass over the events, a state machine whose arms
+    // (G, M/F, D, R, C) share the table of open requests.
     pub fn requests(&self) -> (Vec<Request>, u64) {
         #[derive(Clone)]
         struct Open {

@@ -226,6 +226,7 @@ impl Prepared {
 
     /// What the workload claims it made the disk do, checked against the /proc/diskstats
     /// deltas of its window; the failures, empty when it did what it says.
+    // Long (~180 lines) on purpose: one arm per [`Kind`], the claims table itself.
     pub fn check_claims(&self, did: &Did, d: &DiskStats) -> Vec<String> {
         let mut bad = Vec::new();
         let mut claim = |ok: bool, what: &str| {
