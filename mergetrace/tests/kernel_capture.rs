@@ -367,18 +367,14 @@ fn check_blktrace_export(
     assert!(base.with_extension("blktrace.0").exists(), "{err}");
     let acts = blkparse_actions(&base);
     let n = |m: &BTreeMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
-    assert_eq!(n(&acts, "Q"), n(&kinds, "bio_queue"), "{ctx}: Q; {acts:?}");
-    assert_eq!(n(&acts, "D"), n(&kinds, "rq_issue"), "{ctx}: D; {acts:?}");
-    assert_eq!(
-        n(&acts, "C"),
-        n(&kinds, "rq_complete"),
-        "{ctx}: C; {acts:?}"
-    );
+    assert_eq!(n(&acts, "Q"), n(kinds, "bio_queue"), "{ctx}: Q; {acts:?}");
+    assert_eq!(n(&acts, "D"), n(kinds, "rq_issue"), "{ctx}: D; {acts:?}");
+    assert_eq!(n(&acts, "C"), n(kinds, "rq_complete"), "{ctx}: C; {acts:?}");
     assert_eq!(n(&acts, "Q"), u(w, "bios"));
     assert_eq!(n(&acts, "D"), u(w, "requests"));
     assert_eq!(
         n(&acts, "M") + n(&acts, "F"),
-        n(&kinds, "back_merge") + n(&kinds, "front_merge") + n(&kinds, "rq_merge")
+        n(kinds, "back_merge") + n(kinds, "front_merge") + n(kinds, "rq_merge")
     );
 }
 

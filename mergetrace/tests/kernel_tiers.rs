@@ -750,7 +750,7 @@ fn tiers_agree_on_throttled_split_remainders() {
             assert_eq!(u(w, "charged_ios"), bios, "{ctx}, {tier}; {w}");
         }
     };
-    match traced_by_both(&disk, &fio, &ctx) {
+    match traced_by_both(&disk, fio, &ctx) {
         Some((tp, fe, _, _)) => {
             let row = |o: &TraceOutput| o.cgroup_row(&disk, &cg.path()).unwrap()["write"].clone();
             check(&row(&tp), "tracepoint");

@@ -72,6 +72,7 @@ pub(super) fn detect_cgroup_hierarchy() -> &'static Option<(CgroupVersion, PathB
 ///     remainder is resubmitted through `submit_bio_noacct` and counted again as an io (its
 ///     bytes not: `BIO_CGROUP_ACCT`), on 6.1 and 6.12 alike (block/blk-cgroup.c,
 ///     block/blk-merge.c) — so once all I/O has drained, both count bios + split remainders.
+///
 ///   While bios still wait in the throttle, v1 has counted them and v2 has not yet: compare
 ///   deltas only after the workload finished.
 #[derive(Debug)]
