@@ -31,19 +31,14 @@ const RUNTIME: &str = "3";
 /// ever delaying a bio.
 const NEVER_BINDS: u64 = 10_000_000;
 
-/// What one traced window measured: the tracer's output, the diskstats delta, fio's report,
-/// and `cg`'s blk-throttle write counts over it (ios, bytes).
-struct Window {
-    out: TraceOutput,
-    d: DiskStats,
-    report: Value,
-    serviced: u64,
-    serviced_bytes: u64,
-}
-
 /// `fio` run in `cg` with the tracer attached; diskstats and `cg`'s blk-throttle counters
-/// read around it (inside the tracer's window).
-fn traced_window(lo: &BlockDev, cg: &Cgroup, fio: Fio) -> Window {
+/// read around it (inside the tracer's window). Returns the tracer's output, the diskstats
+/// delta, fio's report, and `cg`'s blk-throttle write counts over it (ios, bytes).
+fn traced_window(
+    lo: &BlockDev,
+    cg: &Cgroup,
+    fio: Fio,
+) -> (TraceOutput, DiskStats, Value, (u64, u64)) {
     let tracer = Tracer::on(lo);
     let before = lo.diskstats();
     let tb = cg.throttle_stats(lo);
@@ -51,14 +46,7 @@ fn traced_window(lo: &BlockDev, cg: &Cgroup, fio: Fio) -> Window {
     let ta = cg.throttle_stats(lo);
     let after = lo.diskstats();
     let out = tracer.stop();
-    let (serviced, serviced_bytes) = ta.write_since(&tb);
-    Window {
-        out,
-        d: after.since(&before),
-        report,
-        serviced,
-        serviced_bytes,
-    }
+    (out, after.since(&before), report, ta.write_since(&tb))
 }
 
 /// `lo` on mq-deadline with merges on, and a cgroup with a write IOPS limit that never binds
@@ -103,13 +91,7 @@ fn binding_iops_limit(nomerges: u32) {
     cg.set_write_iops(&lo, WIOPS);
     cg.set_write_bps(&lo, WBPS);
 
-    let Window {
-        out,
-        d,
-        report,
-        serviced,
-        serviced_bytes,
-    } = traced_window(
+    let (out, d, report, (serviced, serviced_bytes)) = traced_window(
         &lo,
         &cg,
         Fio::sequential("throttled", &lo, "write", SIZE, 32)
@@ -246,13 +228,8 @@ fn limit_that_never_binds() {
     let cg = never_binding(&lo);
 
     let size = 16 * MIB;
-    let Window {
-        out,
-        d,
-        report,
-        serviced,
-        serviced_bytes,
-    } = traced_window(&lo, &cg, Fio::sequential("free", &lo, "write", size, 32));
+    let (out, d, report, (serviced, serviced_bytes)) =
+        traced_window(&lo, &cg, Fio::sequential("free", &lo, "write", size, 32));
 
     let ctx = "wiops 10,000,000";
     let ios = fio_total_ios(&report, "write");
@@ -303,13 +280,7 @@ fn split_bios_cost_one_io_per_piece() {
     let cg = never_binding(&lo);
 
     let size = 16 * MIB;
-    let Window {
-        out,
-        d,
-        report,
-        serviced,
-        serviced_bytes,
-    } = traced_window(
+    let (out, d, report, (serviced, serviced_bytes)) = traced_window(
         &lo,
         &cg,
         Fio::new("split", &lo.path)
