@@ -1,4 +1,4 @@
-//! Conformance of mergetrace's counts on REAL workloads (support/workloads.rs): a scratch
+//! Conformance of mergetrace's counts on REAL workloads (support/workloads/): a scratch
 //! ext4 with fsync / fdatasync / O_DSYNC writers, many small files, fstrim, umount, SQLite,
 //! a PostgreSQL server, a tree copy; and write zeroes on the raw disk. Unlike fio O_DIRECT on a
 //! raw device, these send cache flushes (empty `REQ_PREFLUSH` bios, journal commit blocks with
@@ -8,7 +8,7 @@
 //! Each workload runs on the test disk (a loop device; in the lab /dev/vdb), inside a cgroup,
 //! with `mergetrace --json` attached from before the workload until its I/O drained; its
 //! filesystem is made and mounted before the window and unmounted inside it (so every write
-//! it caused is in the window, see workloads.rs). Then, per direction (read, write, discard,
+//! it caused is in the window, see workloads/). Then, per direction (read, write, discard,
 //! flush), the CONTRACT below is checked against /proc/diskstats, blk-cgroup's per-cgroup
 //! counters (v1 `blkio.throttle.io_serviced`, v2 `io.stat`) and, in the lab's guests (the only
 //! place with debugfs), the real blktrace over the same window. All failures of one workload
@@ -30,7 +30,7 @@
 //!   root, so the workload's own row holds only what it submitted itself. The rows add up to
 //!   the device total; and a row's `bytes` == the cgroup's bytes (v1 io_service_bytes, v2
 //!   io.stat rbytes/wbytes/dbytes: a bio's bytes once, a split remainder adds none).
-//! - blktrace (guests): see support/blktrace.rs for the kernel source behind each relation.
+//! - blktrace (guests): see support/blktrace/mod.rs for the kernel source behind each relation.
 //! - the disk was quiet while the tracers attached and stopped (diskstats unchanged): the
 //!   window's edges are where something writing on its own schedule would show.
 //!

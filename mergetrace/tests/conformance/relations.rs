@@ -154,7 +154,7 @@ pub(crate) fn check_cgroups(
     }
 }
 
-/// mergetrace against the real blktrace over the same window (support/blktrace.rs says
+/// mergetrace against the real blktrace over the same window (support/blktrace/mod.rs says
 /// where each relation comes from in the kernel).
 // Long (~120 lines) on purpose: one relation per blktrace action (the module doc of
 // support/blktrace), in the order the module documents them.
