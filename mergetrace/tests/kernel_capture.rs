@@ -8,115 +8,13 @@ mod support;
 use std::{
     collections::BTreeMap,
     fs,
-    io::{BufRead, BufReader},
     path::{Path, PathBuf},
-    process::{Child, Command, Output, Stdio},
-    sync::mpsc,
+    process::Command,
     thread,
-    time::{Duration, Instant},
 };
 
 use serde_json::Value;
 use support::*;
-
-fn ok(out: Output, what: &str) -> (String, String) {
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(
-        out.status.success(),
-        "{what} failed ({}): {stderr}\n{}",
-        out.status,
-        &stdout[..stdout.len().min(2000)]
-    );
-    assert!(!stderr.contains("panicked"), "{what}: {stderr}");
-    (stdout, stderr)
-}
-
-/// `mergetrace record` running as a child, started once it said it records.
-struct Recorder {
-    child: Option<Child>,
-    stderr: thread::JoinHandle<String>,
-}
-
-impl Recorder {
-    fn start(dev: &LoopDevice, out: &Path) -> Recorder {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mergetrace"))
-            .args(["record", "-d", &dev.name, "-o"])
-            .arg(out)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("cannot start mergetrace record");
-        let err = child.stderr.take().unwrap();
-        let (tx, rx) = mpsc::channel::<String>();
-        let stderr = thread::spawn(move || {
-            let mut all = String::new();
-            for line in BufReader::new(err).lines() {
-                let Ok(line) = line else { break };
-                all.push_str(&line);
-                all.push('\n');
-                let _ = tx.send(line);
-            }
-            all
-        });
-        let deadline = Instant::now() + ATTACH_TIMEOUT;
-        let mut rec = Recorder {
-            child: Some(child),
-            stderr,
-        };
-        loop {
-            match rx.recv_timeout(Duration::from_millis(200)) {
-                Ok(line) if line.starts_with("mergetrace: recording to") => break,
-                Ok(_) => {}
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    if let Some(s) = rec.child.as_mut().unwrap().try_wait().unwrap() {
-                        panic!("record exited before recording: {s}");
-                    }
-                    assert!(Instant::now() < deadline, "record did not start in time");
-                }
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    let s = rec.child.as_mut().unwrap().wait();
-                    panic!("record closed stderr before recording: {s:?}");
-                }
-            }
-        }
-        rec
-    }
-
-    /// SIGINT, wait for a clean exit; returns its stderr.
-    fn stop(mut self) -> String {
-        let mut child = self.child.take().unwrap();
-        unsafe {
-            libc::kill(child.id() as libc::pid_t, libc::SIGINT);
-        }
-        let deadline = Instant::now() + STOP_TIMEOUT;
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!("record did not stop within {STOP_TIMEOUT:?}");
-            }
-            thread::sleep(Duration::from_millis(50));
-        };
-        let stderr = std::mem::replace(&mut self.stderr, thread::spawn(String::new))
-            .join()
-            .unwrap();
-        assert!(status.success(), "record exited with {status}: {stderr}");
-        stderr
-    }
-}
-
-impl Drop for Recorder {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 /// "wrote N events" from record's last words.
 fn events_written(stderr: &str) -> u64 {
@@ -130,21 +28,10 @@ fn events_written(stderr: &str) -> u64 {
         .unwrap_or_else(|| panic!("cannot read the event count in {line}"))
 }
 
-/// Fields compared between the live total and the report, per direction object.
-const FIELDS: [&str; 9] = [
-    "bios",
-    "bytes",
-    "merged",
-    "requests",
-    "request_bytes",
-    "splits",
-    "charged_ios",
-    "charged_bytes",
-    "merged_by_path",
-];
-
 fn same_dir(live: &Value, report: &Value, ctx: &str) {
-    for f in FIELDS {
+    // Fields compared between the live total and the report, per direction object.
+    let fields = ["charged_ios", "charged_bytes", "merged_by_path"];
+    for f in DIR_COUNTS.into_iter().chain(fields) {
         assert_eq!(live[f], report[f], "{ctx}: {f}");
     }
     assert_eq!(
@@ -209,7 +96,7 @@ fn capture_run(ios: u64) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let capture = dir.path().join("run.mtr");
     let live = Tracer::on(&lo);
-    let rec = Recorder::start(&lo, &capture);
+    let rec = Recorder::start(&lo, &capture, None);
     let before = lo.diskstats();
     let ios_s = ios.to_string();
     thread::scope(|s| {
@@ -250,11 +137,21 @@ fn capture_run(ios: u64) -> Run {
 fn capture_round_trip_report_lineage_and_exports() {
     let ios = 2048;
     let run = capture_run(ios);
-    let (lo, cap) = (&run.lo, run.capture.to_str().unwrap());
-    let ctx = format!("{} on {}", cap, lo.name);
+    let cap = run.capture.to_str().unwrap();
+    let ctx = format!("{} on {}", cap, run.lo.name);
+    let w = check_report_json(&run, cap, ios, &ctx);
+    check_text_report(cap);
+    check_lineage(cap, &w, &ctx);
+    let kinds = check_csv_and_jsonl(&run, cap, &ctx);
+    check_blktrace_export(&run, cap, (&kinds, &w), &ctx);
+    check_perfetto_export(&run, cap, &w, &ctx);
+}
 
-    // report --json: the live view's total object, plus distributions
-    let (out, err) = ok(mergetrace(&["report", cap, "--json"]), "report --json");
+/// The round trip's `report --json`: the live view's total object, plus distributions.
+/// Returns its device's write total.
+fn check_report_json(run: &Run, cap: &str, ios: u64, ctx: &str) -> Value {
+    let lo = &run.lo;
+    let (out, err) = succeeded(mergetrace(&["report", cap, "--json"]), "report --json");
     assert!(!err.contains("warning"), "{err}");
     let rep: Value = serde_json::from_str(out.trim()).expect("report --json is one object");
     assert_eq!(rep["type"], "total");
@@ -330,9 +227,12 @@ fn capture_round_trip_report_lineage_and_exports() {
         u(w, "requests"),
         "{ctx}: each request issued after an insert or directly"
     );
+    w.clone()
+}
 
-    // the text report has the tables and the distributions
-    let (text, _) = ok(mergetrace(&["report", cap]), "report");
+/// The round trip's text report: it has the tables and the distributions.
+fn check_text_report(cap: &str) {
+    let (text, _) = succeeded(mergetrace(&["report", cap]), "report");
     for want in [
         "(total)",
         "--- distributions",
@@ -347,9 +247,12 @@ fn capture_round_trip_report_lineage_and_exports() {
             "{want:?} not in the text report:\n{text}"
         );
     }
+}
 
-    // lineage: every request's bios are the kernel's (count and bytes), no splits here
-    let (lines, err) = ok(
+/// The round trip's lineage: every request's bios are the kernel's (count and bytes), no
+/// splits here.
+fn check_lineage(cap: &str, w: &Value, ctx: &str) {
+    let (lines, err) = succeeded(
         mergetrace(&["report", cap, "--lineage", "--json"]),
         "lineage",
     );
@@ -385,16 +288,19 @@ fn capture_round_trip_report_lineage_and_exports() {
         err.contains(&format!("lineage: {} requests, {0} consistent", reqs.len())),
         "{err}"
     );
-    let (limited, _) = ok(
+    let (limited, _) = succeeded(
         mergetrace(&["report", cap, "--lineage", "--json", "--limit", "3"]),
         "limit",
     );
     assert_eq!(limited.lines().count(), 3);
+}
 
-    // csv: one line per event (plus the header); counts by kind for blkparse
+/// The round trip's CSV and JSONL exports: one line per event (CSV: plus the header).
+/// Returns the CSV's events by kind, for blkparse.
+fn check_csv_and_jsonl(run: &Run, cap: &str, ctx: &str) -> BTreeMap<String, u64> {
     let dir = run.capture.parent().unwrap();
     let csv = dir.join("run.csv");
-    ok(
+    succeeded(
         mergetrace(&[
             "export",
             cap,
@@ -419,7 +325,7 @@ fn capture_round_trip_report_lineage_and_exports() {
             .or_default() += 1;
     }
     let jsonl = dir.join("run.jsonl");
-    ok(
+    succeeded(
         mergetrace(&[
             "export",
             cap,
@@ -434,10 +340,20 @@ fn capture_round_trip_report_lineage_and_exports() {
         fs::read_to_string(&jsonl).unwrap().lines().count() as u64,
         events
     );
+    kinds
+}
 
-    // blktrace: blkparse reads it; its Q/D/C are the capture's bio_queue/rq_issue/rq_complete
+/// The round trip's blktrace export: blkparse reads it; its Q/D/C are the capture's
+/// bio_queue/rq_issue/rq_complete.
+fn check_blktrace_export(
+    run: &Run,
+    cap: &str,
+    (kinds, w): (&BTreeMap<String, u64>, &Value),
+    ctx: &str,
+) {
+    let dir = run.capture.parent().unwrap();
     let base = dir.join("run");
-    let (_, err) = ok(
+    let (_, err) = succeeded(
         mergetrace(&[
             "export",
             cap,
@@ -451,23 +367,23 @@ fn capture_round_trip_report_lineage_and_exports() {
     assert!(base.with_extension("blktrace.0").exists(), "{err}");
     let acts = blkparse_actions(&base);
     let n = |m: &BTreeMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
-    assert_eq!(n(&acts, "Q"), n(&kinds, "bio_queue"), "{ctx}: Q; {acts:?}");
-    assert_eq!(n(&acts, "D"), n(&kinds, "rq_issue"), "{ctx}: D; {acts:?}");
-    assert_eq!(
-        n(&acts, "C"),
-        n(&kinds, "rq_complete"),
-        "{ctx}: C; {acts:?}"
-    );
+    assert_eq!(n(&acts, "Q"), n(kinds, "bio_queue"), "{ctx}: Q; {acts:?}");
+    assert_eq!(n(&acts, "D"), n(kinds, "rq_issue"), "{ctx}: D; {acts:?}");
+    assert_eq!(n(&acts, "C"), n(kinds, "rq_complete"), "{ctx}: C; {acts:?}");
     assert_eq!(n(&acts, "Q"), u(w, "bios"));
     assert_eq!(n(&acts, "D"), u(w, "requests"));
     assert_eq!(
         n(&acts, "M") + n(&acts, "F"),
-        n(&kinds, "back_merge") + n(&kinds, "front_merge") + n(&kinds, "rq_merge")
+        n(kinds, "back_merge") + n(kinds, "front_merge") + n(kinds, "rq_merge")
     );
+}
 
-    // perfetto: parses, documented structure, flows pair up, one per bio
+/// The round trip's Perfetto export: it parses, has the documented structure, and its flows
+/// pair up, one per bio.
+fn check_perfetto_export(run: &Run, cap: &str, w: &Value, ctx: &str) {
+    let (lo, dir) = (&run.lo, run.capture.parent().unwrap());
     let pf = dir.join("run.json");
-    ok(
+    succeeded(
         mergetrace(&[
             "export",
             cap,
@@ -550,25 +466,25 @@ fn capture_truncated_reports_with_a_warning() {
         let p = dir.join(format!("cut-{cut}.mtr"));
         fs::write(&p, &bytes[..cut]).unwrap();
         let ps = p.to_str().unwrap();
-        let (text, err) = ok(mergetrace(&["report", ps]), "report of a cut capture");
+        let (text, err) = succeeded(mergetrace(&["report", ps]), "report of a cut capture");
         assert!(
             err.contains("warning"),
             "no warning for a cut at {cut}: {err}"
         );
         assert!(text.contains("(total)"), "{text}");
-        let (json, _) = ok(
+        let (json, _) = succeeded(
             mergetrace(&["report", ps, "--json"]),
             "report --json of a cut capture",
         );
         let v: Value = serde_json::from_str(json.trim()).unwrap();
         assert!(u(&device_of(&v, &run.lo)["total"]["write"], "bios") <= 1024);
-        let (_, err) = ok(
+        let (_, err) = succeeded(
             mergetrace(&["report", ps, "--lineage"]),
             "lineage of a cut capture",
         );
         assert!(err.contains("warning"), "{err}");
         let out = dir.join(format!("cut-{cut}.csv"));
-        ok(
+        succeeded(
             mergetrace(&["export", ps, "-f", "csv", "-o", out.to_str().unwrap()]),
             "export of a cut capture",
         );
@@ -626,7 +542,7 @@ fn capture_names_cgroups_created_during_the_run() {
     let lo = LoopDevice::new(64 << 20);
     let dir = tempfile::tempdir().unwrap();
     let capture = dir.path().join("late.mtr");
-    let rec = Recorder::start(&lo, &capture);
+    let rec = Recorder::start(&lo, &capture, None);
     // created now: not in the header
     let late = Cgroup::new();
     late.set_write_iops(&lo, 1_000_000);
@@ -641,7 +557,7 @@ fn capture_names_cgroups_created_during_the_run() {
     rec.stop();
 
     let cap = capture.to_str().unwrap();
-    let (json, _) = ok(mergetrace(&["report", cap, "--json"]), "report --json");
+    let (json, _) = succeeded(mergetrace(&["report", cap, "--json"]), "report --json");
     let v: Value = serde_json::from_str(json.trim()).unwrap();
     let dev = device_of(&v, &lo);
     let rows = dev["cgroups"].as_array().unwrap();
@@ -664,7 +580,7 @@ fn capture_names_cgroups_created_during_the_run() {
     );
     assert_eq!(u(w, "charged_ios"), ios, "{w}");
     // -c selects it by name, as for any other cgroup
-    let (json, _) = ok(
+    let (json, _) = succeeded(
         mergetrace(&["report", cap, "--json", "-c", &late.path()]),
         "report -c",
     );

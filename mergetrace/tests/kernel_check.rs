@@ -33,14 +33,9 @@ fn hierarchy_words() -> String {
 
 /// `mergetrace check -d DEV --json`, parsed.
 fn check_json(dev: &BlockDev) -> Value {
-    let out = mergetrace(&["check", "-d", &dev.name, "--json"]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "mergetrace check -d {} --json failed ({}): {stderr}",
-        dev.name,
-        out.status
+    let (stdout, _) = succeeded(
+        mergetrace(&["check", "-d", &dev.name, "--json"]),
+        &format!("mergetrace check -d {} --json", dev.name),
     );
     let v: Value = serde_json::from_str(stdout.trim())
         .unwrap_or_else(|e| panic!("check --json is not one JSON object ({e}): {stdout}"));
@@ -72,7 +67,7 @@ fn group(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -91,8 +86,50 @@ fn kib(k: u64) -> String {
 fn every_scheduler_and_nomerges_level() {
     require_root();
     let dev = scheduler_disk(32 << 20, "mq-deadline");
-    // The merge ceiling as check must state it, from the device's own limits (a loop device:
-    // 128 segments of 4 KiB pages bind before max_sectors_kb 1280; vdb: 254 segments).
+    let (max_segments, ceiling) = merge_ceiling(&dev);
+    // The lab's disks are virtio-blk with one queue (num-queues=1), like a loop device.
+    let hw_queues = std::fs::read_dir(dev.sysfs().join("mq"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(hw_queues, 1, "{}: hardware queues", dev.name);
+    for sched in ["none", "mq-deadline"] {
+        for nm in [0u32, 1, 2] {
+            set_queue(&dev, sched, nm);
+            let v = check_json(&dev);
+            let ctx = format!("scheduler {sched}, nomerges {nm}: {v:#}");
+            assert_eq!(v["queue"]["scheduler"]["active"], sched, "{ctx}");
+            assert_eq!(v["queue"]["nomerges"], nm, "{ctx}");
+            assert_eq!(v["queue"]["hw_queues"], 1, "{ctx}");
+
+            check_queue_findings(&v, &dev, (sched, nm), &ctx);
+            assert_eq!(v["queue"]["max_segments"], max_segments, "{ctx}");
+            assert!(
+                finding(&v, "merge ceiling").starts_with(&ceiling),
+                "want {ceiling:?}; {ctx}"
+            );
+            let p = finding(&v, "plug flush");
+            if nm == 2 {
+                assert!(
+                    p.starts_with("a task's plug list is flushed to the device at 32 requests only (the 128 KiB size rule is off with nomerges=2)"),
+                    "{ctx}"
+                );
+            } else {
+                assert!(
+                    p.starts_with("a task's plug list is flushed to the device at 32 requests, or as soon as its last request has reached 128 KiB"),
+                    "{ctx}"
+                );
+            }
+
+            check_throttle_and_tier(&v, &dev, &ctx);
+        }
+    }
+}
+
+/// `dev`'s max_segments, and the merge ceiling as check must state it, from the device's own
+/// limits.
+fn merge_ceiling(dev: &TestDisk) -> (u64, String) {
+    // A loop device: 128 segments of 4 KiB pages bind before max_sectors_kb 1280; vdb: 254
+    // segments.
     let attr = |a: &str| -> u64 {
         dev.queue_attr(a)
             .parse()
@@ -115,136 +152,110 @@ fn every_scheduler_and_nomerges_level() {
         kib(max_kb),
         kib(by_segments)
     );
-    // The lab's disks are virtio-blk with one queue (num-queues=1), like a loop device.
-    let hw_queues = std::fs::read_dir(dev.sysfs().join("mq"))
-        .map(|d| d.count())
-        .unwrap_or(0);
-    assert_eq!(hw_queues, 1, "{}: hardware queues", dev.name);
-    for sched in ["none", "mq-deadline"] {
-        for nm in [0u32, 1, 2] {
-            set_queue(&dev, sched, nm);
-            let v = check_json(&dev);
-            let ctx = format!("scheduler {sched}, nomerges {nm}: {v:#}");
-            assert_eq!(v["queue"]["scheduler"]["active"], sched, "{ctx}");
-            assert_eq!(v["queue"]["nomerges"], nm, "{ctx}");
-            assert_eq!(v["queue"]["hw_queues"], 1, "{ctx}");
+    (max_segments, ceiling)
+}
 
+/// The device, scheduler and nomerges findings of `check --json` (`v`) for `(sched, nm)`.
+fn check_queue_findings(v: &Value, dev: &BlockDev, (sched, nm): (&str, u32), ctx: &str) {
+    assert!(
+        finding(v, "device").starts_with(&format!(
+            "{} ({}): blk-mq device, 1 hardware queue",
+            dev.name,
+            dev.maj_min()
+        )),
+        "{ctx}"
+    );
+    let s = finding(v, "scheduler");
+    assert!(s.starts_with(sched), "{ctx}");
+    if sched == "none" {
+        assert!(
+            s.contains("no elevator") && s.contains("blk_bio_list_merge"),
+            "{ctx}"
+        );
+    } else {
+        assert!(
+            s.contains("elv_merge") && s.contains("elv_attempt_insert_merge"),
+            "{ctx}"
+        );
+    }
+
+    let n = finding(v, "nomerges");
+    let l = lever(v, "nomerges").unwrap_or_default();
+    let nomerges_file = format!("/sys/block/{}/queue/nomerges", dev.name);
+    assert!(l.contains(&nomerges_file), "{ctx}");
+    match (sched, nm) {
+        (_, 0) => {
             assert!(
-                finding(&v, "device").starts_with(&format!(
-                    "{} ({}): blk-mq device, 1 hardware queue",
-                    dev.name,
-                    dev.maj_min()
-                )),
+                n.starts_with("nomerges=0: all merge attempts are on"),
                 "{ctx}"
             );
-            let s = finding(&v, "scheduler");
-            assert!(s.starts_with(sched), "{ctx}");
-            if sched == "none" {
-                assert!(
-                    s.contains("no elevator") && s.contains("blk_bio_list_merge"),
-                    "{ctx}"
-                );
-            } else {
-                assert!(
-                    s.contains("elv_merge") && s.contains("elv_attempt_insert_merge"),
-                    "{ctx}"
-                );
-            }
-
-            let n = finding(&v, "nomerges");
-            let l = lever(&v, "nomerges").unwrap_or_default();
-            let nomerges_file = format!("/sys/block/{}/queue/nomerges", dev.name);
-            assert!(l.contains(&nomerges_file), "{ctx}");
-            match (sched, nm) {
-                (_, 0) => {
-                    assert!(
-                        n.starts_with("nomerges=0: all merge attempts are on"),
-                        "{ctx}"
-                    );
-                    assert!(l.starts_with(&format!("echo 2 > {nomerges_file}")), "{ctx}");
-                }
-                ("none", 1) => {
-                    assert!(
-                        n.starts_with("nomerges=1 changes nothing with scheduler none: only elv_merge's hash lookup and elv_attempt_insert_merge consult it"),
-                        "{ctx}"
-                    );
-                    assert!(l.contains("1 is the same as 0 on this path"), "{ctx}");
-                }
-                (_, 1) => {
-                    assert!(
-                        n.starts_with("nomerges=1 with mq-deadline: plug merges still happen"),
-                        "{ctx}"
-                    );
-                    assert!(n.contains("skipping the hash lookup"), "{ctx}");
-                }
-                _ => {
-                    assert!(n.starts_with("nomerges=2 disables all bio merges"), "{ctx}");
-                    assert!(l.starts_with(&format!("echo 0 > {nomerges_file}")), "{ctx}");
-                }
-            }
-
-            assert_eq!(v["queue"]["max_segments"], max_segments, "{ctx}");
+            assert!(l.starts_with(&format!("echo 2 > {nomerges_file}")), "{ctx}");
+        }
+        ("none", 1) => {
             assert!(
-                finding(&v, "merge ceiling").starts_with(&ceiling),
-                "want {ceiling:?}; {ctx}"
+                n.starts_with("nomerges=1 changes nothing with scheduler none: only elv_merge's hash lookup and elv_attempt_insert_merge consult it"),
+                "{ctx}"
             );
-            let p = finding(&v, "plug flush");
-            if nm == 2 {
-                assert!(
-                    p.starts_with("a task's plug list is flushed to the device at 32 requests only (the 128 KiB size rule is off with nomerges=2)"),
-                    "{ctx}"
-                );
-            } else {
-                assert!(
-                    p.starts_with("a task's plug list is flushed to the device at 32 requests, or as soon as its last request has reached 128 KiB"),
-                    "{ctx}"
-                );
-            }
-
-            // This test sets no limit; one left behind by someone else must still be named.
-            let throttled = v["throttled"].as_array().unwrap();
-            if throttled.is_empty() {
-                assert_eq!(
-                    finding(&v, "throttle"),
-                    format!("no cgroup limits {} ({})", dev.name, hierarchy_words()),
-                    "{ctx}"
-                );
-            } else {
-                assert_eq!(findings(&v, "throttle").len(), throttled.len(), "{ctx}");
-            }
-
-            let tier = &v["tier"];
-            let t = finding(&v, "tier");
-            if std::env::var("MERGETRACE_LAB").is_ok_and(|l| l == "1") {
-                // The lab's guests (6.1, 6.12) allow fentry: check must say so.
-                assert_eq!(tier["name"], "fentry", "in the lab; {ctx}");
-                assert!(t.starts_with("fentry tier available"), "{t}; {ctx}");
-            }
-            match tier["name"].as_str() {
-                Some("fentry") => assert!(
-                    tier["reason"]
-                        .as_str()
-                        .unwrap()
-                        .starts_with("fentry tier available"),
-                    "{ctx}"
-                ),
-                Some("tracepoint") => {
-                    let r = tier["reason"].as_str().unwrap();
-                    assert!(
-                        r == "fentry refused by this kernel's policy: tracepoint tier"
-                            || r.starts_with("fentry probe failed ("),
-                        "{ctx}"
-                    );
-                }
-                other => panic!("tier {other:?} as root on a BTF kernel; {ctx}"),
-            }
-            assert!(t.starts_with(tier["reason"].as_str().unwrap()), "{ctx}");
+            assert!(l.contains("1 is the same as 0 on this path"), "{ctx}");
+        }
+        (_, 1) => {
             assert!(
-                t.contains("BTF present") && t.contains("CAP_SYS_ADMIN"),
+                n.starts_with("nomerges=1 with mq-deadline: plug merges still happen"),
+                "{ctx}"
+            );
+            assert!(n.contains("skipping the hash lookup"), "{ctx}");
+        }
+        _ => {
+            assert!(n.starts_with("nomerges=2 disables all bio merges"), "{ctx}");
+            assert!(l.starts_with(&format!("echo 0 > {nomerges_file}")), "{ctx}");
+        }
+    }
+}
+
+/// The throttle and tier findings of `check --json` (`v`).
+fn check_throttle_and_tier(v: &Value, dev: &BlockDev, ctx: &str) {
+    // This test sets no limit; one left behind by someone else must still be named.
+    let throttled = v["throttled"].as_array().unwrap();
+    if throttled.is_empty() {
+        assert_eq!(
+            finding(v, "throttle"),
+            format!("no cgroup limits {} ({})", dev.name, hierarchy_words()),
+            "{ctx}"
+        );
+    } else {
+        assert_eq!(findings(v, "throttle").len(), throttled.len(), "{ctx}");
+    }
+
+    let tier = &v["tier"];
+    let t = finding(v, "tier");
+    if std::env::var("MERGETRACE_LAB").is_ok_and(|l| l == "1") {
+        // The lab's guests (6.1, 6.12) allow fentry: check must say so.
+        assert_eq!(tier["name"], "fentry", "in the lab; {ctx}");
+        assert!(t.starts_with("fentry tier available"), "{t}; {ctx}");
+    }
+    match tier["name"].as_str() {
+        Some("fentry") => assert!(
+            tier["reason"]
+                .as_str()
+                .unwrap()
+                .starts_with("fentry tier available"),
+            "{ctx}"
+        ),
+        Some("tracepoint") => {
+            let r = tier["reason"].as_str().unwrap();
+            assert!(
+                r == "fentry refused by this kernel's policy: tracepoint tier"
+                    || r.starts_with("fentry probe failed ("),
                 "{ctx}"
             );
         }
+        other => panic!("tier {other:?} as root on a BTF kernel; {ctx}"),
     }
+    assert!(t.starts_with(tier["reason"].as_str().unwrap()), "{ctx}");
+    assert!(
+        t.contains("BTF present") && t.contains("CAP_SYS_ADMIN"),
+        "{ctx}"
+    );
 }
 
 #[test]

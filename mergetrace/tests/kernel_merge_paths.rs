@@ -19,31 +19,12 @@ fn size() -> u64 {
 }
 const BS: u64 = 4096;
 
-/// What every test checks: no lost events, no merge of unknown path, the paths sum to
-/// `merged`, and the identity requests + merged == bios + splits.
+/// What every test checks: [`assert_consistent`] (no lost events, no merge of unknown path,
+/// the paths sum to `merged`, requests + merged + flush_only == bios + splits), and no
+/// flush-only bios: requests + merged == bios + splits.
 fn assert_paths_consistent(out: &TraceOutput, m: &Value, ctx: &str) {
-    assert_eq!(
-        out.lost_events(),
-        0,
-        "lost events; {ctx}; stderr:\n{}",
-        out.stderr
-    );
-    let by_path: u64 = MERGE_PATHS.iter().map(|p| path_count(m, p)).sum();
-    assert_eq!(
-        by_path,
-        u(m, "merged"),
-        "merge paths do not add up to merged; {ctx}; {m}"
-    );
-    assert_eq!(
-        path_count(m, "unknown"),
-        0,
-        "merges from an unknown path; {ctx}; {m}"
-    );
-    assert_eq!(
-        u(m, "requests") + u(m, "merged"),
-        u(m, "bios") + u(m, "splits"),
-        "requests + merged != bios + splits; {ctx}; {m}"
-    );
+    assert_consistent(out, m, ctx);
+    assert_eq!(u(m, "flush_only"), 0, "flush-only bios; {ctx}; {m}");
 }
 
 /// The device's write totals against the diskstats delta: requests, merged, sectors.
@@ -250,17 +231,10 @@ fn deep_unbatched(sched: &str, nomerges: u32) -> (TraceOutput, DiskStats, Value,
 /// stream never fills a gap between two requests, so there are no front or request merges.
 #[test]
 fn elevator_back_merges_mq_deadline() {
-    let (_out, d, m, _lo) = deep_unbatched("mq-deadline", 0);
-    let ctx = "mq-deadline, iodepth 512";
-    assert!(
-        path_count(&m, "elevator_back") > 0,
-        "no elevator back merges; {ctx}; {m}"
-    );
-    assert_only_paths(&m, &["elevator_back"], ctx);
-    assert_eq!(
-        path_count(&m, "elevator_back"),
-        d.writes_merged,
-        "{ctx}; {m}"
+    elevator_merges(
+        ("mq-deadline", 0, "mq-deadline, iodepth 512"),
+        &["elevator_back"],
+        Some("no elevator back merges"),
     );
 }
 
@@ -271,17 +245,10 @@ fn elevator_back_merges_mq_deadline() {
 /// nomerges=0), all on the elevator path, all counted by diskstats.
 #[test]
 fn elevator_merges_mq_deadline_nomerges1() {
-    let (_out, d, m, _lo) = deep_unbatched("mq-deadline", 1);
-    let ctx = "mq-deadline, nomerges=1, iodepth 512";
-    assert!(
-        path_count(&m, "elevator_back") > 0,
-        "no merges through the one-hit cache; {ctx}; {m}"
-    );
-    assert_only_paths(&m, &["elevator_back"], ctx);
-    assert_eq!(
-        path_count(&m, "elevator_back"),
-        d.writes_merged,
-        "{ctx}; {m}"
+    elevator_merges(
+        ("mq-deadline", 1, "mq-deadline, nomerges=1, iodepth 512"),
+        &["elevator_back"],
+        Some("no merges through the one-hit cache"),
     );
 }
 
@@ -289,13 +256,10 @@ fn elevator_merges_mq_deadline_nomerges1() {
 /// over several runs, so only the attribution is asserted, not that any happen.
 #[test]
 fn elevator_merges_bfq() {
-    let (_out, d, m, _lo) = deep_unbatched("bfq", 0);
-    let ctx = "bfq, iodepth 512";
-    assert_only_paths(&m, &["elevator_back", "elevator_front"], ctx);
-    assert_eq!(
-        path_count(&m, "elevator_back") + path_count(&m, "elevator_front"),
-        d.writes_merged,
-        "{ctx}; {m}"
+    elevator_merges(
+        ("bfq", 0, "bfq, iodepth 512"),
+        &["elevator_back", "elevator_front"],
+        None,
     );
 }
 
@@ -303,14 +267,23 @@ fn elevator_merges_bfq() {
 /// queue (`blk_bio_list_merge`).
 #[test]
 fn sw_queue_merges_kyber() {
-    let (_out, d, m, _lo) = deep_unbatched("kyber", 0);
-    let ctx = "kyber, iodepth 512";
-    assert!(
-        path_count(&m, "sw_queue") > 0,
-        "no software-queue merges; {ctx}; {m}"
+    elevator_merges(
+        ("kyber", 0, "kyber, iodepth 512"),
+        &["sw_queue"],
+        Some("no software-queue merges"),
     );
-    assert_only_paths(&m, &["sw_queue"], ctx);
-    assert_eq!(path_count(&m, "sw_queue"), d.writes_merged, "{ctx}; {m}");
+}
+
+/// [`deep_unbatched`] on `(scheduler, nomerges, context)`: every merge on `paths`, their sum
+/// what diskstats counts, and with `need` (what a window without merges lacks) at least one.
+fn elevator_merges((sched, nomerges, ctx): (&str, u32, &str), paths: &[&str], need: Option<&str>) {
+    let (_out, d, m, _lo) = deep_unbatched(sched, nomerges);
+    let merged: u64 = paths.iter().map(|p| path_count(&m, p)).sum();
+    if let Some(need) = need {
+        assert!(merged > 0, "{need}; {ctx}; {m}");
+    }
+    assert_only_paths(&m, paths, ctx);
+    assert_eq!(merged, d.writes_merged, "{ctx}; {m}");
 }
 
 // ---------------------------------------------------------------------------------------

@@ -60,18 +60,7 @@ fn assert_internally_consistent(m: &Value, ctx: &str) {
         "requests + merged + flush_only != bios + splits; {ctx}"
     );
     let p = &m["merged_by_path"];
-    let by_path: u64 = [
-        "plug",
-        "elevator_back",
-        "elevator_front",
-        "sw_queue",
-        "discard",
-        "request",
-        "unknown",
-    ]
-    .iter()
-    .map(|f| u(p, f))
-    .sum();
+    let by_path: u64 = MERGE_PATHS.iter().map(|f| u(p, f)).sum();
     assert_eq!(
         by_path, merged,
         "merged_by_path does not add up to merged; {ctx}"
@@ -312,43 +301,30 @@ fn two_cgroups_writing_at_once_are_told_apart() {
         a.path(),
         b.path()
     );
-    assert_eq!(
-        u(wa, "bios"),
-        ios_a,
-        "cgroup A bios != its fio's total_ios; {wa}"
-    );
-    assert_eq!(
-        u(wb, "bios"),
-        ios_b,
-        "cgroup B bios != its fio's total_ios; {wb}"
-    );
-    assert_eq!(u(wa, "bytes"), half, "{wa}");
-    assert_eq!(u(wb, "bytes"), half / 2, "{wb}");
-    assert_internally_consistent(wa, "cgroup A");
-    assert_internally_consistent(wb, "cgroup B");
-    // blk-throttle's own per-cgroup count of the same bios.
-    assert_eq!(
-        a.io_serviced(&lo).write,
-        ios_a,
-        "cgroup A blkio.throttle.io_serviced"
-    );
-    assert_eq!(
-        b.io_serviced(&lo).write,
-        ios_b,
-        "cgroup B blkio.throttle.io_serviced"
-    );
-    assert_eq!(
-        a.io_service_bytes(&lo).write,
-        half,
-        "cgroup A blkio.throttle.io_service_bytes"
-    );
-    assert_eq!(
-        b.io_service_bytes(&lo).write,
-        half / 2,
-        "cgroup B blkio.throttle.io_service_bytes"
-    );
-    // ... and mergetrace's view of those charges, per cgroup.
-    for (w, cg, ios, bytes) in [(wa, &a, ios_a, half), (wb, &b, ios_b, half / 2)] {
+    // Each row: its own fio's bios and bytes; blk-cgroup's own per-cgroup count of the same
+    // bios and mergetrace's view of those charges; and its fio's shape, one request per
+    // submit batch (32 for A, 8 for B).
+    for (name, cg, w, ios, bytes, batch) in [
+        ("A", &a, wa, ios_a, half, 32),
+        ("B", &b, wb, ios_b, half / 2, 8),
+    ] {
+        assert_eq!(
+            u(w, "bios"),
+            ios,
+            "cgroup {name} bios != its fio's total_ios; {w}"
+        );
+        assert_eq!(u(w, "bytes"), bytes, "{w}");
+        assert_internally_consistent(w, &format!("cgroup {name}"));
+        assert_eq!(
+            cg.io_serviced(&lo).write,
+            ios,
+            "cgroup {name} blkio.throttle.io_serviced"
+        );
+        assert_eq!(
+            cg.io_service_bytes(&lo).write,
+            bytes,
+            "cgroup {name} blkio.throttle.io_service_bytes"
+        );
         assert_eq!(
             u(w, "charged_ios"),
             ios,
@@ -367,18 +343,12 @@ fn two_cgroups_writing_at_once_are_told_apart() {
             "{}: the limit never binds; {w}",
             cg.path()
         );
+        assert_eq!(
+            u(w, "requests"),
+            ios / batch,
+            "cgroup {name}: one request per batch of {batch}; {w}"
+        );
     }
-    // Each row has its own fio's shape: one request per submit batch (32 for A, 8 for B).
-    assert_eq!(
-        u(wa, "requests"),
-        ios_a / 32,
-        "cgroup A: one request per batch of 32; {wa}"
-    );
-    assert_eq!(
-        u(wb, "requests"),
-        ios_b / 8,
-        "cgroup B: one request per batch of 8; {wb}"
-    );
     // Nobody else wrote to the device.
     for r in &rows {
         if r["cgroup"] != a.path() && r["cgroup"] != b.path() {

@@ -19,15 +19,10 @@ fn bin() -> &'static str {
 }
 
 fn workload(dev: &LoopDevice, ios: u64, batch: u32) {
-    let out = Command::new(bin())
-        .args(["__workload", "--target", dev.path.to_str().unwrap()])
-        .args(["--ios", &ios.to_string(), "--batch", &batch.to_string()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_workload(
+        dev,
+        None,
+        &["--ios", &ios.to_string(), "--batch", &batch.to_string()],
     );
 }
 
@@ -210,35 +205,19 @@ fn output_paths_and_permissions() {
     require_root();
     let dev = LoopDevice::new(16 << 20);
     let (file, _c) = capture_path("perm");
-    let out = Command::new(bin())
-        .args([
-            "record",
-            "-d",
-            &dev.name,
-            "-o",
-            "/proc/no/such.mtr",
-            "--duration",
-            "1s",
-        ])
-        .output()
-        .unwrap();
+    let record_1s = |path: &str| {
+        Command::new(bin())
+            .args(["record", "-d", &dev.name, "-o", path, "--duration", "1s"])
+            .output()
+            .unwrap()
+    };
+    let out = record_1s("/proc/no/such.mtr");
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("/proc/no/such.mtr"), "{err}");
 
-    let out = Command::new(bin())
-        .args([
-            "record",
-            "-d",
-            &dev.name,
-            "-o",
-            file.to_str().unwrap(),
-            "--duration",
-            "1s",
-        ])
-        .output()
-        .unwrap();
+    let out = record_1s(file.to_str().unwrap());
     assert!(
         out.status.success(),
         "{}",
@@ -250,18 +229,7 @@ fn output_paths_and_permissions() {
         0o600
     );
     // Never overwritten unasked.
-    let out = Command::new(bin())
-        .args([
-            "record",
-            "-d",
-            &dev.name,
-            "-o",
-            file.to_str().unwrap(),
-            "--duration",
-            "1s",
-        ])
-        .output()
-        .unwrap();
+    let out = record_1s(file.to_str().unwrap());
     assert_eq!(out.status.code(), Some(1));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("exists"),

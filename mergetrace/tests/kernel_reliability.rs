@@ -165,17 +165,13 @@ impl PartitionedLoop {
             .unwrap()
             .set_len(16 << 20)
             .unwrap();
-        let out = Command::new("losetup")
-            .args(["-P", "-f", "--show"])
-            .arg(&backing)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "losetup -P: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let path = run_cmd(
+            Command::new("losetup")
+                .args(["-P", "-f", "--show"])
+                .arg(&backing),
+        )
+        .trim()
+        .to_string();
         let disk = path.trim_start_matches("/dev/").to_string();
         let partition = format!("{disk}p1");
         let me = PartitionedLoop {

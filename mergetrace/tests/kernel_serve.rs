@@ -12,10 +12,10 @@ mod support;
 use std::{
     collections::BTreeSet,
     fs,
-    io::{BufRead, BufReader, Read, Write},
+    io::{Read, Write},
     net::{SocketAddr, TcpListener, TcpStream},
-    process::{Child, Command, ExitStatus, Stdio},
-    sync::{mpsc, Arc, Mutex},
+    process::{Command, ExitStatus, Stdio},
+    sync::mpsc,
     thread,
     time::{Duration, Instant},
 };
@@ -32,10 +32,8 @@ const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
 // The server as a child process
 
 struct Server {
-    child: Option<Child>,
+    proc: Spawned,
     addr: SocketAddr,
-    stderr: Arc<Mutex<String>>,
-    stderr_thread: Option<thread::JoinHandle<()>>,
 }
 
 /// A port nobody listens on right now: bind :0, read the port, close.
@@ -57,29 +55,11 @@ impl Server {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
-        let mut child = cmd
+        let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
-        let err = child.stderr.take().unwrap();
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = mpsc::channel::<String>();
-        let stderr_thread = {
-            let stderr = stderr.clone();
-            thread::spawn(move || {
-                for line in BufReader::new(err).lines() {
-                    let Ok(line) = line else { break };
-                    stderr.lock().unwrap().push_str(&line);
-                    stderr.lock().unwrap().push('\n');
-                    let _ = tx.send(line);
-                }
-            })
-        };
-        let mut server = Server {
-            child: Some(child),
-            addr,
-            stderr,
-            stderr_thread: Some(stderr_thread),
-        };
+        let (proc, rx) = Spawned::new(child);
+        let mut server = Server { proc, addr };
         let deadline = Instant::now() + ATTACH_TIMEOUT;
         loop {
             match rx.recv_timeout(Duration::from_millis(200)) {
@@ -93,8 +73,8 @@ impl Server {
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    if let Some(status) = server.try_wait() {
-                        server.join_stderr();
+                    if let Some(status) = server.proc.try_wait() {
+                        server.proc.join_stderr();
                         panic!(
                             "mergetrace serve exited ({status}) before serving; stderr:\n{}",
                             server.stderr()
@@ -121,45 +101,22 @@ impl Server {
     }
 
     fn pid(&self) -> u32 {
-        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+        self.proc.pid()
     }
 
     fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
-    }
-
-    fn try_wait(&mut self) -> Option<ExitStatus> {
-        self.child
-            .as_mut()
-            .and_then(|c| c.try_wait().ok().flatten())
-    }
-
-    fn join_stderr(&mut self) {
-        if let Some(t) = self.stderr_thread.take() {
-            let _ = t.join();
-        }
+        self.proc.stderr()
     }
 
     /// Sends `sig`, waits for the exit, returns the status and stderr.
     fn stop(mut self, sig: libc::c_int) -> (ExitStatus, String) {
-        unsafe {
-            libc::kill(self.pid() as libc::pid_t, sig);
-        }
-        let deadline = Instant::now() + STOP_TIMEOUT;
-        let status = loop {
-            if let Some(s) = self.try_wait() {
-                break s;
-            }
-            if Instant::now() >= deadline {
-                panic!(
-                    "mergetrace serve did not exit within {STOP_TIMEOUT:?} of signal {sig}; stderr:\n{}",
-                    self.stderr()
-                );
-            }
-            thread::sleep(Duration::from_millis(50));
+        self.proc.signal(sig);
+        let Some(status) = self.proc.wait_exit(STOP_TIMEOUT) else {
+            panic!(
+                "mergetrace serve did not exit within {STOP_TIMEOUT:?} of signal {sig}; stderr:\n{}",
+                self.stderr()
+            );
         };
-        self.child = None;
-        self.join_stderr();
         (status, self.stderr())
     }
 
@@ -178,16 +135,6 @@ impl Server {
             "not the Prometheus text format: {headers}"
         );
         Metrics::parse(body)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        // Only reached without `stop()` when a test panicked: do not leave it running.
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
     }
 }
 
@@ -307,16 +254,6 @@ const FAMILIES: &[(&str, &str)] = &[
     ("mergetrace_bios_per_request", "histogram"),
     ("mergetrace_lost_events_total", "counter"),
     ("mergetrace_cgroups_folded", "gauge"),
-];
-
-const PATHS: [&str; 7] = [
-    "plug",
-    "elevator_back",
-    "elevator_front",
-    "sw_queue",
-    "discard",
-    "request",
-    "unknown",
 ];
 
 // ---------------------------------------------------------------------------------------
@@ -456,7 +393,36 @@ fn scrape_deltas_match_diskstats_and_fio() {
     let after = server.scrape();
     let d = d1.since(&d0);
 
-    // The exposition: every family with its TYPE, once.
+    check_exposition(&after);
+    let ios = fio_total_ios(&report, "write");
+    assert_eq!(ios, SIZE / BS, "fio wrote {ios} I/Os");
+    assert_eq!(d.in_flight, 0);
+
+    check_device_deltas((&before, &after), &lo, &d, ios);
+    let path = cg.path();
+    let mine = [
+        ("device", lo.name.as_str()),
+        ("cgroup", path.as_str()),
+        ("direction", "write"),
+    ];
+    let requests = check_cgroup_counts((&before, &after), &mine, &d, ios);
+    check_histograms(&after, &mine, requests, ios);
+
+    // Nothing lost, every kind listed.
+    assert!(after.has("mergetrace_lost_events_total", &[("kind", "rq_issue")]));
+    assert_eq!(
+        after.sum("mergetrace_lost_events_total", &[]),
+        0.0,
+        "{}",
+        after.text
+    );
+    assert_eq!(after.sum("mergetrace_cgroups_folded", &[]), 0.0);
+
+    stop_and_check_detached(server, libc::SIGTERM);
+}
+
+/// The exposition: every family with its TYPE, once; the info line.
+fn check_exposition(after: &Metrics) {
     for (family, ty) in FAMILIES {
         let line = format!("# TYPE {family} {ty}");
         assert_eq!(
@@ -471,11 +437,15 @@ fn scrape_deltas_match_diskstats_and_fio() {
         "{}",
         after.text
     );
+}
 
-    let ios = fio_total_ios(&report, "write");
-    assert_eq!(ios, SIZE / BS, "fio wrote {ios} I/Os");
-    assert_eq!(d.in_flight, 0);
-
+/// Per device (every cgroup), the counter deltas over the run: the kernel's own counters.
+fn check_device_deltas(
+    (before, after): (&Metrics, &Metrics),
+    lo: &BlockDev,
+    d: &DiskStats,
+    ios: u64,
+) {
     let dev = [("device", lo.name.as_str()), ("direction", "write")];
     let delta = |m: &str, labels: &[(&str, &str)]| -> u64 {
         let (a, b) = (after.count(m, labels), before.count(m, labels));
@@ -483,7 +453,6 @@ fn scrape_deltas_match_diskstats_and_fio() {
         a - b
     };
     let ctx = format!("diskstats delta {d:?}");
-    // Per device (every cgroup): the kernel's own counters.
     assert_eq!(
         delta("mergetrace_bios_total", &dev),
         ios,
@@ -517,37 +486,39 @@ fn scrape_deltas_match_diskstats_and_fio() {
         "merges from an unrecognised path"
     );
     assert!(d.writes < ios, "batches of 32 merge: {d:?}");
+}
 
-    // Per cgroup: fio's cgroup has every bio, all charged, and its limit as a gauge.
-    let path = cg.path();
-    let mine = [
-        ("device", lo.name.as_str()),
-        ("cgroup", path.as_str()),
-        ("direction", "write"),
-    ];
+/// Per cgroup (`mine`: device, cgroup, direction labels): fio's cgroup has every bio, all
+/// charged, and its limit as a gauge. Returns its requests.
+fn check_cgroup_counts(
+    (before, after): (&Metrics, &Metrics),
+    mine: &[(&str, &str); 3],
+    d: &DiskStats,
+    ios: u64,
+) -> u64 {
     assert_eq!(
-        before.count("mergetrace_bios_total", &mine),
+        before.count("mergetrace_bios_total", mine),
         0,
         "a new cgroup starts at 0"
     );
-    assert_eq!(after.count("mergetrace_bios_total", &mine), ios);
+    assert_eq!(after.count("mergetrace_bios_total", mine), ios);
     assert_eq!(
-        after.count("mergetrace_throttle_charged_ios_total", &mine),
+        after.count("mergetrace_throttle_charged_ios_total", mine),
         ios
     );
     assert_eq!(
-        after.count("mergetrace_throttle_charged_bytes_total", &mine),
+        after.count("mergetrace_throttle_charged_bytes_total", mine),
         SIZE
     );
-    assert_eq!(after.count("mergetrace_throttled_bios_total", &mine), 0);
+    assert_eq!(after.count("mergetrace_throttled_bios_total", mine), 0);
     assert_eq!(
-        after.sum("mergetrace_throttle_limit_iops", &mine),
+        after.sum("mergetrace_throttle_limit_iops", mine),
         1_000_000.0,
         "{}",
         after.text
     );
-    let requests = after.count("mergetrace_requests_total", &mine);
-    let merged: u64 = PATHS
+    let requests = after.count("mergetrace_requests_total", mine);
+    let merged: u64 = MERGE_PATHS
         .iter()
         .map(|p| {
             after.count(
@@ -562,9 +533,12 @@ fn scrape_deltas_match_diskstats_and_fio() {
         "every bio became a request or merged"
     );
     assert_eq!(requests, d.writes, "all of this run's requests are fio's");
+    requests
+}
 
-    // Histograms of fio's cgroup: cumulative, _count = requests, _sum = bytes / bios.
-    let sizes = after.buckets("mergetrace_request_size_bytes", &mine);
+/// Histograms of fio's cgroup: cumulative, _count = requests, _sum = bytes / bios.
+fn check_histograms(after: &Metrics, mine: &[(&str, &str); 3], requests: u64, ios: u64) {
+    let sizes = after.buckets("mergetrace_request_size_bytes", mine);
     assert!(
         sizes.windows(2).all(|w| w[0].1 <= w[1].1),
         "cumulative: {sizes:?}"
@@ -578,39 +552,27 @@ fn scrape_deltas_match_diskstats_and_fio() {
         "merged requests are larger than 4 KiB: {sizes:?}"
     );
     assert_eq!(
-        after.sum("mergetrace_request_size_bytes_count", &mine),
+        after.sum("mergetrace_request_size_bytes_count", mine),
         requests as f64
     );
     assert_eq!(
-        after.sum("mergetrace_request_size_bytes_sum", &mine),
+        after.sum("mergetrace_request_size_bytes_sum", mine),
         SIZE as f64
     );
-    let bpr = after.buckets("mergetrace_bios_per_request", &mine);
+    let bpr = after.buckets("mergetrace_bios_per_request", mine);
     assert!(
         bpr.windows(2).all(|w| w[0].1 <= w[1].1),
         "cumulative: {bpr:?}"
     );
     assert_eq!(bpr.last().unwrap().1, requests as f64);
     assert_eq!(
-        after.sum("mergetrace_bios_per_request_sum", &mine),
+        after.sum("mergetrace_bios_per_request_sum", mine),
         ios as f64
     );
     assert_eq!(
-        after.sum("mergetrace_bios_per_request_count", &mine),
+        after.sum("mergetrace_bios_per_request_count", mine),
         requests as f64
     );
-
-    // Nothing lost, every kind listed.
-    assert!(after.has("mergetrace_lost_events_total", &[("kind", "rq_issue")]));
-    assert_eq!(
-        after.sum("mergetrace_lost_events_total", &[]),
-        0.0,
-        "{}",
-        after.text
-    );
-    assert_eq!(after.sum("mergetrace_cgroups_folded", &[]), 0.0);
-
-    stop_and_check_detached(server, libc::SIGTERM);
 }
 
 /// 50 concurrent scrapes all answer 200 with the exposition; clients that disconnect

@@ -31,31 +31,33 @@ const RUNTIME: &str = "3";
 /// ever delaying a bio.
 const NEVER_BINDS: u64 = 10_000_000;
 
-/// The checks every run shares: no lost events, no merge of unknown path, the merge paths
-/// add up to `merged`, and every bio or split remainder became a request or merged.
-fn assert_consistent(out: &TraceOutput, w: &Value, ctx: &str) {
-    assert_eq!(
-        out.lost_events(),
-        0,
-        "lost events; {ctx}; stderr:\n{}",
-        out.stderr
-    );
-    let by_path: u64 = MERGE_PATHS.iter().map(|p| path_count(w, p)).sum();
-    assert_eq!(
-        by_path,
-        u(w, "merged"),
-        "merge paths do not add up; {ctx}; {w}"
-    );
-    assert_eq!(
-        path_count(w, "unknown"),
-        0,
-        "unknown merge path; {ctx}; {w}"
-    );
-    assert_eq!(
-        u(w, "requests") + u(w, "merged") + u(w, "flush_only"),
-        u(w, "bios") + u(w, "splits"),
-        "requests + merged + flush_only != bios + splits; {ctx}; {w}"
-    );
+/// `fio` run in `cg` with the tracer attached; diskstats and `cg`'s blk-throttle counters
+/// read around it (inside the tracer's window). Returns the tracer's output, the diskstats
+/// delta, fio's report, and `cg`'s blk-throttle write counts over it (ios, bytes).
+fn traced_window(
+    lo: &BlockDev,
+    cg: &Cgroup,
+    fio: Fio,
+) -> (TraceOutput, DiskStats, Value, (u64, u64)) {
+    let tracer = Tracer::on(lo);
+    let before = lo.diskstats();
+    let tb = cg.throttle_stats(lo);
+    let report = fio.in_cgroup(cg).run();
+    let ta = cg.throttle_stats(lo);
+    let after = lo.diskstats();
+    let out = tracer.stop();
+    (out, after.since(&before), report, ta.write_since(&tb))
+}
+
+/// `lo` on mq-deadline with merges on, and a cgroup with a write IOPS limit that never binds
+/// on it.
+fn never_binding(lo: &BlockDev) -> Cgroup {
+    lo.set_scheduler("mq-deadline");
+    lo.set_nomerges(0);
+    udev_settle();
+    let cg = Cgroup::new();
+    cg.set_write_iops(lo, NEVER_BINDS);
+    cg
 }
 
 /// The row of `cg` on `lo`; panics with the device object when it is missing.
@@ -78,6 +80,7 @@ fn assert_only_writer(out: &TraceOutput, lo: &BlockDev, cg: &Cgroup) {
 /// limited to 2000 write IOPS (and 100 MiB/s). The limit binds: bios wait in blk-throttle.
 /// blk-throttle charges one io per bio before merging, so merging (nomerges=0) cuts the
 /// requests the device sees by >8× but leaves the charges — and fio's IOPS — where they were.
+// Long (~130 lines) on purpose: one window and, in order, every count it is checked on.
 fn binding_iops_limit(nomerges: u32) {
     require_root();
     let lo = TestDisk::new(SIZE);
@@ -88,19 +91,13 @@ fn binding_iops_limit(nomerges: u32) {
     cg.set_write_iops(&lo, WIOPS);
     cg.set_write_bps(&lo, WBPS);
 
-    let tracer = Tracer::on(&lo);
-    let before = lo.diskstats();
-    let tb = cg.throttle_stats(&lo);
-    let report = Fio::sequential("throttled", &lo, "write", SIZE, 32)
-        .opt("time_based", "1")
-        .opt("runtime", RUNTIME)
-        .in_cgroup(&cg)
-        .run();
-    let ta = cg.throttle_stats(&lo);
-    let after = lo.diskstats();
-    let out = tracer.stop();
-    let d = after.since(&before);
-    let (serviced, serviced_bytes) = ta.write_since(&tb);
+    let (out, d, report, (serviced, serviced_bytes)) = traced_window(
+        &lo,
+        &cg,
+        Fio::sequential("throttled", &lo, "write", SIZE, 32)
+            .opt("time_based", "1")
+            .opt("runtime", RUNTIME),
+    );
 
     let ctx = format!("wiops {WIOPS}, nomerges={nomerges}");
     let ios = fio_total_ios(&report, "write");
@@ -228,24 +225,11 @@ fn binding_iops_limit_nomerges2() {
 fn limit_that_never_binds() {
     require_root();
     let lo = TestDisk::new(SIZE);
-    lo.set_scheduler("mq-deadline");
-    lo.set_nomerges(0);
-    udev_settle();
-    let cg = Cgroup::new();
-    cg.set_write_iops(&lo, NEVER_BINDS);
+    let cg = never_binding(&lo);
 
-    let tracer = Tracer::on(&lo);
-    let before = lo.diskstats();
-    let tb = cg.throttle_stats(&lo);
     let size = 16 * MIB;
-    let report = Fio::sequential("free", &lo, "write", size, 32)
-        .in_cgroup(&cg)
-        .run();
-    let ta = cg.throttle_stats(&lo);
-    let after = lo.diskstats();
-    let out = tracer.stop();
-    let d = after.since(&before);
-    let (serviced, serviced_bytes) = ta.write_since(&tb);
+    let (out, d, report, (serviced, serviced_bytes)) =
+        traced_window(&lo, &cg, Fio::sequential("free", &lo, "write", size, 32));
 
     let ctx = "wiops 10,000,000";
     let ios = fio_total_ios(&report, "write");
@@ -293,30 +277,20 @@ fn split_bios_cost_one_io_per_piece() {
     let lo = TestDisk::new(SIZE);
     // Loop devices keep max_sectors_kb across losetup -d: put it back afterwards.
     let _max_sectors = lo.set_queue_attr_restored("max_sectors_kb", "256");
-    lo.set_scheduler("mq-deadline");
-    lo.set_nomerges(0);
-    udev_settle();
-    let cg = Cgroup::new();
-    cg.set_write_iops(&lo, NEVER_BINDS);
+    let cg = never_binding(&lo);
 
-    let tracer = Tracer::on(&lo);
-    let before = lo.diskstats();
-    let tb = cg.throttle_stats(&lo);
     let size = 16 * MIB;
-    let report = Fio::new("split", &lo.path)
-        .opt("rw", "write")
-        .opt("bs", "1M")
-        .opt("direct", "1")
-        .opt("ioengine", "libaio")
-        .opt("iodepth", "4")
-        .opt("size", &size.to_string())
-        .in_cgroup(&cg)
-        .run();
-    let ta = cg.throttle_stats(&lo);
-    let after = lo.diskstats();
-    let out = tracer.stop();
-    let d = after.since(&before);
-    let (serviced, serviced_bytes) = ta.write_since(&tb);
+    let (out, d, report, (serviced, serviced_bytes)) = traced_window(
+        &lo,
+        &cg,
+        Fio::new("split", &lo.path)
+            .opt("rw", "write")
+            .opt("bs", "1M")
+            .opt("direct", "1")
+            .opt("ioengine", "libaio")
+            .opt("iodepth", "4")
+            .opt("size", &size.to_string()),
+    );
 
     let ctx = "1 MiB bios, max_sectors_kb 256";
     let ios = fio_total_ios(&report, "write");
