@@ -9,7 +9,7 @@ pub fn thousands(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::with_capacity(s.len() + s.len() / 3);
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -44,9 +44,9 @@ pub fn avg_size(bytes: f64) -> String {
 
 /// A size in the largest unit that divides it: "4 GiB", "64 KiB", "1000 B".
 pub fn exact_size(b: u64) -> String {
-    if b >= 1 << 30 && b % (1 << 30) == 0 {
+    if b >= 1 << 30 && b.is_multiple_of(1 << 30) {
         format!("{} GiB", b >> 30)
-    } else if b >= 1 << 20 && b % (1 << 20) == 0 {
+    } else if b >= 1 << 20 && b.is_multiple_of(1 << 20) {
         format!("{} MiB", b >> 20)
     } else if b >= 1024 {
         format!("{} KiB", b / 1024)
@@ -58,7 +58,7 @@ pub fn exact_size(b: u64) -> String {
 /// A size in KiB, whole and grouped where it divides, else two decimals: "1,280 KiB",
 /// "1.50 KiB".
 pub fn kib(bytes: u64) -> String {
-    if bytes % 1024 == 0 {
+    if bytes.is_multiple_of(1024) {
         format!("{} KiB", thousands(bytes / 1024))
     } else {
         format!("{:.2} KiB", bytes as f64 / KIB)
@@ -85,9 +85,9 @@ pub fn rate(bytes_per_s: u64) -> String {
 
 /// A byte rate in the largest unit that divides it, grouped: "1 MiB/s", "1,000 B/s".
 pub fn exact_rate(v: u64) -> String {
-    if v >= 1 << 20 && v % (1 << 20) == 0 {
+    if v >= 1 << 20 && v.is_multiple_of(1 << 20) {
         format!("{} MiB/s", thousands(v >> 20))
-    } else if v >= 1 << 10 && v % (1 << 10) == 0 {
+    } else if v >= 1 << 10 && v.is_multiple_of(1 << 10) {
         format!("{} KiB/s", thousands(v >> 10))
     } else {
         format!("{} B/s", thousands(v))

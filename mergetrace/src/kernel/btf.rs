@@ -297,7 +297,7 @@ impl Btf {
                 .resolve(member_type)
                 .with_context(|| format!("{struct_name}.{path}: broken type chain"))?;
         }
-        if bits % 8 != 0 {
+        if !bits.is_multiple_of(8) {
             bail!("{struct_name}.{path} is a bitfield");
         }
         u32::try_from(bits / 8).context("offset out of range")

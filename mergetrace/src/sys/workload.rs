@@ -124,7 +124,7 @@ impl Drop for AlignedBuf {
 
 /// Runs `w` on `path` (a block device or file) and returns what it did.
 pub fn run(path: &Path, w: &Workload) -> Result<Done> {
-    if w.batch == 0 || w.block_bytes == 0 || w.block_bytes % 512 != 0 {
+    if w.batch == 0 || w.block_bytes == 0 || !w.block_bytes.is_multiple_of(512) {
         bail!("workload needs a batch ≥ 1 and a block size that is a multiple of 512");
     }
     let file = OpenOptions::new()

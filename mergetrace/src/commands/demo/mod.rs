@@ -54,7 +54,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     } else {
         (65_536, 10)
     };
-    let mib = ios * 4096 >> 20;
+    let mib = (ios * 4096) >> 20;
     let mut lab = Lab::start((mib + 16) << 20, args.tier)?;
     let nomerges = nomerges_arms(&mut lab, ios)?;
     let batches: &[usize] = if args.quick {
