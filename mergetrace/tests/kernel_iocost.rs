@@ -85,6 +85,9 @@ fn charged(nomerges: u32, random: bool) {
     // A new cgroup: its io.cost cursor starts at 0, as mergetrace's does.
     let cg = Cgroup::new();
     let tracer = Tracer::on(&lo);
+    // A capture of the same I/O: its report must charge the same.
+    let capture = std::path::PathBuf::from(format!("/dev/shm/{}.mtr", unique_name()));
+    let recorder = Recorder::start(&lo, &capture, None);
     let before = lo.diskstats();
     let usage_before = cg.io_stat(&lo).get("cost.usage").copied().unwrap_or(0);
     let started = Instant::now();
@@ -104,6 +107,13 @@ fn charged(nomerges: u32, random: bool) {
     let periods = started.elapsed().as_secs_f64() / PERIOD.as_secs_f64();
     let d = lo.diskstats().since(&before);
     let out = tracer.stop();
+    recorder.stop();
+    let (offline, _) = succeeded(
+        mergetrace(&["report", capture.to_str().unwrap(), "--json"]),
+        "report --json",
+    );
+    let _ = std::fs::remove_file(&capture);
+    let offline: Value = serde_json::from_str(offline.trim()).expect("report --json is one object");
 
     let ctx = format!("nomerges={nomerges}, random={random}");
     assert_eq!(out.lost_events(), 0, "{ctx}");
@@ -149,6 +159,16 @@ fn charged(nomerges: u32, random: bool) {
         (0.0..bound).contains(&diff),
         "mergetrace's io.cost charge {ours:.1} µs is {diff:.1} µs above io.stat's {usage} µs \
          (allowed: 0 to {bound:.0}, one µs per flush); {ctx}; {c}"
+    );
+    let offline = offline["devices"]
+        .as_array()
+        .and_then(|ds| ds.iter().find(|d| d["device"] == lo.name.as_str()))
+        .and_then(|d| d["cgroups"].as_array())
+        .and_then(|rows| rows.iter().find(|r| r["cgroup"] == cg.path().as_str()))
+        .unwrap_or_else(|| panic!("{} not in the report; {ctx}", cg.path()));
+    assert_eq!(
+        offline["write"]["meters"]["iocost"], *c,
+        "the capture's report charges otherwise than the live view; {ctx}"
     );
     let verdict = w["verdict"].as_str().unwrap_or_default();
     assert!(verdict.contains("io.cost charged it"), "{ctx}: {verdict}");

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::format::FORMAT_VERSION;
-use crate::model::limits::Limits;
+use crate::model::{iocost::Linear, limits::Limits};
 
 /// The header chunk.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -58,6 +58,19 @@ pub struct RecordedDevice {
     pub notes: Vec<String>,
     /// Its queue settings at the start.
     pub queue: RecordedQueue,
+    /// io.cost on the disk at the start, when it was on (absent before mergetrace 0.2).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub iocost: Option<RecordedIocost>,
+}
+
+/// io.cost's settings of a disk: the lines as the kernel printed them and the model.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RecordedIocost {
+    pub qos: String,
+    pub model: String,
+    pub read: Linear,
+    pub write: Linear,
 }
 
 /// Settings from `/sys/block/NAME/queue/` at the start; `None` = the file was not readable.
@@ -190,6 +203,7 @@ impl From<&crate::sys::device::Device> for RecordedDevice {
             bio_based: d.bio_based,
             notes: d.notes.clone(),
             queue: RecordedQueue::default(),
+            iocost: None,
         }
     }
 }
@@ -251,6 +265,7 @@ mod tests {
                 nomerges: Some(0),
                 ..RecordedQueue::default()
             },
+            iocost: None,
         });
         h.cgroups.push(RecordedCgroup {
             id: u64::MAX,

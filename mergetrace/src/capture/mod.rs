@@ -24,7 +24,8 @@ use mergetrace_common::Event;
 
 pub use format::{FORMAT_VERSION, MAGIC};
 pub use header::{
-    Header, LateCgroups, RecordedCgroup, RecordedDevice, RecordedLimits, RecordedQueue, Trailer,
+    Header, LateCgroups, RecordedCgroup, RecordedDevice, RecordedIocost, RecordedLimits,
+    RecordedQueue, Trailer,
 };
 pub use lookup::HeaderLookup;
 pub use reader::{read_all, Capture, CaptureReader, Next};

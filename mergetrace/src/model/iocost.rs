@@ -3,7 +3,7 @@
 //! page) and those that merged into one (the page cost only) — so, unlike blk-throttle's iops
 //! limit, merging lowers the charge. The arithmetic of `calc_lcoefs` and
 //! `calc_vtime_cost_builtin` (block/blk-iocost.c); docs/meters.md says where it sits.
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::fmt;
 
@@ -16,7 +16,7 @@ const VTIME_PER_USEC: f64 = 137_438.0;
 const PAGE_BYTES: u64 = 4096;
 
 /// One direction's linear model, as `io.cost.model` gives it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Linear {
     pub bps: u64,
     pub seqiops: u64,

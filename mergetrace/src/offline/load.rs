@@ -10,6 +10,7 @@ use crate::{
     capture::{CaptureReader, Header, HeaderLookup, Next},
     model::{
         aggregate::{Aggregator, Window},
+        iocost,
         snapshot::{self, Snapshot, SnapshotKind},
     },
     sys::device::Device,
@@ -74,12 +75,13 @@ pub fn load(
 /// The totals of a loaded capture as the live view's "total" snapshot.
 pub fn snapshot(loaded: &Loaded, subtree: Option<&str>) -> Snapshot {
     let h = &loaded.header;
+    let iocost = iocost_models(h);
     let opts = snapshot::Options {
         tier: &h.tier,
         fentry: h.tier == "fentry",
         meter_units: &h.meter_units,
         subtree,
-        iocost: &std::collections::BTreeMap::new(),
+        iocost: &iocost,
     };
     snapshot::build(
         &loaded.window,
@@ -88,6 +90,21 @@ pub fn snapshot(loaded: &Loaded, subtree: Option<&str>) -> Snapshot {
         &mut HeaderLookup::new(h),
         &opts,
     )
+}
+
+/// io.cost's model of each recorded disk that had it on, by `dev_t`.
+pub fn iocost_models(h: &Header) -> std::collections::BTreeMap<u32, iocost::Model> {
+    h.devices
+        .iter()
+        .filter_map(|d| {
+            let c = d.iocost.as_ref()?;
+            let model = iocost::Model {
+                read: iocost::Coefs::of(c.read),
+                write: iocost::Coefs::of(c.write),
+            };
+            Some((Device::from(d).dev().0, model))
+        })
+        .collect()
 }
 
 /// The header of a capture (to set up what reads its events).

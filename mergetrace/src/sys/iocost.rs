@@ -4,6 +4,7 @@ use std::path::Path;
 
 use mergetrace_common::iocost as rule;
 
+use crate::capture::RecordedIocost;
 use crate::model::iocost::{Coefs, Linear, Model};
 use crate::sys::{
     cgroups::{io_hierarchy, Hierarchy},
@@ -29,6 +30,16 @@ impl Iocost {
         Model {
             read: Coefs::of(self.read),
             write: Coefs::of(self.write),
+        }
+    }
+
+    /// As a capture's header records it.
+    pub fn recorded(&self) -> RecordedIocost {
+        RecordedIocost {
+            qos: self.qos.clone(),
+            model: self.model_line.clone(),
+            read: self.read,
+            write: self.write,
         }
     }
 

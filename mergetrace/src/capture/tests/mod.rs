@@ -58,6 +58,7 @@ fn test_header() -> Header {
                 rotational: Some(false),
                 ..RecordedQueue::default()
             },
+            iocost: None,
         }],
         cgroup_hierarchy: "v2".into(),
         cgroup_mount: "/sys/fs/cgroup".into(),
