@@ -401,7 +401,28 @@ mod tests {
                 gone: true
             }
         );
-        assert!(c.name(u64::MAX).gone);
+        assert!(c.name(u64::MAX - 1).gone);
+        assert_eq!(c.name(REMOVED_CGROUP).path, REMOVED_PATH);
+        // Named at birth, gone at once: the birth report's name stays until forgotten.
+        c.born(77, Some("/brief".into()));
+        c.gone(77);
+        assert_eq!(
+            c.name(77),
+            CgroupName {
+                path: "/brief".into(),
+                gone: true
+            }
+        );
+        let before = c.known();
+        c.forget_removed(|id| id == 77);
+        assert_eq!(c.name(77).path, "/brief", "still counted: kept");
+        c.forget_removed(|_| false);
+        assert_eq!(c.known(), before - 3, "77, b and u64::MAX - 1 forgotten");
+        assert_eq!(
+            io_hierarchy_id("#subsys_name\thierarchy\nblkio\t7\t1\t1\n"),
+            Some(7)
+        );
+        assert_eq!(io_hierarchy_id("cpu 1 1 1\n"), None);
         assert_eq!(c.normalize("a").unwrap(), "/a");
         assert_eq!(
             c.normalize(&t.path().join("a").display().to_string())

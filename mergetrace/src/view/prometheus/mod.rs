@@ -291,13 +291,6 @@ struct Admitted {
     idle_since: Option<u64>,
 }
 
-/// A cgroup of the last snapshot: its path, and its rows with the series they are part of.
-#[derive(Debug, Clone, Default)]
-struct Counted {
-    path: String,
-    rows: Vec<(SeriesKey, Row)>,
-}
-
 /// What every scrape shows: the series so far, the cgroup labels handed out, the losses.
 #[derive(Debug, Clone)]
 pub struct Model {
@@ -308,8 +301,9 @@ pub struct Model {
     admitted: BTreeMap<String, Admitted>,
     /// Cgroup paths summed into `(other)`, while counted.
     folded: BTreeSet<String>,
-    /// The cgroups of the last snapshot, by (device, cgroup id): their path, series and rows.
-    counted: HashMap<(String, u64), Counted>,
+    /// The cgroups of the last snapshot, by (device, cgroup id): their rows, with the series
+    /// each is part of.
+    counted: HashMap<(String, u64), Vec<(SeriesKey, Row)>>,
     /// Per series, what its reclaimed cgroups had counted when last seen: part of the
     /// series (it stays monotonic), and therefore not of `(removed)`.
     retired: BTreeMap<SeriesKey, Row>,
@@ -373,8 +367,36 @@ impl Model {
 
     /// Takes a total snapshot (running totals since start).
     pub fn update(&mut self, s: &Snapshot) {
+        // First what left: cgroups gone from the snapshot were reclaimed (the kernel counts
+        // them in (removed) now) but their series keep what they showed; then labels unused
+        // long enough are recycled, before new cgroups ask for one.
+        let present: BTreeSet<(&str, u64)> = s
+            .devices
+            .iter()
+            .flat_map(|d| d.cgroups.iter().map(|cg| (d.device.as_str(), cg.cgroup_id)))
+            .collect();
+        let live: BTreeSet<&str> = s
+            .devices
+            .iter()
+            .flat_map(|d| &d.cgroups)
+            .map(|cg| cg.cgroup.as_str())
+            .collect();
+        let retired = &mut self.retired;
+        self.counted.retain(|(device, id), rows| {
+            let stays = present.contains(&(device.as_str(), *id));
+            if !stays {
+                for (key, r) in rows.iter() {
+                    let mut r = r.clone();
+                    r.limit_iops = None;
+                    r.limit_bps = None;
+                    retired.entry(key.clone()).or_default().add(&r);
+                }
+            }
+            stays
+        });
+        self.recycle(s.end_ns, &live);
         let mut now: BTreeMap<SeriesKey, Row> = BTreeMap::new();
-        let mut counted: HashMap<(String, u64), Counted> = HashMap::new();
+        let mut counted: HashMap<(String, u64), Vec<(SeriesKey, Row)>> = HashMap::new();
         // Per (device, direction): what the kernel folded for removed cgroups.
         let mut removed: BTreeMap<(String, &'static str), Row> = BTreeMap::new();
         for d in &s.devices {
@@ -409,25 +431,14 @@ impl Model {
                         name: name.clone(),
                     };
                     now.entry(key.clone()).or_default().add(&r);
-                    let c = counted.entry((d.device.clone(), cg.cgroup_id)).or_default();
-                    c.path.clone_from(&cg.cgroup);
-                    c.rows.push((key, r));
+                    counted
+                        .entry((d.device.clone(), cg.cgroup_id))
+                        .or_default()
+                        .push((key, r));
                 }
             }
         }
-        // Cgroups gone from the snapshot were reclaimed: the kernel now counts them in
-        // (removed), but their series keep what they had shown.
-        for (id, gone) in std::mem::replace(&mut self.counted, counted) {
-            if self.counted.contains_key(&id) {
-                continue;
-            }
-            for (key, mut r) in gone.rows {
-                r.limit_iops = None;
-                r.limit_bps = None;
-                self.retired.entry(key).or_default().add(&r);
-            }
-        }
-        self.recycle(s.end_ns);
+        self.counted = counted;
         for (k, r) in &self.retired {
             now.entry(k.clone()).or_default().add(r);
         }
@@ -462,8 +473,7 @@ impl Model {
     /// Recycles the labels no cgroup has used for `stale_after` (their series end, and what
     /// they counted shows in `(removed)` from now on), and forgets folded paths no longer
     /// counted.
-    fn recycle(&mut self, now_ns: u64) {
-        let live: BTreeSet<&str> = self.counted.values().map(|c| c.path.as_str()).collect();
+    fn recycle(&mut self, now_ns: u64, live: &BTreeSet<&str>) {
         self.folded.retain(|p| live.contains(p.as_str()));
         let mut stale = Vec::new();
         for (path, a) in &mut self.admitted {
@@ -617,6 +627,83 @@ pub(super) mod tests {
         assert_eq!(m.rows[&k].bios, 11);
         // (other) keeps its series even when nothing folded shows up in a scrape
         assert!(m.render().contains("cgroup=\"(other)\""));
+    }
+
+    /// A snapshot at `end_ns` of (path, cgroup id, write bios) rows.
+    fn snapshot_at(end_ns: u64, rows: &[(&str, u64, u64)]) -> Snapshot {
+        let mut s = snapshot(
+            &rows
+                .iter()
+                .map(|(p, _, bios)| (*p, write_stats(*bios, 1)))
+                .collect::<Vec<_>>(),
+        );
+        s.end_ns = end_ns;
+        for (cg, (_, id, _)) in s.devices[0].cgroups.iter_mut().zip(rows) {
+            cg.cgroup_id = *id;
+        }
+        s
+    }
+
+    fn bios_by_cgroup(m: &Model) -> BTreeMap<String, u64> {
+        m.rows
+            .iter()
+            .map(|(k, r)| (k.cgroup.clone(), r.bios))
+            .collect()
+    }
+
+    #[test]
+    fn reclaimed_cgroups_keep_their_series_until_the_label_is_recycled() {
+        let mut m = Model::with_staleness(2, "tracepoint", std::time::Duration::from_nanos(10));
+        m.update(&snapshot_at(0, &[("/a", 1, 10), ("/b", 2, 20)]));
+        // /a was reclaimed: the kernel shows its 10 and 1 late bio as (removed). Its series
+        // keeps 10, (removed) shows only the rest; /c finds the labels taken.
+        m.update(&snapshot_at(
+            5,
+            &[
+                ("(removed)", REMOVED_CGROUP, 11),
+                ("/b", 2, 20),
+                ("/c", 3, 5),
+            ],
+        ));
+        let want = |v: &[(&str, u64)]| {
+            v.iter()
+                .map(|(k, n)| (k.to_string(), *n))
+                .collect::<BTreeMap<_, _>>()
+        };
+        assert_eq!(
+            bios_by_cgroup(&m),
+            want(&[("(removed)", 1), ("/a", 10), ("/b", 20), (OTHER, 5)])
+        );
+        // /a unused for 10 ns: its label is recycled, its 10 move to (removed), and the new
+        // /d gets the label. /c stays in (other) while it is counted.
+        m.update(&snapshot_at(
+            20,
+            &[
+                ("(removed)", REMOVED_CGROUP, 11),
+                ("/b", 2, 20),
+                ("/c", 3, 5),
+                ("/d", 4, 7),
+            ],
+        ));
+        assert_eq!(
+            bios_by_cgroup(&m),
+            want(&[("(removed)", 11), ("/b", 20), ("/d", 7), (OTHER, 5)])
+        );
+        assert_eq!(m.labelled_cgroups(), 2);
+        // A new cgroup of a labelled path (a restarted unit) continues its series.
+        m.update(&snapshot_at(
+            21,
+            &[
+                ("(removed)", REMOVED_CGROUP, 18),
+                ("/b", 2, 20),
+                ("/c", 3, 5),
+                ("/d", 5, 2),
+            ],
+        ));
+        assert_eq!(
+            bios_by_cgroup(&m),
+            want(&[("(removed)", 11), ("/b", 20), ("/d", 9), (OTHER, 5)])
+        );
     }
 
     #[test]
