@@ -43,11 +43,13 @@ macro_rules! off {
 pub(crate) use off;
 
 /// Per CPU: counters per (device, cgroup, direction) when `MODES.aggregate` is set, for keys
-/// without a slot in `COUNTERS` (new ones, until user space gives them one, and any beyond
-/// `MAX_SLOTS`). Not preallocated: an entry costs memory only once used.
+/// without a slot in `COUNTERS`: new ones, until user space gives them one and moves what
+/// they counted here over (the next read), and any beyond `MAX_SLOTS`. Preallocated: a map
+/// allocating on insert fails inserts (ENOMEM) when the kernel's atomic per-CPU pool runs
+/// low, which cgroup churn brings about.
 #[map]
 pub static COUNTS: PerCpuHashMap<CountKey, Counters> =
-    PerCpuHashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
+    PerCpuHashMap::with_max_entries(MAX_SLOTS, 0);
 
 /// Per CPU: counters by slot, for the keys user space gave a slot (`SLOT_OF`); after the
 /// first `MAX_SLOTS`, one slot per (disk, direction) where keys of removed cgroups count.
@@ -76,8 +78,6 @@ pub struct CachedSlot {
     pub key: CountKey,
     pub slot: SlotRef,
 }
-
-const BPF_F_NO_PREALLOC: u32 = 1;
 
 /// Per CPU: plug flushes per (disk slot, explicit, depth) (`mergetrace_common::unplug_slot`),
 /// when `MODES.aggregate` is set.

@@ -58,10 +58,14 @@ pub struct ServeArgs {
     /// cgroup="(removed)", and the label is free for a cgroup that exists.
     #[arg(long, default_value = "5m", value_name = "DURATION", value_parser = crate::cli::args::parse_duration)]
     pub label_stale_after: Duration,
+    /// Read the kernel counters this often between scrapes too: gives new cgroups their
+    /// counter slot and series, and reclaims removed ones, however rarely Prometheus scrapes.
+    #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = crate::cli::args::parse_duration)]
+    pub read_every: Duration,
 }
 
-/// How often the cgroup births and removals are read between scrapes, so that their ring
-/// cannot fill however rarely Prometheus scrapes.
+/// How often the cgroup births and removals are read between reads of the counters, so
+/// that their ring cannot fill.
 const CGROUP_POLL: Duration = Duration::from_millis(250);
 
 struct Exporter {
@@ -82,7 +86,17 @@ impl Exporter {
         kernel::cgroup_events::apply(self.session.take_cgroup_changes(), &mut self.names);
     }
 
+    /// A scrape: the counters read into the model, rendered.
     fn scrape(&mut self) -> Result<String> {
+        self.update()?;
+        Ok(self.model.render())
+    }
+
+    /// Reads the kernel counters into the model: what a scrape does, and what is done every
+    /// --read-every between scrapes, so that every cgroup with I/O gets its series (for
+    /// --label-stale-after at least) and removed cgroups are reclaimed however rarely
+    /// Prometheus scrapes.
+    fn update(&mut self) -> Result<()> {
         self.learn_names();
         let mut total = self.session.read_totals()?;
         total.start_ns = self.start_ns;
@@ -111,7 +125,7 @@ impl Exporter {
         }
         let counted: HashSet<u64> = total.counts.keys().map(|k| k.cgroup_id).collect();
         self.names.forget_removed(|id| counted.contains(&id));
-        Ok(self.model.render())
+        Ok(())
     }
 }
 
@@ -201,17 +215,32 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             args.label_stale_after,
         ),
     }));
-    // Between scrapes: read the cgroup births and removals (skipped while a scrape, which
-    // reads them too, holds the exporter).
+    // Between scrapes: the cgroup births and removals, and every --read-every the counters
+    // (skipped while a scrape, which does both, holds the exporter).
     let poller = {
         let ex = exporter.clone();
+        let every = args.read_every;
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(CGROUP_POLL);
+            let mut tick = tokio::time::interval(CGROUP_POLL.min(every));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut last_read = tokio::time::Instant::now();
             loop {
                 tick.tick().await;
-                if let Ok(mut ex) = ex.try_lock() {
-                    ex.learn_names();
+                let read = last_read.elapsed() >= every;
+                let ex = ex.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    let Ok(mut ex) = ex.try_lock() else { return };
+                    if read {
+                        if let Err(e) = ex.update() {
+                            eprintln!("mergetrace: cannot read the counters: {e:#}");
+                        }
+                    } else {
+                        ex.learn_names();
+                    }
+                })
+                .await;
+                if read {
+                    last_read = tokio::time::Instant::now();
                 }
             }
         })
@@ -275,6 +304,7 @@ mod tests {
         assert_eq!(t.s.listen, "127.0.0.1:9435".parse().unwrap());
         assert_eq!(t.s.max_cgroups, 500);
         assert_eq!(t.s.label_stale_after, Duration::from_secs(300));
+        assert_eq!(t.s.read_every, Duration::from_secs(1));
         assert_eq!(t.s.trace.reclaim_after, Duration::from_secs(5));
         assert_eq!(t.s.trace.meter_unit, vec![256 << 10, 1 << 20]);
         let t = T::try_parse_from([

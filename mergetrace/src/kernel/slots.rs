@@ -2,7 +2,9 @@
 //! when user space has given the key one (`SLOT_OF`), with an array index and a per-CPU cache
 //! instead of a hash lookup per event (mergetrace-ebpf/src/emit.rs); a key without one is
 //! counted in the `COUNTS` hash map. User space gives every key it finds there a slot, at most
-//! `MAX_SLOTS`; what the hash map counted before stays there and is added to the slot's.
+//! `MAX_SLOTS`; at the next read, when no program counts in the key's hash entry any more,
+//! what it counted there is moved to user space (the key's base) and the entry deleted, so
+//! the hash map only holds keys newer than a read and those beyond `MAX_SLOTS`.
 //!
 //! Each slot has a generation (`SLOT_GEN`) the programs check, so that a slot can later be given
 //! to another key without a stale per-CPU cache entry counting into it.
@@ -47,6 +49,10 @@ pub struct Slots {
     free: Vec<u32>,
     gens: Vec<u32>,
     draining: Vec<Draining>,
+    /// Keys given a slot at the last read, whose hash entry is moved at the next.
+    moving: Vec<CountKey>,
+    /// What keys with a slot counted in the hash map before they had it.
+    base: HashMap<CountKey, Counters>,
     /// What the reclaimed keys counted in their own slots and hash entries, per (disk, dir).
     removed: HashMap<(u32, u32), Counters>,
     /// The keys the last read returned: only a key returned once may be reclaimed, so that
@@ -79,6 +85,8 @@ impl Slots {
             free: (0..MAX_SLOTS).rev().collect(),
             gens: vec![0; MAX_SLOTS as usize],
             draining: Vec::new(),
+            moving: Vec::new(),
+            base: HashMap::new(),
             removed: HashMap::new(),
             reported: HashSet::new(),
         })
@@ -91,13 +99,18 @@ impl Slots {
     /// counters show under their own key this time, under the removed one from the next).
     pub fn totals(&mut self, reclaim: impl Fn(u64) -> bool) -> Result<Vec<(CountKey, Counters)>> {
         self.finish_draining()?;
+        self.finish_moving();
         let mut sum: HashMap<CountKey, Counters> = HashMap::new();
         for item in self.hashed.iter() {
             let (k, per_cpu) = item.context("cannot read the COUNTS map")?;
             sum.entry(k).or_default().add(&per_cpu_sum(&per_cpu));
         }
         for (key, r) in &self.by_key {
-            sum.entry(*key).or_default().add(&self.read_slot(r.slot)?);
+            let c = sum.entry(*key).or_default();
+            c.add(&self.read_slot(r.slot)?);
+            if let Some(b) = self.base.get(key) {
+                c.add(b);
+            }
         }
         let mut retire = Vec::new();
         let mut assign = Vec::new();
@@ -117,6 +130,7 @@ impl Slots {
             if !self.assign(k)? {
                 break;
             }
+            self.moving.push(k);
         }
         for (disk, dev) in self.devs.iter().enumerate() {
             for dir in 0..4 {
@@ -184,11 +198,24 @@ impl Slots {
         Ok(())
     }
 
+    /// Moves the hash entries of the keys given a slot at the last read to their base.
+    fn finish_moving(&mut self) {
+        for k in std::mem::take(&mut self.moving) {
+            if !self.by_key.contains_key(&k) {
+                continue; // retired since: drained with its hash entry
+            }
+            if let Ok(per_cpu) = self.hashed.get(&k, 0) {
+                self.base.entry(k).or_default().add(&per_cpu_sum(&per_cpu));
+                let _ = self.hashed.remove(&k);
+            }
+        }
+    }
+
     /// Step 2 for every key retired at the last read: no program counts in what it held.
     fn finish_draining(&mut self) -> Result<()> {
         let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
         for d in std::mem::take(&mut self.draining) {
-            let mut last = Counters::default();
+            let mut last = self.base.remove(&d.key).unwrap_or_default();
             if let Some(slot) = d.slot {
                 last.add(&self.read_slot(slot)?);
                 let zeros = PerCpuValues::try_from(vec![Counters::default(); cpus])?;
