@@ -923,3 +923,102 @@ fn scrapes_under_load_bad_requests_and_a_stop() {
         .sum();
     assert!(answered > 0, "no scrape answered before the stop");
 }
+
+// ---------------------------------------------------------------------------------------
+// The live view under churn
+
+/// Every cgroup row of a live-view object (interval or total) on `dev`.
+fn rows<'a>(snapshot: &'a serde_json::Value, dev: &BlockDev) -> Vec<&'a serde_json::Value> {
+    snapshot["devices"]
+        .as_array()
+        .expect("devices")
+        .iter()
+        .filter(|d| d["major"] == dev.major && d["minor"] == dev.minor)
+        .flat_map(|d| d["cgroups"].as_array().expect("cgroups").iter())
+        .collect()
+}
+
+/// The live view (100 ms intervals, reclaim after 200 ms) while 3 rounds of 144 short-lived
+/// cgroups come and go: each is named in the intervals with exactly its one bio, none is
+/// "(unknown cgroup id N)", the intervals add up to the total (a reclaimed cgroup's counts are
+/// not new in "(removed)"), and the total equals /proc/diskstats.
+#[test]
+fn live_view_names_short_lived_cgroups_and_intervals_add_up() {
+    require_root();
+    const SIZE: u64 = 16 << 20;
+    let lo = LoopDevice::new(SIZE);
+    udev_settle();
+    let parent = Cgroup::new();
+    parent.set_write_iops(&lo, 10_000_000);
+    let tracer = Tracer::start(&[
+        "-d",
+        lo.name.as_str(),
+        "--interval",
+        "100ms",
+        "--reclaim-after",
+        "200ms",
+    ]);
+    let before = lo.diskstats();
+    let churn = Arc::new(Churn::new(&parent, &lo, SIZE));
+    let pool = Pool::new(churn.clone());
+    const ROUNDS: usize = 3;
+    for r in 0..ROUNDS {
+        pool.run(r);
+        // Let intervals pass, so that reclaims happen between and during the rounds.
+        thread::sleep(Duration::from_millis(500));
+    }
+    pool.finish();
+    let d = lo.diskstats().since(&before);
+    let to_parent = parent.io_serviced(&lo).write;
+    let out = tracer.stop();
+    assert_eq!(out.lost_events(), 0);
+    let mut bios_of: BTreeMap<String, u64> = BTreeMap::new();
+    for snapshot in out.intervals.iter().chain([&out.total]) {
+        for row in rows(snapshot, &lo) {
+            let path = row["cgroup"].as_str().unwrap();
+            assert!(!path.starts_with("(unknown"), "unnamed row {row}");
+        }
+    }
+    for i in &out.intervals {
+        for row in rows(i, &lo) {
+            let path = row["cgroup"].as_str().unwrap().to_string();
+            if path.starts_with(&format!("{}/c", churn.parent_path)) {
+                *bios_of.entry(path).or_default() += u(&row["write"], "bios");
+            }
+        }
+    }
+    let total = ROUNDS * WRITERS * PER_WRITER;
+    for i in 0..total {
+        let p = churn.path_of(i);
+        let n = bios_of.get(&p).copied().unwrap_or(0);
+        assert!(
+            n == 1 || (n == 0 && to_parent > 0),
+            "{p}: {n} bios in the intervals (the kernel charged {to_parent} to the parent)"
+        );
+    }
+    assert_eq!(
+        bios_of.values().sum::<u64>(),
+        total as u64 - to_parent,
+        "one bio per cgroup, but those the kernel charged to the parent"
+    );
+    let t = out.device_total(&lo);
+    for field in ["bios", "requests", "merged"] {
+        assert_eq!(
+            out.interval_sum(&lo, "write", field),
+            u(&t["write"], field),
+            "intervals add up to the total ({field})"
+        );
+    }
+    assert_eq!(u(&t["write"], "requests"), d.writes, "diskstats {d:?}");
+    assert_eq!(u(&t["write"], "merged"), d.writes_merged, "diskstats {d:?}");
+    assert_eq!(u(&t["write"], "bios"), total as u64);
+    let removed = out
+        .cgroup_row(&lo, "(removed)")
+        .expect("reclaimed cgroups' counters in the (removed) row");
+    assert!(u(&removed["write"], "bios") > 0, "{removed}");
+    eprintln!(
+        "kernel_churn: live view, {total} cgroups, {} intervals, (removed) {} bios, {to_parent} charged to the parent",
+        out.intervals.len(),
+        u(&removed["write"], "bios")
+    );
+}
