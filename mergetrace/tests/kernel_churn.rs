@@ -1022,3 +1022,75 @@ fn live_view_names_short_lived_cgroups_and_intervals_add_up() {
         u(&removed["write"], "bios")
     );
 }
+
+/// A capture while a round of 144 short-lived cgroups comes and goes: `report` names every one
+/// (from its birth report: each was gone before the interval's lookup), with its one bio.
+#[test]
+fn captures_name_short_lived_cgroups() {
+    require_root();
+    const SIZE: u64 = 16 << 20;
+    let lo = LoopDevice::new(SIZE);
+    udev_settle();
+    let parent = Cgroup::new();
+    parent.set_write_iops(&lo, 10_000_000);
+    let cap = PathBuf::from(format!("/dev/shm/{}.mtcap", unique_name()));
+    let mut rec = Command::new(env!("CARGO_BIN_EXE_mergetrace"))
+        .args([
+            "record",
+            "-d",
+            lo.name.as_str(),
+            "--interval",
+            "100ms",
+            "-o",
+        ])
+        .arg(&cap)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start mergetrace record");
+    let mut err = BufReader::new(rec.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("mergetrace: recording to") {
+        line.clear();
+        assert!(
+            err.read_line(&mut line).unwrap() > 0,
+            "record ended before recording"
+        );
+    }
+    let churn = Arc::new(Churn::new(&parent, &lo, SIZE));
+    let pool = Pool::new(churn.clone());
+    pool.run(0);
+    pool.finish();
+    thread::sleep(Duration::from_millis(300)); // an interval or two: the names are written
+                                               // SAFETY: signalling our own child.
+    unsafe { libc::kill(rec.id() as libc::pid_t, libc::SIGINT) };
+    let mut rest = String::new();
+    let _ = err.read_to_string(&mut rest);
+    let status = rec.wait().unwrap();
+    assert!(status.success(), "record: {status}; {rest}");
+    let to_parent = parent.io_serviced(&lo).write;
+    let out = mergetrace(&["report", cap.to_str().unwrap(), "--json"]);
+    let _ = fs::remove_file(&cap);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one object");
+    assert_eq!(report["lost_events"], 0);
+    let mut named = 0;
+    for row in rows(&report, &lo) {
+        let path = row["cgroup"].as_str().unwrap();
+        assert!(!path.starts_with("(unknown"), "unnamed row {row}");
+        if path.starts_with(&format!("{}/c", churn.parent_path)) {
+            assert_eq!(u(&row["write"], "bios"), 1, "{row}");
+            named += 1;
+        }
+    }
+    assert_eq!(
+        named,
+        WRITERS * PER_WRITER - to_parent as usize,
+        "every short-lived cgroup named (but {to_parent} the kernel charged to the parent)"
+    );
+}
