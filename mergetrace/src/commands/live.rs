@@ -118,8 +118,9 @@ impl Live {
     /// named from their birth report; removed ones no longer counted are forgotten, and a
     /// counted one found gone without a report is reclaimed all the same.
     fn totals(&mut self) -> Result<Window> {
-        kernel::cgroup_events::apply(self.session.take_cgroup_changes(), &mut self.cgroups);
         let mut now = self.session.read_totals()?;
+        // After the read: every cgroup counted in it was born before its I/O was counted.
+        kernel::cgroup_events::apply(self.session.take_cgroup_changes(), &mut self.cgroups);
         now.start_ns = self.start;
         now.end_ns = monotonic_ns();
         let counted: std::collections::HashSet<u64> =

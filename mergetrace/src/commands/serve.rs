@@ -97,8 +97,9 @@ impl Exporter {
     /// --label-stale-after at least) and removed cgroups are reclaimed however rarely
     /// Prometheus scrapes.
     fn update(&mut self) -> Result<()> {
-        self.learn_names();
         let mut total = self.session.read_totals()?;
+        // After the read: every cgroup counted in it was born before its I/O was counted.
+        self.learn_names();
         total.start_ns = self.start_ns;
         total.end_ns = monotonic_ns();
         let opts = snapshot::Options {

@@ -389,7 +389,9 @@ impl Session {
     /// Each call also gives the keys counted so far in the hash map a slot (the programs
     /// then count them in an array, without a hash lookup per event), and reclaims the
     /// counters of cgroups removed `reclaim_after` ago or more: from the next call on they
-    /// are part of the device's `REMOVED_CGROUP` key (see [`Window::since`]).
+    /// are part of the device's `REMOVED_CGROUP` key (see [`Window::since`]). Take the cgroup
+    /// births ([`Session::take_cgroup_changes`]) after it, so that they name every cgroup it
+    /// counted.
     pub fn read_totals(&mut self) -> Result<Window> {
         self.poll_cgroups();
         let now = super::monotonic_ns();
