@@ -3,7 +3,7 @@
 //! when it is mounted (hybrid hosts), the unified v2 hierarchy otherwise.
 use mergetrace_common::REMOVED_CGROUP;
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashMap,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
 };
@@ -37,8 +37,9 @@ pub struct Cgroups {
     pub hierarchy: Hierarchy,
     pub mount: PathBuf,
     by_id: HashMap<u64, String>,
-    /// Ids reported removed (`cgroup_rmdir`): their last path stays until [`Cgroups::forget`].
-    removed: HashSet<u64>,
+    /// Ids reported removed (`cgroup_rmdir`) or found gone: their last path stays until
+    /// [`Cgroups::forget_removed`] lets them go. The flag: a forget pass has seen it already.
+    removed: HashMap<u64, bool>,
     /// Names from the container runtimes' files on this machine; `None` leaves them out.
     local: Option<LocalNames>,
 }
@@ -112,7 +113,7 @@ impl Cgroups {
             hierarchy,
             mount,
             by_id: HashMap::new(),
-            removed: HashSet::new(),
+            removed: HashMap::new(),
             local: Some(LocalNames::new("/")),
         };
         c.rescan();
@@ -160,7 +161,7 @@ impl Cgroups {
                 gone: false,
             };
         }
-        if self.removed.contains(&id) {
+        if self.removed.contains_key(&id) {
             if let Some(path) = self.by_id.get(&id) {
                 return CgroupName {
                     path: path.clone(),
@@ -180,7 +181,7 @@ impl Cgroups {
                 },
                 _ => {
                     // Gone without a reported removal: remembered, not rescanned for again.
-                    self.removed.insert(id);
+                    self.removed.entry(id).or_default();
                     CgroupName { path, gone: true }
                 }
             };
@@ -194,7 +195,7 @@ impl Cgroups {
             None => {
                 let path = format!("(unknown cgroup id {id})");
                 self.by_id.insert(id, path.clone());
-                self.removed.insert(id);
+                self.removed.entry(id).or_default();
                 CgroupName { path, gone: true }
             }
         }
@@ -218,20 +219,26 @@ impl Cgroups {
     /// A cgroup removed (`cgroup_rmdir`): its name is kept, marked gone, until forgotten.
     pub fn gone(&mut self, id: u64) {
         if self.by_id.contains_key(&id) {
-            self.removed.insert(id);
+            self.removed.entry(id).or_default();
         }
     }
 
     /// Forgets the removed cgroups `keep` does not want any more (no counters left under
-    /// them): the table then holds the cgroups alive and those still counted.
+    /// them), at the second pass that finds them so: a cgroup removed just after a read of the
+    /// counters may have done I/O that only the next read counts. The table then holds the
+    /// cgroups alive and those still counted.
     pub fn forget_removed(&mut self, keep: impl Fn(u64) -> bool) {
         let by_id = &mut self.by_id;
-        self.removed.retain(|id| {
-            let kept = keep(*id);
-            if !kept {
-                by_id.remove(id);
+        self.removed.retain(|id, seen| {
+            if keep(*id) {
+                return true;
             }
-            kept
+            if !*seen {
+                *seen = true;
+                return true;
+            }
+            by_id.remove(id);
+            false
         });
     }
 
@@ -416,6 +423,8 @@ mod tests {
         let before = c.known();
         c.forget_removed(|id| id == 77);
         assert_eq!(c.name(77).path, "/brief", "still counted: kept");
+        c.forget_removed(|_| false);
+        assert_eq!(c.name(77).path, "/brief", "kept one pass more");
         c.forget_removed(|_| false);
         assert_eq!(c.known(), before - 3, "77, b and u64::MAX - 1 forgotten");
         assert_eq!(
