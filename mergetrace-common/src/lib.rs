@@ -91,6 +91,7 @@ pub mod kind {
             PLUG_ATTEMPT => "plug_attempt",
             ELV_MERGE => "elv_merge",
             16 => "counters_map_full",
+            17 => "cgroup_names",
             _ => "unknown",
         }
     }
@@ -122,7 +123,9 @@ pub struct Modes {
     /// merge) instead of from the plug list and the queue's scheduler (a few loads). For tests
     /// that check the two agree.
     pub merge_path_from_stack: u32,
-    pub _pad: u32,
+    /// 1 + the id of the cgroup hierarchy whose cgroup births and removals are reported on
+    /// `CGROUP_EVENTS` (the one hosting blkio/io; v2's is 0); 0 reports none.
+    pub cgroup_hierarchy: u32,
 }
 
 impl Modes {
@@ -131,14 +134,14 @@ impl Modes {
         aggregate: 1,
         emit: 0,
         merge_path_from_stack: 0,
-        _pad: 0,
+        cgroup_hierarchy: 0,
     };
     /// Every event to the ring buffer, no counting (capture).
     pub const EMITTING: Modes = Modes {
         aggregate: 0,
         emit: 1,
         merge_path_from_stack: 0,
-        _pad: 0,
+        cgroup_hierarchy: 0,
     };
 }
 
@@ -273,6 +276,9 @@ pub struct KernelOffsets {
     pub blkcg_css_cgroup: u32,
     pub cgroup_kn: u32,
     pub kn_id: u32,
+    /// `cgroup.root` and `cgroup_root.hierarchy_id`: which hierarchy a cgroup is in.
+    pub cgroup_root: u32,
+    pub root_hierarchy_id: u32,
     pub rq_q: u32,
     pub rq_cmd_flags: u32,
     pub rq_data_len: u32,
@@ -361,10 +367,48 @@ pub struct KernelSymbols {
 /// Number of caller ranges in [`KernelSymbols::merge_callers`].
 pub const MERGE_CALLERS: usize = 3;
 
-/// Per-CPU lost-event counter slots: one per event kind, then [`LOST_COUNTS_FULL`].
-pub const LOST_SLOTS: u32 = kind::COUNT + 1;
+/// Per-CPU lost-event counter slots: one per event kind, then [`LOST_COUNTS_FULL`] and
+/// [`LOST_CGROUP_NAMES`].
+pub const LOST_SLOTS: u32 = kind::COUNT + 2;
 /// Lost slot: an event could not be counted because the counters map was full.
 pub const LOST_COUNTS_FULL: u32 = kind::COUNT;
+/// Lost slot: a cgroup birth or removal could not be reported (its ring was full); user
+/// space then learns the name by rescanning the hierarchy, as before.
+pub const LOST_CGROUP_NAMES: u32 = kind::COUNT + 1;
+
+/// Counter slots after the first [`MAX_SLOTS`]: one per (disk slot, direction), where the
+/// keys of removed cgroups count once user space has reclaimed their own slots.
+pub const REMOVED_SLOTS: u32 = MAX_DEVICES as u32 * 4;
+
+/// The counter slot of removed cgroups on disk slot `disk`, direction `dir`.
+pub fn removed_slot(disk: u32, dir: u32) -> u32 {
+    MAX_SLOTS + disk * 4 + (dir & 3)
+}
+
+/// The `cgroup_id` of the counters of removed cgroups, folded per disk and direction
+/// (no kernfs inode is this).
+pub const REMOVED_CGROUP: u64 = u64::MAX;
+
+/// Longest cgroup path a [`CgroupEvent`] carries (with its NUL); longer ones are cut and
+/// flagged, and user space looks the name up in the hierarchy instead.
+pub const CGROUP_PATH_MAX: usize = 496;
+
+/// A cgroup created or removed in the traced hierarchy (`cgroup_mkdir`, `cgroup_rmdir`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CgroupEvent {
+    /// The kernfs inode of its directory: the `cgroup_id` of its events.
+    pub id: u64,
+    /// [`CGROUP_MKDIR`] or [`CGROUP_RMDIR`].
+    pub what: u32,
+    /// Bytes of `path` before its NUL; `CGROUP_PATH_MAX` when it was cut.
+    pub len: u32,
+    /// Relative to the hierarchy's root ("/a/b"), NUL-terminated.
+    pub path: [u8; CGROUP_PATH_MAX],
+}
+
+pub const CGROUP_MKDIR: u32 = 1;
+pub const CGROUP_RMDIR: u32 = 2;
 
 #[cfg(feature = "user")]
 mod pod {
@@ -380,6 +424,7 @@ mod pod {
     unsafe impl aya::Pod for super::DeviceState {}
     unsafe impl aya::Pod for super::TracedDevices {}
     unsafe impl aya::Pod for super::SlotRef {}
+    unsafe impl aya::Pod for super::CgroupEvent {}
 }
 
 #[cfg(test)]

@@ -12,11 +12,13 @@
 //! - [`request`]: programs on request tracepoints (merge, insert, issue, requeue, complete,
 //!   plug flush);
 //! - [`throttle`]: blk-throttle's dispatch work, where throttled bios are released;
-//! - [`fentry`]: the fentry tier's programs (exact throttle delays, merge attempts).
+//! - [`fentry`]: the fentry tier's programs (exact throttle delays, merge attempts);
+//! - [`cgroup`]: cgroup births and removals (names, reclaiming removed cgroups' counters).
 #![no_std]
 #![no_main]
 
 mod bio;
+mod cgroup;
 mod emit;
 mod fentry;
 mod maps;

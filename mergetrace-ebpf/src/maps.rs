@@ -5,7 +5,7 @@ use aya_ebpf::{
 };
 use mergetrace_common::{
     CountKey, Counters, DeviceState, KernelOffsets, KernelSymbols, MeterUnits, Modes, SlotRef,
-    TracedDevices, LOST_SLOTS, MAX_DEVICES, MAX_SLOTS, UNPLUG_SLOTS,
+    TracedDevices, LOST_SLOTS, MAX_DEVICES, MAX_SLOTS, REMOVED_SLOTS, UNPLUG_SLOTS,
 };
 
 use crate::throttle::Dispatch;
@@ -43,23 +43,28 @@ macro_rules! off {
 pub(crate) use off;
 
 /// Per CPU: counters per (device, cgroup, direction) when `MODES.aggregate` is set, for keys
-/// without a slot in `COUNTERS` (new ones, until user space gives them one, and any beyond
-/// `MAX_SLOTS`). Not preallocated: an entry costs memory only once used.
+/// without a slot in `COUNTERS`: new ones, until user space gives them one and moves what
+/// they counted here over (the next read), and any beyond `MAX_SLOTS`. Preallocated: a map
+/// allocating on insert fails inserts (ENOMEM) when the kernel's atomic per-CPU pool runs
+/// low, which cgroup churn brings about.
 #[map]
 pub static COUNTS: PerCpuHashMap<CountKey, Counters> =
-    PerCpuHashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
+    PerCpuHashMap::with_max_entries(MAX_SLOTS, 0);
 
-/// Per CPU: counters by slot, for the keys user space gave a slot (`SLOT_OF`).
+/// Per CPU: counters by slot, for the keys user space gave a slot (`SLOT_OF`); after the
+/// first `MAX_SLOTS`, one slot per (disk, direction) where keys of removed cgroups count.
 #[map]
-pub static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(MAX_SLOTS, 0);
+pub static COUNTERS: PerCpuArray<Counters> =
+    PerCpuArray::with_max_entries(MAX_SLOTS + REMOVED_SLOTS, 0);
 
-/// A key's slot in `COUNTERS`, written by user space.
+/// A key's slot in `COUNTERS`, written by user space: the keys with a slot of their own, and
+/// at most as many of removed cgroups pointed at their disk's removed slot.
 #[map]
-pub static SLOT_OF: HashMap<CountKey, SlotRef> = HashMap::with_max_entries(MAX_SLOTS, 0);
+pub static SLOT_OF: HashMap<CountKey, SlotRef> = HashMap::with_max_entries(2 * MAX_SLOTS, 0);
 
 /// Each slot's generation, written by user space (bumped when the slot changes hands).
 #[map]
-pub static SLOT_GEN: Array<u32> = Array::with_max_entries(MAX_SLOTS, 0);
+pub static SLOT_GEN: Array<u32> = Array::with_max_entries(MAX_SLOTS + REMOVED_SLOTS, 0);
 
 /// Per CPU, per direction: the last key counted and its slot, so that a run of events of one
 /// cgroup (the usual case) finds its counters without a hash lookup.
@@ -74,8 +79,6 @@ pub struct CachedSlot {
     pub slot: SlotRef,
 }
 
-const BPF_F_NO_PREALLOC: u32 = 1;
-
 /// Per CPU: plug flushes per (disk slot, explicit, depth) (`mergetrace_common::unplug_slot`),
 /// when `MODES.aggregate` is set.
 #[map]
@@ -88,6 +91,10 @@ pub static ZERO: PerCpuArray<Counters> = PerCpuArray::with_max_entries(1, 0);
 /// Events for user space. User space sizes it (`set_max_entries`) before load.
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 24, 0);
+
+/// Cgroup births and removals for user space (`cgroup_mkdir`, `cgroup_rmdir`).
+#[map]
+pub static CGROUP_EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 
 /// What the programs keep per traced disk, by its slot in `TRACED`.
 #[map]

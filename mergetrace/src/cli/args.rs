@@ -27,6 +27,12 @@ pub struct TraceArgs {
     /// a merge whose path mergetrace cannot tell.
     #[arg(long)]
     pub ebpf_log: bool,
+    /// Counters of a removed cgroup are folded into its device's cgroup "(removed)" once it
+    /// has been gone this long (and a read has shown them): the kernel maps then hold the
+    /// cgroups alive plus those removed within this window. I/O of a cgroup that completes
+    /// later is counted under "(removed)".
+    #[arg(long, default_value = "5s", value_name = "DURATION", value_parser = parse_duration)]
+    pub reclaim_after: Duration,
 }
 
 impl TraceArgs {
@@ -45,6 +51,7 @@ impl TraceArgs {
             meter_units: crate::model::aggregate::meter_units(&self.meter_unit),
             stats,
             ebpf_log: self.ebpf_log,
+            reclaim_after: self.reclaim_after,
         }
     }
 }

@@ -120,11 +120,23 @@ struct Live {
 }
 
 impl Live {
-    /// The in-kernel counters so far, over the run.
+    /// The in-kernel counters so far, over the run. Cgroups born since the last call are
+    /// named from their birth report; removed ones no longer counted are forgotten, and a
+    /// counted one found gone without a report is reclaimed all the same.
     fn totals(&mut self) -> Result<Window> {
         let mut now = self.session.read_totals()?;
+        // After the read: every cgroup counted in it was born before its I/O was counted.
+        kernel::cgroup_events::apply(self.session.take_cgroup_changes(), &mut self.cgroups);
         now.start_ns = self.start;
         now.end_ns = monotonic_ns();
+        let counted: std::collections::HashSet<u64> =
+            now.counts.keys().map(|k| k.cgroup_id).collect();
+        for id in &counted {
+            if self.cgroups.name(*id).gone {
+                self.session.mark_removed(*id);
+            }
+        }
+        self.cgroups.forget_removed(|id| counted.contains(&id));
         Ok(now)
     }
 

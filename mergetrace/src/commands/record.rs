@@ -248,6 +248,7 @@ pub async fn run(args: RecordArgs) -> Result<()> {
         tokio::select! {
             _ = ticker.tick() => {
                 let mut rec = shared.lock().expect("recording lock");
+                kernel::cgroup_events::apply(session.take_cgroup_changes(), &mut cgroups);
                 rec.interval(session.new_losses(), &mut cgroups, &devices);
                 if rec.failure.is_some() {
                     break;
@@ -264,6 +265,7 @@ pub async fn run(args: RecordArgs) -> Result<()> {
         .map_err(|_| anyhow::anyhow!("collector still holds the capture"))?
         .into_inner()
         .expect("recording lock");
+    kernel::cgroup_events::apply(session.take_cgroup_changes(), &mut cgroups);
     rec.interval(session.new_losses(), &mut cgroups, &devices);
     rec.finish(&args)
 }

@@ -2,7 +2,7 @@
 //! scrape of `/metrics`, renders the running totals through [`crate::view::prometheus`]'s model
 //! (bounded, monotonic). Binds before loading the programs; stops cleanly on SIGTERM/SIGINT.
 use std::{
-    collections::HashMap,
+    collections::HashSet,
     net::SocketAddr,
     sync::{Arc, Mutex},
     time::Duration,
@@ -25,13 +25,9 @@ use crate::{
         stop::Stop,
     },
     kernel::{self, monotonic_ns},
-    model::{
-        limits::Effective,
-        meter::SplitLimits,
-        snapshot::{self, Lookup, SnapshotKind},
-    },
+    model::snapshot::{self, SnapshotKind},
     sys::{
-        cgroups::{CgroupName, Cgroups},
+        cgroups::Cgroups,
         device::{self, Device},
     },
     view::{banner, prometheus::Model},
@@ -52,44 +48,30 @@ pub struct ServeArgs {
     pub subtree: SubtreeArg,
     #[command(flatten)]
     pub names: NamesArg,
-    /// At most this many distinct cgroup labels; cgroups seen after that are summed into
-    /// cgroup="(other)" (the first N seen keep their label for the life of the process).
+    /// At most this many distinct cgroup labels; cgroups seen while they are taken are
+    /// summed into cgroup="(other)". A label is kept while its cgroup path is counted, and
+    /// recycled --label-stale-after after the last one was removed and reclaimed.
     #[arg(long, default_value_t = 500, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_cgroups: u32,
+    /// Recycle the label of a cgroup path that has not been counted for this long (its
+    /// cgroups removed and reclaimed): its series end, what they counted moves to
+    /// cgroup="(removed)", and the label is free for a cgroup that exists.
+    #[arg(long, default_value = "5m", value_name = "DURATION", value_parser = crate::cli::args::parse_duration)]
+    pub label_stale_after: Duration,
+    /// Read the kernel counters this often between scrapes too: gives new cgroups their
+    /// counter slot and series, and reclaims removed ones, however rarely Prometheus scrapes.
+    #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = crate::cli::args::parse_duration)]
+    pub read_every: Duration,
 }
 
-/// Cgroup names, with removed cgroups remembered: `Cgroups::name` rescans the hierarchy for
-/// every unknown or removed id, which a long-running exporter would do on every scrape.
-struct Names {
-    cgroups: Cgroups,
-    gone: HashMap<u64, CgroupName>,
-}
-
-impl Lookup for Names {
-    fn cgroup_name(&mut self, id: u64) -> CgroupName {
-        if let Some(n) = self.gone.get(&id) {
-            return n.clone();
-        }
-        let n = self.cgroups.name(id);
-        if n.gone {
-            self.gone.insert(id, n.clone());
-        }
-        n
-    }
-    fn limits(&mut self, cgroup: &str, dev: &Device) -> Effective {
-        self.cgroups.limits(cgroup, dev)
-    }
-    fn split_limits(&mut self, dev: &Device) -> SplitLimits {
-        self.cgroups.split_limits(dev)
-    }
-    fn readable(&mut self, path: &str) -> Option<crate::sys::container::ReadableName> {
-        self.cgroups.readable(path)
-    }
-}
+/// How often the cgroup births and removals are read between reads of the counters, so
+/// that their ring cannot fill.
+const CGROUP_POLL: Duration = Duration::from_millis(250);
 
 struct Exporter {
     session: kernel::Session,
-    names: Names,
+    /// Cgroup names: learnt at birth, kept while the cgroup is counted (see `learn_names`).
+    names: Cgroups,
     devices: Vec<Device>,
     start_ns: u64,
     fentry: bool,
@@ -101,8 +83,25 @@ struct Exporter {
 }
 
 impl Exporter {
+    /// Takes the cgroup births and removals the programs reported into the name table.
+    fn learn_names(&mut self) {
+        kernel::cgroup_events::apply(self.session.take_cgroup_changes(), &mut self.names);
+    }
+
+    /// A scrape: the counters read into the model, rendered.
     fn scrape(&mut self) -> Result<String> {
+        self.update()?;
+        Ok(self.model.render())
+    }
+
+    /// Reads the kernel counters into the model: what a scrape does, and what is done every
+    /// --read-every between scrapes, so that every cgroup with I/O gets its series (for
+    /// --label-stale-after at least) and removed cgroups are reclaimed however rarely
+    /// Prometheus scrapes.
+    fn update(&mut self) -> Result<()> {
         let mut total = self.session.read_totals()?;
+        // After the read: every cgroup counted in it was born before its I/O was counted.
+        self.learn_names();
         total.start_ns = self.start_ns;
         total.end_ns = monotonic_ns();
         let opts = snapshot::Options {
@@ -121,7 +120,16 @@ impl Exporter {
         );
         // `opts` borrows the tier string of the model: update after.
         self.model.update(&s);
-        Ok(self.model.render())
+        // A cgroup found gone whose removal was not reported is reclaimed all the same; the
+        // names of removed cgroups no longer counted are forgotten.
+        for cg in s.devices.iter().flat_map(|d| &d.cgroups) {
+            if cg.gone {
+                self.session.mark_removed(cg.cgroup_id);
+            }
+        }
+        let counted: HashSet<u64> = total.counts.keys().map(|k| k.cgroup_id).collect();
+        self.names.forget_removed(|id| counted.contains(&id));
+        Ok(())
     }
 }
 
@@ -204,18 +212,49 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         .collect();
     let exporter: Shared = Arc::new(Mutex::new(Exporter {
         session,
-        names: Names {
-            cgroups,
-            gone: HashMap::new(),
-        },
+        names: cgroups,
         devices,
         start_ns,
         fentry: tier == kernel::TierKind::Fentry,
         meter_units: args.trace.meter_unit.clone(),
         subtree,
-        model: Model::new(args.max_cgroups as usize, tier.name()),
+        model: Model::with_staleness(
+            args.max_cgroups as usize,
+            tier.name(),
+            args.label_stale_after,
+        ),
         iocost,
     }));
+    // Between scrapes: the cgroup births and removals, and every --read-every the counters
+    // (skipped while a scrape, which does both, holds the exporter).
+    let poller = {
+        let ex = exporter.clone();
+        let every = args.read_every;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(CGROUP_POLL.min(every));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut last_read = tokio::time::Instant::now();
+            loop {
+                tick.tick().await;
+                let read = last_read.elapsed() >= every;
+                let ex = ex.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    let Ok(mut ex) = ex.try_lock() else { return };
+                    if read {
+                        if let Err(e) = ex.update() {
+                            eprintln!("mergetrace: cannot read the counters: {e:#}");
+                        }
+                    } else {
+                        ex.learn_names();
+                    }
+                })
+                .await;
+                if read {
+                    last_read = tokio::time::Instant::now();
+                }
+            }
+        })
+    };
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/", get(index))
@@ -243,6 +282,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         }
     }
     // No scrape runs any more (or it finishes with the lock held): detach the programs.
+    poller.abort();
     let mut ex = exporter.lock().unwrap_or_else(|p| p.into_inner());
     ex.session.detach();
     eprintln!("mergetrace: stopped; programs detached");
@@ -273,6 +313,9 @@ mod tests {
         let t = T::try_parse_from(["t", "-d", "loop3"]).unwrap();
         assert_eq!(t.s.listen, "127.0.0.1:9435".parse().unwrap());
         assert_eq!(t.s.max_cgroups, 500);
+        assert_eq!(t.s.label_stale_after, Duration::from_secs(300));
+        assert_eq!(t.s.read_every, Duration::from_secs(1));
+        assert_eq!(t.s.trace.reclaim_after, Duration::from_secs(5));
         assert_eq!(t.s.trace.meter_unit, vec![256 << 10, 1 << 20]);
         let t = T::try_parse_from([
             "t",

@@ -1,7 +1,7 @@
 //! Loading the embedded eBPF object for the running kernel and attaching its programs as the
 //! hook table says ([`compat::hooks`]): every tracepoint-tier program, then the fentry tier's
 //! where it is chosen or allowed. A [`Session`] holds them; dropping it detaches everything.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use anyhow::bail;
 use anyhow::{Context, Result};
@@ -11,12 +11,13 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use mergetrace_common::{
-    unplug_slot, CountKey, Counters, KernelSymbols, MeterUnits, Modes, TracedDevices, UnplugKey,
-    LOST_SLOTS, MAX_DEVICES, UNPLUG_MAX_DEPTH,
+    unplug_slot, KernelSymbols, MeterUnits, Modes, TracedDevices, UnplugKey, LOST_SLOTS,
+    MAX_DEVICES, UNPLUG_MAX_DEPTH,
 };
 
 use super::{
     btf::Btf,
+    cgroup_events::{self, CgroupChange},
     check_privileges,
     compat::{
         self,
@@ -35,6 +36,9 @@ use crate::{
 pub(crate) static OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/mergetrace"));
 
+/// Births and removals kept for a caller that does not take them, at most.
+const MAX_PENDING_CHANGES: usize = 1 << 16;
+
 /// The smallest ring buffer: where no events are sent, the ring only has to exist.
 const MIN_RING_BYTES: u32 = 4096;
 
@@ -50,6 +54,9 @@ pub struct Options {
     pub meter_units: MeterUnits,
     /// Forward the programs' aya-log records to the `log` crate (`--ebpf-log`).
     pub ebpf_log: bool,
+    /// How long a removed cgroup's counters stay its own before they are folded into the
+    /// device's removed counters (`--reclaim-after`).
+    pub reclaim_after: std::time::Duration,
 }
 
 /// The object loaded (maps created, nothing attached) for this kernel, with what the programs
@@ -278,10 +285,15 @@ pub struct Session {
     ring: Option<RingBuf<MapData>>,
     lost: PerCpuArray<MapData, u64>,
     lost_seen: [u64; LOST_SLOTS as usize],
-    /// Keys not (yet) given a counter slot.
-    counts: PerCpuHashMap<MapData, CountKey, Counters>,
-    /// The counter slots of the keys seen so far.
+    /// The in-kernel counters: slots, the hash map of keys without one, removed cgroups'.
     slots: Slots,
+    /// Cgroup births and removals in the traced hierarchy.
+    cgroup_ring: RingBuf<MapData>,
+    /// Removed cgroups whose counters are not reclaimed yet: when the removal was seen.
+    removed: HashMap<u64, u64>,
+    reclaim_after_ns: u64,
+    /// Births and removals the name table has not taken yet ([`Session::take_cgroup_changes`]).
+    changes: Vec<CgroupChange>,
     /// Plug flushes by `mergetrace_common::unplug_slot`.
     unplugs: PerCpuArray<MapData, u64>,
     /// The traced disks' `dev_t`s, by their slot in the programs' per-disk maps.
@@ -326,6 +338,10 @@ impl Session {
         // A testing knob: tell merge paths from the kernel stack, as before the plug check.
         modes.merge_path_from_stack =
             std::env::var("MERGETRACE_MERGE_PATH_FROM_STACK").is_ok_and(|v| v == "1") as u32;
+        modes.cgroup_hierarchy = std::fs::read_to_string("/proc/cgroups")
+            .ok()
+            .and_then(|t| crate::sys::cgroups::io_hierarchy_id(&t))
+            .map_or(0, |h| h + 1);
         let mut loaded = load_object(modes, opts.ring_bytes, &opts.meter_units, &traced)?;
         loaded.attach_tracepoints(opts.modes)?;
         let tier = loaded.choose_tier(opts.tier)?;
@@ -337,19 +353,21 @@ impl Session {
         }
         let ring = RingBuf::try_from(ebpf.take_map("EVENTS").context("EVENTS map missing")?)?;
         let lost = PerCpuArray::try_from(ebpf.take_map("LOST").context("LOST map missing")?)?;
-        let counts =
-            PerCpuHashMap::try_from(ebpf.take_map("COUNTS").context("COUNTS map missing")?)?;
         let unplugs =
             PerCpuArray::try_from(ebpf.take_map("UNPLUGS").context("UNPLUGS map missing")?)?;
         let mut take = |name: &str| {
             ebpf.take_map(name)
                 .with_context(|| format!("{name} map missing"))
         };
+        let devs: Vec<u32> = devices.iter().map(|d| d.dev().0).collect();
         let slots = Slots::new(
+            PerCpuHashMap::try_from(take("COUNTS")?)?,
             BpfHashMap::try_from(take("SLOT_OF")?)?,
             Array::try_from(take("SLOT_GEN")?)?,
             PerCpuArray::try_from(take("COUNTERS")?)?,
-        );
+            devs.clone(),
+        )?;
+        let cgroup_ring = RingBuf::try_from(take("CGROUP_EVENTS")?)?;
         Ok(Session {
             ebpf: Some(ebpf),
             tier,
@@ -357,10 +375,13 @@ impl Session {
             ring: Some(ring),
             lost,
             lost_seen: [0; LOST_SLOTS as usize],
-            counts,
             slots,
+            cgroup_ring,
+            removed: HashMap::new(),
+            reclaim_after_ns: opts.reclaim_after.as_nanos() as u64,
+            changes: Vec::new(),
             unplugs,
-            devs: devices.iter().map(|d| d.dev().0).collect(),
+            devs,
             iocost,
             _stats: stats,
         })
@@ -374,18 +395,24 @@ impl Session {
     /// The in-kernel counters so far (summed over CPUs) and every loss so far: a running
     /// total of the whole run; `Window::since` gives intervals. Readable after `detach`.
     /// Each call also gives the keys counted so far in the hash map a slot (the programs
-    /// then count them in an array, without a hash lookup per event).
+    /// then count them in an array, without a hash lookup per event), and reclaims the
+    /// counters of cgroups removed `reclaim_after` ago or more: from the next call on they
+    /// are part of the device's `REMOVED_CGROUP` key (see [`Window::since`]). Take the cgroup
+    /// births ([`Session::take_cgroup_changes`]) after it, so that they name every cgroup it
+    /// counted.
     pub fn read_totals(&mut self) -> Result<Window> {
-        let mut hashed = Vec::new();
-        for item in self.counts.iter() {
-            let (k, per_cpu) = item.context("cannot read the COUNTS map")?;
-            let mut sum = Counters::default();
-            for c in per_cpu.iter() {
-                sum.add(c);
-            }
-            hashed.push((k, sum));
-        }
-        let counts = self.slots.totals(hashed)?;
+        self.poll_cgroups();
+        let now = super::monotonic_ns();
+        let (removed, grace) = (&self.removed, self.reclaim_after_ns);
+        let counts = self.slots.totals(|id| {
+            removed
+                .get(&id)
+                .is_some_and(|t| now.saturating_sub(*t) >= grace)
+        })?;
+        // Removals whose cgroup holds no counters (any more) need not be remembered.
+        let counted: HashSet<u64> = counts.iter().map(|(k, _)| k.cgroup_id).collect();
+        self.removed
+            .retain(|id, t| counted.contains(id) || now.saturating_sub(*t) < grace);
         let mut unplugs = Vec::new();
         for (slot, dev) in self.devs.iter().enumerate() {
             for explicit in [false, true] {
@@ -418,6 +445,38 @@ impl Session {
             }
         }
         Ok(w)
+    }
+
+    /// Reads the cgroup births and removals the programs reported since the last call.
+    pub fn poll_cgroups(&mut self) {
+        let now = super::monotonic_ns();
+        for c in cgroup_events::drain(&mut self.cgroup_ring) {
+            if let CgroupChange::Removed { id } = c {
+                self.removed.entry(id).or_insert(now);
+            }
+            self.changes.push(c);
+        }
+        // A caller that never takes them (no names to keep) must not make this grow.
+        if self.changes.len() > MAX_PENDING_CHANGES {
+            self.changes.drain(..MAX_PENDING_CHANGES / 2);
+        }
+    }
+
+    /// The births and removals since the last call, oldest first, for the name table.
+    pub fn take_cgroup_changes(&mut self) -> Vec<CgroupChange> {
+        self.poll_cgroups();
+        std::mem::take(&mut self.changes)
+    }
+
+    /// Notes that cgroup `id` no longer exists although no removal was reported (it was
+    /// removed before the run, or its report was lost): its counters are reclaimed as if.
+    pub fn mark_removed(&mut self, id: u64) {
+        self.removed.entry(id).or_insert_with(super::monotonic_ns);
+    }
+
+    /// Entries of `SLOT_OF`: keys with a slot of their own, and keys being reclaimed.
+    pub fn slot_entries(&self) -> (usize, usize) {
+        self.slots.len()
     }
 
     /// Events dropped since the last call, per kind (only kinds with new losses).

@@ -1,8 +1,9 @@
 //! The kernel side, as user space sees it: which hooks exist where ([`compat`]), the kernel's
 //! BTF ([`btf`]), loading and attaching the programs from the hook table ([`load`]), who may
-//! load them ([`privileges`]), the counter slots the programs count in ([`slots`]), and the
-//! event stream ([`collector`]).
+//! load them ([`privileges`]), the counter slots the programs count in ([`slots`]), the
+//! event stream ([`collector`]) and cgroup births and removals ([`cgroup_events`]).
 pub mod btf;
+pub mod cgroup_events;
 pub mod collector;
 pub mod compat;
 pub mod load;

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 
 use foldhash::HashMap;
 
-use mergetrace_common::{count::dir, flags, kind, CountKey, Event, MeterUnits, UnplugKey};
+use mergetrace_common::{
+    count::dir, flags, kind, CountKey, Event, MeterUnits, UnplugKey, REMOVED_CGROUP,
+};
 
 pub use mergetrace_common::Counters as Counts;
 
@@ -118,16 +120,28 @@ impl Window {
         w
     }
 
-    /// What happened between `earlier` and `self`, both running totals of the same run.
+    /// What happened between `earlier` and `self`, both running totals of the same run. A
+    /// key of `earlier` missing from `self` was reclaimed (its cgroup was removed): what it had
+    /// counted is now in its device's [`REMOVED_CGROUP`] key, so it is not new there.
     pub fn since(&self, earlier: &Window) -> Window {
         let mut w = Window {
             start_ns: earlier.end_ns,
             end_ns: self.end_ns,
             ..Window::default()
         };
+        let mut before = earlier.counts.clone();
+        for (k, c) in &earlier.counts {
+            if k.cgroup_id != REMOVED_CGROUP && !self.counts.contains_key(k) {
+                let folded = Key {
+                    cgroup_id: REMOVED_CGROUP,
+                    ..*k
+                };
+                before.entry(folded).or_default().add(c);
+            }
+        }
         for (k, c) in &self.counts {
             let mut d = *c;
-            if let Some(e) = earlier.counts.get(k) {
+            if let Some(e) = before.get(k) {
                 d.combine(e, false);
             }
             if d != Counts::default() {
@@ -577,6 +591,40 @@ pub(crate) mod tests {
         assert_eq!((d.start_ns, d.end_ns), (5, 9));
         assert_eq!(d.counts, a.total(0).counts, "the second batch alone");
         assert_eq!(d.unplugs[&(7 << 20 | 3)].explicit.get(&1), Some(&2));
+    }
+
+    #[test]
+    fn a_reclaimed_key_is_not_new_in_the_removed_counters() {
+        // Cgroup 21 counted 32 bios, then was reclaimed: its 32 and 1 late bio are now the
+        // device's removed counters. The interval shows the late bio only, under (removed).
+        let units = meter_units(&DEFAULT_METER_UNITS);
+        let key = |cgroup_id| CountKey {
+            cgroup_id,
+            dev: 7 << 20 | 3,
+            dir: dir::WRITE,
+        };
+        let mut c = Counts::default();
+        for e in batch_of_32(21) {
+            c.count(&e, &units);
+        }
+        let first = Window::from_kernel([(key(21), c)], []);
+        let mut removed = c;
+        removed.bios += 1;
+        let second = Window::from_kernel([(key(REMOVED_CGROUP), removed)], []);
+        let d = second.since(&first);
+        assert_eq!(d.counts.len(), 1);
+        let r = d.counts[&Key {
+            dev: 7 << 20 | 3,
+            cgroup_id: REMOVED_CGROUP,
+            dir: Dir::Write,
+        }];
+        assert_eq!(
+            r,
+            Counts {
+                bios: 1,
+                ..Counts::default()
+            }
+        );
     }
 
     #[test]

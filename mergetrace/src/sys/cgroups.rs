@@ -1,6 +1,7 @@
 //! Cgroup ids → paths. The id the probes report is the kernfs inode of the bio's blkcg
 //! directory, which lives in the hierarchy that hosts the io controller: cgroup v1 `blkio`
 //! when it is mounted (hybrid hosts), the unified v2 hierarchy otherwise.
+use mergetrace_common::REMOVED_CGROUP;
 use std::{
     collections::HashMap,
     os::unix::fs::MetadataExt,
@@ -36,6 +37,9 @@ pub struct Cgroups {
     pub hierarchy: Hierarchy,
     pub mount: PathBuf,
     by_id: HashMap<u64, String>,
+    /// Ids reported removed (`cgroup_rmdir`) or found gone: their last path stays until
+    /// [`Cgroups::forget_removed`] lets them go. The flag: a forget pass has seen it already.
+    removed: HashMap<u64, bool>,
     /// Names from the container runtimes' files on this machine; `None` leaves them out.
     local: Option<LocalNames>,
 }
@@ -62,6 +66,18 @@ pub fn io_hierarchy(mountinfo: &str) -> Option<(Hierarchy, PathBuf)> {
     }
     v2
 }
+
+/// The id of the hierarchy hosting the io controller (`blkio`), from `/proc/cgroups`: v1's
+/// blkio hierarchy, or 0 for the unified v2 hierarchy.
+pub fn io_hierarchy_id(proc_cgroups: &str) -> Option<u32> {
+    proc_cgroups.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        (f.next() == Some("blkio")).then(|| f.next()?.parse().ok())?
+    })
+}
+
+/// The path shown for the counters of removed cgroups, folded per device.
+pub const REMOVED_PATH: &str = "(removed)";
 
 /// mountinfo escapes space, tab, newline and backslash as octal.
 fn unescape(s: &str) -> String {
@@ -97,6 +113,7 @@ impl Cgroups {
             hierarchy,
             mount,
             by_id: HashMap::new(),
+            removed: HashMap::new(),
             local: Some(LocalNames::new("/")),
         };
         c.rescan();
@@ -137,11 +154,20 @@ impl Cgroups {
 
     /// The name of `id`: looked up, rescanned once if unknown, checked for removal.
     pub fn name(&mut self, id: u64) -> CgroupName {
-        if id == 0 {
+        if id == 0 || id == REMOVED_CGROUP {
+            let path = if id == 0 { "(none)" } else { REMOVED_PATH };
             return CgroupName {
-                path: "(none)".into(),
+                path: path.into(),
                 gone: false,
             };
+        }
+        if self.removed.contains_key(&id) {
+            if let Some(path) = self.by_id.get(&id) {
+                return CgroupName {
+                    path: path.clone(),
+                    gone: true,
+                };
+            }
         }
         if let Some(path) = self.by_id.get(&id).cloned() {
             if self.exists(id, &path) {
@@ -153,7 +179,11 @@ impl Cgroups {
                     path: p.clone(),
                     gone: false,
                 },
-                _ => CgroupName { path, gone: true },
+                _ => {
+                    // Gone without a reported removal: remembered, not rescanned for again.
+                    self.removed.entry(id).or_default();
+                    CgroupName { path, gone: true }
+                }
             };
         }
         self.rescan();
@@ -162,11 +192,59 @@ impl Cgroups {
                 path: p.clone(),
                 gone: false,
             },
-            None => CgroupName {
-                path: format!("(unknown cgroup id {id})"),
-                gone: true,
-            },
+            None => {
+                let path = format!("(unknown cgroup id {id})");
+                self.by_id.insert(id, path.clone());
+                self.removed.entry(id).or_default();
+                CgroupName { path, gone: true }
+            }
         }
+    }
+
+    /// A cgroup just created (`cgroup_mkdir`), with its path when the report carried it
+    /// (else it is looked up at once, which finds it unless it is gone already).
+    pub fn born(&mut self, id: u64, path: Option<String>) {
+        match path {
+            Some(p) => {
+                self.by_id.insert(id, p);
+            }
+            None => {
+                if !self.by_id.contains_key(&id) {
+                    self.rescan();
+                }
+            }
+        }
+    }
+
+    /// A cgroup removed (`cgroup_rmdir`): its name is kept, marked gone, until forgotten.
+    pub fn gone(&mut self, id: u64) {
+        if self.by_id.contains_key(&id) {
+            self.removed.entry(id).or_default();
+        }
+    }
+
+    /// Forgets the removed cgroups `keep` does not want any more (no counters left under
+    /// them), at the second pass that finds them so: a cgroup removed just after a read of the
+    /// counters may have done I/O that only the next read counts. The table then holds the
+    /// cgroups alive and those still counted.
+    pub fn forget_removed(&mut self, keep: impl Fn(u64) -> bool) {
+        let by_id = &mut self.by_id;
+        self.removed.retain(|id, seen| {
+            if keep(*id) {
+                return true;
+            }
+            if !*seen {
+                *seen = true;
+                return true;
+            }
+            by_id.remove(id);
+            false
+        });
+    }
+
+    /// Ids the table knows (alive and removed-but-kept).
+    pub fn known(&self) -> usize {
+        self.by_id.len()
     }
 
     /// Reads no runtime state: readable names come from the paths alone.
@@ -330,7 +408,30 @@ mod tests {
                 gone: true
             }
         );
-        assert!(c.name(u64::MAX).gone);
+        assert!(c.name(u64::MAX - 1).gone);
+        assert_eq!(c.name(REMOVED_CGROUP).path, REMOVED_PATH);
+        // Named at birth, gone at once: the birth report's name stays until forgotten.
+        c.born(77, Some("/brief".into()));
+        c.gone(77);
+        assert_eq!(
+            c.name(77),
+            CgroupName {
+                path: "/brief".into(),
+                gone: true
+            }
+        );
+        let before = c.known();
+        c.forget_removed(|id| id == 77);
+        assert_eq!(c.name(77).path, "/brief", "still counted: kept");
+        c.forget_removed(|_| false);
+        assert_eq!(c.name(77).path, "/brief", "kept one pass more");
+        c.forget_removed(|_| false);
+        assert_eq!(c.known(), before - 3, "77, b and u64::MAX - 1 forgotten");
+        assert_eq!(
+            io_hierarchy_id("#subsys_name\thierarchy\nblkio\t7\t1\t1\n"),
+            Some(7)
+        );
+        assert_eq!(io_hierarchy_id("cpu 1 1 1\n"), None);
         assert_eq!(c.normalize("a").unwrap(), "/a");
         assert_eq!(
             c.normalize(&t.path().join("a").display().to_string())

@@ -267,6 +267,7 @@ impl Lab {
                 meter_units: aggregate::meter_units(&aggregate::DEFAULT_METER_UNITS),
                 stats: false,
                 ebpf_log: false,
+                reclaim_after: std::time::Duration::from_secs(5),
             },
         )?;
         eprintln!("mergetrace demo: tracing on the {}", session.tier);

@@ -169,6 +169,9 @@ const fn until(until: (u32, u32), hook: Hook) -> Hook {
     }
 }
 
+/// What a run without the cgroup tracepoints loses.
+const CGROUP_EVENTS_LOST: &str = "a cgroup gone before a read shows as \"(unknown cgroup id N)\"; removed cgroups are reclaimed only once a read finds them gone";
+
 /// The release context is only known with the dispatch work's address.
 pub const THROTTLE_WORK: &str = "blk_throtl_dispatch_work_fn";
 
@@ -242,6 +245,22 @@ pub const HOOKS: &[Hook] = &[
                 needs: Needs::Symbol(THROTTLE_WORK),
                 ..tp("workqueue_execute_end")
             }],
+        )
+    },
+    Hook {
+        optional: Some(CGROUP_EVENTS_LOST),
+        ..tracepoint(
+            "cgroup created (its name)",
+            "cgroup_mkdir",
+            &[tp("cgroup_mkdir")],
+        )
+    },
+    Hook {
+        optional: Some(CGROUP_EVENTS_LOST),
+        ..tracepoint(
+            "cgroup removed (reclaim its counters)",
+            "cgroup_rmdir",
+            &[tp("cgroup_rmdir")],
         )
     },
     Hook {

@@ -38,6 +38,8 @@ pub fn resolve_offsets(btf: &Btf) -> Result<KernelOffsets> {
         blkcg_css_cgroup: off("blkcg", "css")? + off("cgroup_subsys_state", "cgroup")?,
         cgroup_kn: off("cgroup", "kn")?,
         kn_id: off("kernfs_node", "id")?,
+        cgroup_root: off("cgroup", "root")?,
+        root_hierarchy_id: off("cgroup_root", "hierarchy_id")?,
         rq_q: off("request", "q")?,
         rq_cmd_flags: off("request", "cmd_flags")?,
         rq_data_len: off("request", "__data_len")?,

@@ -2,10 +2,15 @@
 //! device, cgroup and direction, the throttle limits in force as gauges, and the request size
 //! and bios-per-request histograms, kept usable across scrapes by two rules:
 //!
-//! - **bounded cardinality**: the first `--max-cgroups` distinct cgroups seen with I/O keep
-//!   their own `cgroup` label for the life of the process; the rest are summed into
-//!   `cgroup="(other)"`. The choice is sticky, so a cgroup never moves between its own series
-//!   and `(other)` (which would make both go backwards);
+//! - **bounded cardinality**: at most `--max-cgroups` cgroup paths have a `cgroup` label of
+//!   their own, given in the order they are first seen with I/O; the rest are summed into
+//!   `cgroup="(other)"`. The choice is sticky while the path is counted, so a cgroup never
+//!   moves between its own series and `(other)` (which would make both go backwards);
+//! - **labels for the living**: once no cgroup of a labelled path has been counted for
+//!   `--label-stale-after` (its cgroups were removed and their counters reclaimed, see
+//!   `kernel::slots`), the label is recycled: its series end and what they counted moves to
+//!   `cgroup="(removed)"`, where the counters of every reclaimed cgroup end up. So the sum of
+//!   a family over all series always equals what the kernel counted, and only grows;
 //! - **monotonic counters**: every counter series is the running maximum of what the kernel
 //!   counters gave. The kernel's own counters only grow, but a value can be derived (discard
 //!   merges are what is left after the traced paths) and dip while I/O is in flight; a dip
@@ -18,11 +23,11 @@
 //! otherwise start a second series), so it adds no series of its own.
 mod exposition;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use mergetrace_common::{
     count::{COUNT_BUCKETS, SIZE_BUCKETS},
-    vocab, LOST_SLOTS,
+    vocab, LOST_SLOTS, REMOVED_CGROUP,
 };
 use prometheus_client::{encoding::prometheus_text, registry::Registry};
 
@@ -34,6 +39,8 @@ use exposition::Exposition;
 
 /// The `cgroup` label of everything beyond `--max-cgroups`.
 pub const OTHER: &str = "(other)";
+/// The `cgroup` label of removed cgroups' counters (and of recycled labels').
+pub const REMOVED: &str = crate::sys::cgroups::REMOVED_PATH;
 
 /// One series' labels.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -207,6 +214,38 @@ impl Row {
         self.limit_bps = self.limit_bps.or(o.limit_bps);
     }
 
+    /// Takes `o` out of `self`, counter by counter (never below 0). Gauges stay.
+    pub fn subtract(&mut self, o: &Row) {
+        let sub = |a: &mut u64, b: u64| *a = a.saturating_sub(b);
+        sub(&mut self.bios, o.bios);
+        sub(&mut self.bio_bytes, o.bio_bytes);
+        for (a, b) in self.merged.iter_mut().zip(o.merged) {
+            sub(a, b);
+        }
+        sub(&mut self.requests, o.requests);
+        sub(&mut self.request_bytes, o.request_bytes);
+        sub(&mut self.splits, o.splits);
+        sub(&mut self.flush_only, o.flush_only);
+        sub(&mut self.requeues, o.requeues);
+        sub(&mut self.charged_ios, o.charged_ios);
+        sub(&mut self.charged_bytes, o.charged_bytes);
+        sub(&mut self.throttled_bios, o.throttled_bios);
+        if let (Some(a), Some(b)) = (self.delay_ns.as_mut(), o.delay_ns) {
+            sub(a, b);
+        }
+        for (unit, n) in &o.cloud {
+            if let Some(a) = self.cloud.get_mut(unit) {
+                sub(a, *n);
+            }
+        }
+        for (a, b) in self.size_hist.iter_mut().zip(o.size_hist) {
+            sub(a, b);
+        }
+        for (a, b) in self.bpr_hist.iter_mut().zip(o.bpr_hist) {
+            sub(a, b);
+        }
+    }
+
     /// Takes the newer scrape `now`: every counter (and histogram bucket) becomes the maximum
     /// of what was exported and what is counted now; the gauges are `now`'s.
     pub fn raise_to(&mut self, now: &Row) {
@@ -243,15 +282,31 @@ impl Row {
     }
 }
 
+/// A cgroup path with a label of its own.
+#[derive(Debug, Clone)]
+struct Admitted {
+    /// The readable name it was first seen with.
+    name: String,
+    /// Since when (snapshot time, ns) no cgroup of the path has been counted.
+    idle_since: Option<u64>,
+}
+
 /// What every scrape shows: the series so far, the cgroup labels handed out, the losses.
 #[derive(Debug, Clone)]
 pub struct Model {
     max_cgroups: usize,
-    /// Cgroup paths with a label of their own (sticky, at most `max_cgroups`), and the
-    /// readable name each was first seen with.
-    admitted: BTreeMap<String, String>,
-    /// Cgroup paths summed into `(other)`.
+    /// A label unused this long (ns) is recycled.
+    stale_after_ns: u64,
+    /// Cgroup paths with a label of their own (sticky while counted, at most `max_cgroups`).
+    admitted: BTreeMap<String, Admitted>,
+    /// Cgroup paths summed into `(other)`, while counted.
     folded: BTreeSet<String>,
+    /// The cgroups of the last snapshot, by (device, cgroup id): their rows, with the series
+    /// each is part of.
+    counted: HashMap<(String, u64), Vec<(SeriesKey, Row)>>,
+    /// Per series, what its reclaimed cgroups had counted when last seen: part of the
+    /// series (it stays monotonic), and therefore not of `(removed)`.
+    retired: BTreeMap<SeriesKey, Row>,
     pub rows: BTreeMap<SeriesKey, Row>,
     /// Lost events by kind name, every kind (0 when none).
     pub lost: BTreeMap<&'static str, u64>,
@@ -260,10 +315,22 @@ pub struct Model {
 
 impl Model {
     pub fn new(max_cgroups: usize, tier: &str) -> Model {
+        Model::with_staleness(max_cgroups, tier, std::time::Duration::from_secs(300))
+    }
+
+    /// A label whose cgroups have all been reclaimed for `stale_after` is recycled.
+    pub fn with_staleness(
+        max_cgroups: usize,
+        tier: &str,
+        stale_after: std::time::Duration,
+    ) -> Model {
         Model {
             max_cgroups: max_cgroups.max(1),
+            stale_after_ns: stale_after.as_nanos() as u64,
             admitted: BTreeMap::new(),
             folded: BTreeSet::new(),
+            counted: HashMap::new(),
+            retired: BTreeMap::new(),
             rows: BTreeMap::new(),
             lost: (0..LOST_SLOTS)
                 .map(|k| (vocab::kind_name(k as u8), 0))
@@ -275,11 +342,18 @@ impl Model {
     /// The labels (cgroup, name) of cgroup `path`: its own while there is room or it already
     /// has one, with the name it was first seen with; `(other)` and no name otherwise.
     pub fn cgroup_label(&mut self, path: &str, name: &str) -> (String, String) {
+        if path == REMOVED {
+            return (REMOVED.to_string(), String::new());
+        }
         if let Some(first) = self.admitted.get(path) {
-            return (path.to_string(), first.clone());
+            return (path.to_string(), first.name.clone());
         }
         if !self.folded.contains(path) && self.admitted.len() < self.max_cgroups {
-            self.admitted.insert(path.to_string(), name.to_string());
+            let a = Admitted {
+                name: name.to_string(),
+                idle_since: None,
+            };
+            self.admitted.insert(path.to_string(), a);
             return (path.to_string(), name.to_string());
         }
         self.folded.insert(path.to_string());
@@ -293,34 +367,94 @@ impl Model {
 
     /// Takes a total snapshot (running totals since start).
     pub fn update(&mut self, s: &Snapshot) {
+        // First what left: cgroups gone from the snapshot were reclaimed (the kernel counts
+        // them in (removed) now) but their series keep what they showed; then labels unused
+        // long enough are recycled, before new cgroups ask for one.
+        let present: BTreeSet<(&str, u64)> = s
+            .devices
+            .iter()
+            .flat_map(|d| d.cgroups.iter().map(|cg| (d.device.as_str(), cg.cgroup_id)))
+            .collect();
+        let live: BTreeSet<&str> = s
+            .devices
+            .iter()
+            .flat_map(|d| &d.cgroups)
+            .map(|cg| cg.cgroup.as_str())
+            .collect();
+        let retired = &mut self.retired;
+        self.counted.retain(|(device, id), rows| {
+            let stays = present.contains(&(device.as_str(), *id));
+            if !stays {
+                for (key, r) in rows.iter() {
+                    let mut r = r.clone();
+                    r.limit_iops = None;
+                    r.limit_bps = None;
+                    retired.entry(key.clone()).or_default().add(&r);
+                }
+            }
+            stays
+        });
+        self.recycle(s.end_ns, &live);
         let mut now: BTreeMap<SeriesKey, Row> = BTreeMap::new();
+        let mut counted: HashMap<(String, u64), Vec<(SeriesKey, Row)>> = HashMap::new();
+        // Per (device, direction): what the kernel folded for removed cgroups.
+        let mut removed: BTreeMap<(String, &'static str), Row> = BTreeMap::new();
         for d in &s.devices {
             for cg in &d.cgroups {
                 if cg.dirs.is_empty() {
                     continue;
                 }
                 let short = cg.name.as_ref().map_or("", |n| n.short.as_str());
-                let (label, name) = self.cgroup_label(&cg.cgroup, short);
+                let (label, name) = if cg.cgroup_id == REMOVED_CGROUP {
+                    (REMOVED.to_string(), String::new())
+                } else {
+                    self.cgroup_label(&cg.cgroup, short)
+                };
                 for dir in Dir::ALL {
                     let st = cg.dirs.get(dir);
                     if st.is_empty() {
                         continue;
                     }
                     let mut r = Row::from_dir(st);
+                    if cg.cgroup_id == REMOVED_CGROUP {
+                        removed.insert((d.device.clone(), dir.name()), r);
+                        continue;
+                    }
                     if label == OTHER {
                         r.limit_iops = None;
                         r.limit_bps = None;
                     }
-                    now.entry(SeriesKey {
+                    let key = SeriesKey {
                         device: d.device.clone(),
                         cgroup: label.clone(),
                         direction: dir.name(),
                         name: name.clone(),
-                    })
-                    .or_default()
-                    .add(&r);
+                    };
+                    now.entry(key.clone()).or_default().add(&r);
+                    counted
+                        .entry((d.device.clone(), cg.cgroup_id))
+                        .or_default()
+                        .push((key, r));
                 }
             }
+        }
+        self.counted = counted;
+        for (k, r) in &self.retired {
+            now.entry(k.clone()).or_default().add(r);
+        }
+        for ((device, direction), mut r) in removed {
+            for (k, retired) in &self.retired {
+                if k.device == device && k.direction == direction {
+                    r.subtract(retired);
+                }
+            }
+            let key = SeriesKey {
+                device,
+                cgroup: REMOVED.to_string(),
+                direction,
+                name: String::new(),
+            };
+            now.insert(key, r);
         }
         for (k, r) in now {
             match self.rows.get_mut(&k) {
@@ -334,6 +468,34 @@ impl Model {
             let e = self.lost.entry(k).or_default();
             *e = (*e).max(*n);
         }
+    }
+
+    /// Recycles the labels no cgroup has used for `stale_after` (their series end, and what
+    /// they counted shows in `(removed)` from now on), and forgets folded paths no longer
+    /// counted.
+    fn recycle(&mut self, now_ns: u64, live: &BTreeSet<&str>) {
+        self.folded.retain(|p| live.contains(p.as_str()));
+        let mut stale = Vec::new();
+        for (path, a) in &mut self.admitted {
+            if live.contains(path.as_str()) {
+                a.idle_since = None;
+                continue;
+            }
+            let since = *a.idle_since.get_or_insert(now_ns);
+            if now_ns.saturating_sub(since) >= self.stale_after_ns {
+                stale.push(path.clone());
+            }
+        }
+        for path in stale {
+            self.admitted.remove(&path);
+            self.retired.retain(|k, _| k.cgroup != path);
+            self.rows.retain(|k, _| k.cgroup != path);
+        }
+    }
+
+    /// Cgroup paths with a label of their own now.
+    pub fn labelled_cgroups(&self) -> usize {
+        self.admitted.len()
     }
 
     /// The Prometheus text exposition (format 0.0.4) of the model.
@@ -465,6 +627,83 @@ pub(super) mod tests {
         assert_eq!(m.rows[&k].bios, 11);
         // (other) keeps its series even when nothing folded shows up in a scrape
         assert!(m.render().contains("cgroup=\"(other)\""));
+    }
+
+    /// A snapshot at `end_ns` of (path, cgroup id, write bios) rows.
+    fn snapshot_at(end_ns: u64, rows: &[(&str, u64, u64)]) -> Snapshot {
+        let mut s = snapshot(
+            &rows
+                .iter()
+                .map(|(p, _, bios)| (*p, write_stats(*bios, 1)))
+                .collect::<Vec<_>>(),
+        );
+        s.end_ns = end_ns;
+        for (cg, (_, id, _)) in s.devices[0].cgroups.iter_mut().zip(rows) {
+            cg.cgroup_id = *id;
+        }
+        s
+    }
+
+    fn bios_by_cgroup(m: &Model) -> BTreeMap<String, u64> {
+        m.rows
+            .iter()
+            .map(|(k, r)| (k.cgroup.clone(), r.bios))
+            .collect()
+    }
+
+    #[test]
+    fn reclaimed_cgroups_keep_their_series_until_the_label_is_recycled() {
+        let mut m = Model::with_staleness(2, "tracepoint", std::time::Duration::from_nanos(10));
+        m.update(&snapshot_at(0, &[("/a", 1, 10), ("/b", 2, 20)]));
+        // /a was reclaimed: the kernel shows its 10 and 1 late bio as (removed). Its series
+        // keeps 10, (removed) shows only the rest; /c finds the labels taken.
+        m.update(&snapshot_at(
+            5,
+            &[
+                ("(removed)", REMOVED_CGROUP, 11),
+                ("/b", 2, 20),
+                ("/c", 3, 5),
+            ],
+        ));
+        let want = |v: &[(&str, u64)]| {
+            v.iter()
+                .map(|(k, n)| (k.to_string(), *n))
+                .collect::<BTreeMap<_, _>>()
+        };
+        assert_eq!(
+            bios_by_cgroup(&m),
+            want(&[("(removed)", 1), ("/a", 10), ("/b", 20), (OTHER, 5)])
+        );
+        // /a unused for 10 ns: its label is recycled, its 10 move to (removed), and the new
+        // /d gets the label. /c stays in (other) while it is counted.
+        m.update(&snapshot_at(
+            20,
+            &[
+                ("(removed)", REMOVED_CGROUP, 11),
+                ("/b", 2, 20),
+                ("/c", 3, 5),
+                ("/d", 4, 7),
+            ],
+        ));
+        assert_eq!(
+            bios_by_cgroup(&m),
+            want(&[("(removed)", 11), ("/b", 20), ("/d", 7), (OTHER, 5)])
+        );
+        assert_eq!(m.labelled_cgroups(), 2);
+        // A new cgroup of a labelled path (a restarted unit) continues its series.
+        m.update(&snapshot_at(
+            21,
+            &[
+                ("(removed)", REMOVED_CGROUP, 18),
+                ("/b", 2, 20),
+                ("/c", 3, 5),
+                ("/d", 5, 2),
+            ],
+        ));
+        assert_eq!(
+            bios_by_cgroup(&m),
+            want(&[("(removed)", 11), ("/b", 20), ("/d", 9), (OTHER, 5)])
+        );
     }
 
     #[test]
