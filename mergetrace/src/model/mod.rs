@@ -1,4 +1,5 @@
 pub mod aggregate;
+pub mod dir_stats;
 pub mod iocost;
 pub mod limits;
 pub mod meter;
