@@ -227,7 +227,9 @@ pub fn count_bucket(n: u64) -> usize {
 }
 
 impl Counters {
-    /// Applies one event (not `UNPLUG`, which has its own histogram).
+    /// Applies one event (not `UNPLUG`, which has its own histogram). One match over every
+    /// kind, kept whole on purpose: it is the rule both sides run, and the eBPF side needs it
+    /// as one inlined body (no calls the verifier would have to follow per kind).
     #[inline(always)]
     pub fn count(&mut self, ev: &Event, units: &MeterUnits) {
         let iops_rule = ev.flags & flags::RULES_IOPS != 0;

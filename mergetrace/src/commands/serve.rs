@@ -225,36 +225,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         ),
         iocost,
     }));
-    // Between scrapes: the cgroup births and removals, and every --read-every the counters
-    // (skipped while a scrape, which does both, holds the exporter).
-    let poller = {
-        let ex = exporter.clone();
-        let every = args.read_every;
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(CGROUP_POLL.min(every));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut last_read = tokio::time::Instant::now();
-            loop {
-                tick.tick().await;
-                let read = last_read.elapsed() >= every;
-                let ex = ex.clone();
-                let _ = tokio::task::spawn_blocking(move || {
-                    let Ok(mut ex) = ex.try_lock() else { return };
-                    if read {
-                        if let Err(e) = ex.update() {
-                            eprintln!("mergetrace: cannot read the counters: {e:#}");
-                        }
-                    } else {
-                        ex.learn_names();
-                    }
-                })
-                .await;
-                if read {
-                    last_read = tokio::time::Instant::now();
-                }
-            }
-        })
-    };
+    let poller = spawn_poller(exporter.clone(), args.read_every);
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/", get(index))
@@ -287,6 +258,35 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     ex.session.detach();
     eprintln!("mergetrace: stopped; programs detached");
     Ok(())
+}
+
+/// Between scrapes: the cgroup births and removals, and every `every` the counters (skipped
+/// while a scrape, which does both, holds the exporter).
+fn spawn_poller(ex: Shared, every: Duration) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(CGROUP_POLL.min(every));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_read = tokio::time::Instant::now();
+        loop {
+            tick.tick().await;
+            let read = last_read.elapsed() >= every;
+            let ex = ex.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                let Ok(mut ex) = ex.try_lock() else { return };
+                if read {
+                    if let Err(e) = ex.update() {
+                        eprintln!("mergetrace: cannot read the counters: {e:#}");
+                    }
+                } else {
+                    ex.learn_names();
+                }
+            })
+            .await;
+            if read {
+                last_read = tokio::time::Instant::now();
+            }
+        }
+    })
 }
 
 #[cfg(test)]
