@@ -15,6 +15,11 @@ const VTIME_PER_USEC: f64 = 137_438.0;
 /// io.cost's page: 4 KiB.
 const PAGE_BYTES: u64 = 4096;
 
+/// vtime in µs as io.stat's `cost.usage` counts them at vrate 100 %.
+pub fn micros(vtime: u64) -> f64 {
+    vtime as f64 / VTIME_PER_USEC
+}
+
 /// One direction's linear model, as `io.cost.model` gives it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Linear {
@@ -85,7 +90,7 @@ pub struct Charge {
 
 impl Charge {
     pub fn of(c: Counts, coefs: Coefs) -> Charge {
-        let us = |vtime: u64| vtime as f64 / VTIME_PER_USEC;
+        let us = micros;
         let base = (c.requests - c.random.min(c.requests)) * coefs.seqio + c.random * coefs.randio;
         let size = c.pages * coefs.page;
         Charge {

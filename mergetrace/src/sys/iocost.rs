@@ -5,7 +5,7 @@ use std::path::Path;
 use mergetrace_common::iocost as rule;
 
 use crate::capture::RecordedIocost;
-use crate::model::iocost::{Coefs, Linear, Model};
+use crate::model::iocost::{micros, Coefs, Linear, Model};
 use crate::sys::{
     cgroups::{io_hierarchy, Hierarchy},
     device::Device,
@@ -56,21 +56,20 @@ impl Iocost {
     /// One line for the banner and `check`: what io.cost charges on the disk.
     pub fn describe(&self) -> String {
         let w = self.model().write;
-        let us = |v: u64| format!("{:.0} µs", v as f64 / 137_438.0);
+        let us = |v: u64| format!("{:.0} µs", micros(v));
         let random = if w.randio != w.seqio {
             format!(" ({} if random)", us(w.randio))
         } else {
             String::new()
         };
+        let page = micros(w.page);
         format!(
             "io.cost is on (qos {}; model {}): a write bio that starts a request pays {}{random} \
-             plus {:.1} µs per 4 KiB, one that merges only the {:.1} µs per 4 KiB — merging \
-             saves the base cost",
+             plus {page:.1} µs per 4 KiB, one that merges only the {page:.1} µs per 4 KiB — \
+             merging saves the base cost",
             self.qos,
             self.model_line,
             us(w.seqio),
-            w.page as f64 / 137_438.0,
-            w.page as f64 / 137_438.0,
         )
     }
 }
