@@ -193,6 +193,9 @@ pub struct Counters {
     pub iocost_random: u64,
     pub iocost_merged: u64,
     pub iocost_pages: u64,
+    /// Bios of the class wbt throttles that started a request ([`crate::getrq_aux::WBT_CLASS`]):
+    /// where wbt is on, each took an in-flight slot (it counts requests, after merging).
+    pub wbt_class_requests: u64,
 }
 
 /// Request size histogram buckets: 512 B, 1 KiB, … 8 MiB, larger.
@@ -282,6 +285,9 @@ impl Counters {
                 // REQ_OP_WRITE without data: only a flush sequence sends one.
                 if ev.op == 1 && ev.bytes == 0 {
                     self.flush_only += 1;
+                }
+                if ev.aux & crate::getrq_aux::WBT_CLASS != 0 {
+                    self.wbt_class_requests += 1;
                 }
             }
             kind::RQ_MERGE => self.rq_merges += 1,

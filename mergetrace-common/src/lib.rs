@@ -32,7 +32,8 @@ pub struct Event {
     /// Bytes of the bio or request (`bi_size`, `__data_len`).
     pub bytes: u32,
     /// Kind-specific: split: sector where the remainder starts; unplug: depth; issue: bios
-    /// chained in the request (counted up to [`MAX_CHAIN`]); complete: bytes completed.
+    /// chained in the request (counted up to [`MAX_CHAIN`]); complete: bytes completed;
+    /// getrq: bits of [`getrq_aux`].
     pub aux: u32,
     /// One of [`kind`].
     pub kind: u8,
@@ -159,6 +160,14 @@ pub struct TracedDevices {
     pub iocost: [u32; MAX_DEVICES],
     pub count: u32,
     pub _pad: u32,
+}
+
+/// The `aux` bits of a [`kind::GETRQ`] event.
+pub mod getrq_aux {
+    /// The bio is of the class wbt throttles (`wbt_should_throttle`): a write that is not an
+    /// O_DIRECT one (`REQ_SYNC | REQ_IDLE` both set), or a discard. Where wbt is on, its new
+    /// request takes one of wbt's in-flight slots.
+    pub const WBT_CLASS: u32 = 1 << 0;
 }
 
 /// io.cost's charging rule as the programs follow it, per traced disk ([`TracedDevices`]).
@@ -305,6 +314,9 @@ pub struct KernelOffsets {
     /// `(1 << __REQ_PREFLUSH) | (1 << __REQ_FUA)`: the `blk_opf_t` bits that make a bio part of
     /// a flush sequence (`op_is_flush`). The bit numbers move between versions.
     pub req_flush_mask: u32,
+    /// `(1 << __REQ_SYNC) | (1 << __REQ_IDLE)`: a write with both is an O_DIRECT write, which
+    /// wbt lets by (`wbt_should_throttle`); the bit numbers move between versions.
+    pub req_sync_idle_mask: u32,
     /// `request.state` (`enum mq_rq_state`: 0 idle, 1 in flight, 2 complete).
     pub rq_state: u32,
     /// `request.start_time_ns` (set when the request is allocated): tells a requeued request
@@ -341,7 +353,6 @@ pub struct KernelOffsets {
     /// Non-zero where `bpf_get_current_task_btf` exists (5.11+); else the task is read through
     /// `bpf_get_current_task` and probe reads.
     pub current_task_btf: u32,
-    pub _pad: u32,
 }
 
 /// The longest bio chain the issue probe walks (a request's bios; loop devices allow 128

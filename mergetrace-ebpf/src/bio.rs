@@ -6,7 +6,7 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
     EbpfContext,
 };
-use mergetrace_common::{flags, iocost, kind, path, Event, NONE};
+use mergetrace_common::{flags, getrq_aux, iocost, kind, path, Event, NONE};
 
 use crate::{
     emit::{emit, now},
@@ -408,10 +408,25 @@ pub fn block_bio_frontmerge_q(ctx: BtfTracePointContext) -> u32 {
     0
 }
 
+/// Whether wbt throttles a bio of this op (`wbt_should_throttle`): discards, and writes
+/// other than O_DIRECT ones (those carry both `REQ_SYNC` and `REQ_IDLE`).
+#[inline(always)]
+fn wbt_class(bio: u64, op: u8) -> bool {
+    let mask = off!(req_sync_idle_mask);
+    match op {
+        1 => read::<u32>(bio, off!(bio_bi_opf)) & mask != mask,
+        3 => true,
+        _ => false,
+    }
+}
+
 /// A bio starts a new request.
 #[inline(always)]
 fn getrq(bio: u64) {
     if let Some((mut ev, disk)) = bio_event(bio, kind::GETRQ) {
+        if wbt_class(bio, ev.op) {
+            ev.aux |= getrq_aux::WBT_CLASS;
+        }
         mark_released(&mut ev);
         if ev.flags & flags::FLUSH_SEQ != 0 {
             // This request starts a flush sequence: the flush request the flush machinery

@@ -61,6 +61,9 @@ pub struct RecordedDevice {
     /// io.cost on the disk at the start, when it was on (absent before mergetrace 0.2).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub iocost: Option<RecordedIocost>,
+    /// wbt on the disk at the start, where its queue has it (absent before mergetrace 0.2).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wbt: Option<crate::sys::wbt::Wbt>,
 }
 
 /// io.cost's settings of a disk: the lines as the kernel printed them and the model.
@@ -204,6 +207,7 @@ impl From<&crate::sys::device::Device> for RecordedDevice {
             notes: d.notes.clone(),
             queue: RecordedQueue::default(),
             iocost: None,
+            wbt: None,
         }
     }
 }
@@ -215,9 +219,7 @@ impl Header {
         Header {
             format_version: FORMAT_VERSION,
             mergetrace_version: env!("CARGO_PKG_VERSION").to_string(),
-            kernel_release: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-                .map(|s| s.trim().to_string())
-                .unwrap_or_default(),
+            kernel_release: crate::sys::release::running(),
             tier: tier.to_string(),
             start_monotonic_ns: crate::kernel::monotonic_ns(),
             start_unix_ns: std::time::SystemTime::now()
@@ -266,6 +268,7 @@ mod tests {
                 ..RecordedQueue::default()
             },
             iocost: None,
+            wbt: None,
         });
         h.cgroups.push(RecordedCgroup {
             id: u64::MAX,

@@ -79,12 +79,14 @@ pub async fn run(args: LiveArgs) -> Result<()> {
         .iter()
         .map(|(dev, c)| (*dev, c.model()))
         .collect();
+    let wbt = session.wbt.clone();
     let opts = snapshot::Options {
         tier: tier.kind.name(),
         fentry: tier.kind == kernel::TierKind::Fentry,
         meter_units: &meter_units,
         subtree: subtree.as_deref(),
         iocost: &iocost,
+        wbt: &wbt,
     };
     stop.after(args.run.duration);
     let mut live = Live {

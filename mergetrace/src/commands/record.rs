@@ -208,10 +208,9 @@ pub async fn run(args: RecordArgs) -> Result<()> {
     let mut h = probe_header;
     h.tier = session.tier.kind.name().to_string();
     for d in &mut h.devices {
-        d.iocost = session
-            .iocost
-            .get(&crate::sys::device::Device::from(&*d).dev().0)
-            .map(|c| c.recorded());
+        let dev = crate::sys::device::Device::from(&*d).dev().0;
+        d.iocost = session.iocost.get(&dev).map(|c| c.recorded());
+        d.wbt = session.wbt.get(&dev).copied();
     }
     let writer = CaptureWriter::create_with(
         &args.output,

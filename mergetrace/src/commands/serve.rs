@@ -110,6 +110,7 @@ impl Exporter {
             meter_units: &self.meter_units,
             subtree: self.subtree.as_deref(),
             iocost: &self.iocost,
+            wbt: &self.session.wbt,
         };
         let s = snapshot::build(
             &total,

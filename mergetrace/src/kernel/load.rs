@@ -300,6 +300,8 @@ pub struct Session {
     devs: Vec<u32>,
     /// io.cost on the traced disks that had it on when the run started, by `dev_t`.
     pub iocost: BTreeMap<u32, crate::sys::iocost::Iocost>,
+    /// wbt on the traced disks whose queue has it (on or off), by `dev_t`.
+    pub wbt: BTreeMap<u32, crate::sys::wbt::Wbt>,
     /// Held while BPF run-time statistics are on (closing it turns them off).
     _stats: Option<std::os::fd::OwnedFd>,
 }
@@ -327,7 +329,11 @@ impl Session {
             ..TracedDevices::default()
         };
         let mut iocost = BTreeMap::new();
+        let mut wbt = BTreeMap::new();
         for (slot, d) in devices.iter().enumerate() {
+            if let Some(w) = crate::sys::wbt::of(d) {
+                wbt.insert(d.dev().0, w);
+            }
             traced.devs[slot] = d.dev().0;
             if let Some(c) = crate::sys::iocost::of(d) {
                 traced.iocost[slot] = c.rule_bits();
@@ -383,6 +389,7 @@ impl Session {
             unplugs,
             devs,
             iocost,
+            wbt,
             _stats: stats,
         })
     }

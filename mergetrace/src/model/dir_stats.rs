@@ -235,6 +235,7 @@ impl DirStats {
                     })
                     .collect(),
                 iocost: None,
+                wbt: None,
             },
             histograms: Histograms::from_counts(c),
             limits: BTreeMap::new(),
@@ -322,6 +323,11 @@ impl DirStats {
         match (&mut self.meters.iocost, &o.meters.iocost) {
             (Some(a), Some(b)) => a.add(b),
             (a @ None, Some(b)) => *a = Some(b.clone()),
+            _ => {}
+        }
+        match (&mut self.meters.wbt, &o.meters.wbt) {
+            (Some(a), Some(b)) => a.add(b),
+            (a @ None, Some(b)) => *a = Some(*b),
             _ => {}
         }
         if self.meters.cloud.is_empty() {

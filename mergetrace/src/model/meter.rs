@@ -27,6 +27,9 @@ pub struct Meters {
     /// than the root).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub iocost: Option<crate::model::iocost::Charge>,
+    /// What wbt counted, where the disk has wbt on (writes and discards).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wbt: Option<crate::model::wbt::WbtCount>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

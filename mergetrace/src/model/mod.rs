@@ -4,3 +4,4 @@ pub mod iocost;
 pub mod limits;
 pub mod meter;
 pub mod snapshot;
+pub mod wbt;

@@ -14,9 +14,11 @@ use crate::{
     model::iocost,
     model::limits::{self, Effective},
     model::meter::{self, SplitLimits},
+    model::wbt::WbtCount,
     sys::cgroups::{in_subtree, CgroupName},
     sys::container::{self, ReadableName},
     sys::device::Device,
+    sys::wbt::Wbt,
 };
 
 /// What a snapshot needs to know besides the counts: cgroup names and the throttle limits in
@@ -69,6 +71,8 @@ pub struct Options<'a> {
     pub subtree: Option<&'a str>,
     /// io.cost's model of each traced disk that has io.cost on, by `dev_t`.
     pub iocost: &'a BTreeMap<u32, iocost::Model>,
+    /// wbt on each traced disk that had it on, by `dev_t`.
+    pub wbt: &'a BTreeMap<u32, Wbt>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -194,6 +198,10 @@ fn device_snapshot(
     if let Some(model) = opts.iocost.get(&dev) {
         charge_iocost(window, dev, model, &mut rows);
     }
+    let wbt = opts.wbt.get(&dev).filter(|w| w.on());
+    if wbt.is_some() {
+        count_wbt(window, dev, &mut rows);
+    }
     let mut cgroups = Vec::new();
     let mut total = Directions::empty(opts);
     let mut split_limits: Option<SplitLimits> = None;
@@ -215,7 +223,7 @@ fn device_snapshot(
         } else {
             lookup.limits(&name.path, d)
         };
-        judge(&mut dirs, &eff, secs, &mut || {
+        judge(&mut dirs, &eff, secs, wbt, &mut || {
             *split_limits.get_or_insert_with(|| lookup.split_limits(d))
         });
         for dir in Dir::ALL {
@@ -274,12 +282,25 @@ fn charge_iocost(
     }
 }
 
+/// What wbt counted of each cgroup's writes and discards on a disk with wbt on.
+fn count_wbt(window: &Window, dev: u32, rows: &mut BTreeMap<u64, Directions>) {
+    for (k, c) in window.counts.iter().filter(|(k, _)| k.dev == dev) {
+        if !matches!(k.dir, Dir::Write | Dir::Discard) {
+            continue;
+        }
+        if let Some(dirs) = rows.get_mut(&k.cgroup_id) {
+            dirs.get_mut(k.dir).meters.wbt = Some(WbtCount::of(c.getrq, c.wbt_class_requests));
+        }
+    }
+}
+
 /// Each direction with I/O: the limits in force with this window's use, and the verdict
 /// (`split_limits` is asked only where bios were split).
 fn judge(
     dirs: &mut Directions,
     eff: &Effective,
     secs: f64,
+    wbt: Option<&Wbt>,
     split_limits: &mut dyn FnMut() -> SplitLimits,
 ) {
     for dir in Dir::ALL {
@@ -314,10 +335,14 @@ fn judge(
             },
         );
         let iocost = st.meters.iocost.as_ref().and_then(|c| c.verdict("it"));
-        st.verdict = match (throttle, iocost) {
-            (Some(t), Some(i)) => Some(format!("{t}; {i}")),
-            (t, i) => t.or(i),
-        };
+        let merged_bios = st.merged.saturating_sub(st.merged_by_path.request);
+        let wbt = st
+            .meters
+            .wbt
+            .zip(wbt)
+            .and_then(|(n, w)| n.verdict(&w.target(), merged_bios));
+        let parts: Vec<String> = [throttle, iocost, wbt].into_iter().flatten().collect();
+        st.verdict = (!parts.is_empty()).then(|| parts.join("; "));
     }
 }
 
@@ -376,6 +401,7 @@ mod tests {
             meter_units: &[256 << 10],
             subtree: Some("/mt"),
             iocost: &BTreeMap::new(),
+            wbt: &BTreeMap::new(),
         };
         let s = build(
             &a.total(2_000_000_100),
@@ -450,6 +476,7 @@ mod tests {
             meter_units: &[],
             subtree: None,
             iocost: &BTreeMap::new(),
+            wbt: &BTreeMap::new(),
         };
         let s = build(
             &a.total(1_000_000_100),
@@ -525,6 +552,7 @@ mod tests {
             meter_units: &[],
             subtree: None,
             iocost: &models,
+            wbt: &BTreeMap::new(),
         };
         let s = build(
             &a.total(1_000_000_100),

@@ -76,12 +76,14 @@ pub fn load(
 pub fn snapshot(loaded: &Loaded, subtree: Option<&str>) -> Snapshot {
     let h = &loaded.header;
     let iocost = iocost_models(h);
+    let wbt = wbt_settings(h);
     let opts = snapshot::Options {
         tier: &h.tier,
         fentry: h.tier == "fentry",
         meter_units: &h.meter_units,
         subtree,
         iocost: &iocost,
+        wbt: &wbt,
     };
     snapshot::build(
         &loaded.window,
@@ -104,6 +106,14 @@ pub fn iocost_models(h: &Header) -> std::collections::BTreeMap<u32, iocost::Mode
             };
             Some((Device::from(d).dev().0, model))
         })
+        .collect()
+}
+
+/// wbt on each recorded disk whose queue had it, by `dev_t`.
+pub fn wbt_settings(h: &Header) -> std::collections::BTreeMap<u32, crate::sys::wbt::Wbt> {
+    h.devices
+        .iter()
+        .filter_map(|d| Some((Device::from(d).dev().0, d.wbt?)))
         .collect()
 }
 

@@ -9,6 +9,7 @@ use crate::model::iocost::{micros, Coefs, Linear, Model};
 use crate::sys::{
     cgroups::{io_hierarchy, Hierarchy},
     device::Device,
+    release,
 };
 
 /// io.cost on one disk, as the run found it when it started.
@@ -81,7 +82,7 @@ pub fn of(dev: &Device) -> Option<Iocost> {
     if hierarchy != Hierarchy::V2 {
         return None;
     }
-    at(&mount, dev, &kernel_release())
+    at(&mount, dev, &release::running())
 }
 
 /// io.cost on `dev` from the root cgroup at `mount`.
@@ -120,17 +121,10 @@ fn field(line: &str, key: &str) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
-fn kernel_release() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default()
-}
-
 /// Before 6.6 io.cost charged an empty bio (pages = max(0, 1)) and moved the cursor to its
 /// sector; 6.6 skips it ("blk-iocost: skip empty flush bio in iocost", July 2023).
-pub fn empty_bios_charged(release: &str) -> bool {
-    let mut parts = release.trim().split(|c: char| !c.is_ascii_digit());
-    let major: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-    let minor: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-    (major, minor) < (6, 6)
+pub fn empty_bios_charged(kernel: &str) -> bool {
+    release::before(kernel, 6, 6)
 }
 
 #[cfg(test)]

@@ -5,4 +5,6 @@ pub mod diskstats;
 pub mod iocost;
 pub mod local_names;
 pub mod queue;
+pub mod release;
+pub mod wbt;
 pub mod workload;

@@ -30,6 +30,9 @@ pub fn lines(devices: &[Device], session: &kernel::Session, cgroups: &Cgroups) -
         if let Some(c) = session.iocost.get(&d.dev().0) {
             lines.push(format!("{}: {}", d.name, c.describe()));
         }
+        if let Some(w) = session.wbt.get(&d.dev().0) {
+            lines.push(format!("{}: {}", d.name, w.describe()));
+        }
     }
     lines.extend(session.notes.iter().cloned());
     lines

@@ -49,6 +49,7 @@ fn test_header() -> Header {
             minor: 0,
             bio_based: false,
             notes: vec![],
+            wbt: None,
             queue: RecordedQueue {
                 scheduler: Some("none".into()),
                 nomerges: Some(0),

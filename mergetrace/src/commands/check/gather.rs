@@ -14,6 +14,7 @@ use crate::{
         diskstats::{find_diskstats, DiskStats},
         iocost::{self, Iocost},
         queue::QueueSettings,
+        wbt::{self, Wbt},
     },
 };
 
@@ -30,6 +31,10 @@ pub struct CheckInput {
     pub throttled: Vec<ThrottledCgroup>,
     /// io.cost on the device (cgroup v2 only), when enabled.
     pub iocost: Option<Iocost>,
+    /// wbt on the device (`None`: the queue has none).
+    pub wbt: Option<Wbt>,
+    /// Whether io.latency is built into the kernel (`None`: BTF unreadable).
+    pub iolatency_built: Option<bool>,
     pub env: KernelEnv,
 }
 
@@ -57,14 +62,15 @@ pub fn gather(device: Device) -> Result<CheckInput> {
         .map(|(h, m)| throttled_cgroups(*h, m, device.major, device.minor))
         .unwrap_or_default();
     let iocost = match &io_hierarchy {
-        Some((Hierarchy::V2, mount)) => {
-            let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-            iocost::at(mount, &device, &release)
-        }
+        Some((Hierarchy::V2, mount)) => iocost::at(mount, &device, &crate::sys::release::running()),
         _ => None,
     };
     Ok(CheckInput {
         iocost,
+        wbt: wbt::of(&device),
+        iolatency_built: crate::kernel::btf::Btf::from_sys_fs()
+            .ok()
+            .map(|b| b.has_function("blkcg_iolatency_throttle")),
         device,
         queue,
         diskstats,

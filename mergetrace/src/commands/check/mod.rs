@@ -58,9 +58,8 @@ pub fn report(input: &CheckInput) -> Report<'_> {
 
 /// The hook table checked against the running kernel (empty if BTF is unreadable).
 fn hooks_here() -> Vec<compat::HookStatus> {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let (Ok(btf), Some(version)) = (Btf::from_sys_fs(), compat::parse_release(release.trim()))
-    else {
+    let release = crate::sys::release::running();
+    let (Ok(btf), Some(version)) = (Btf::from_sys_fs(), compat::parse_release(&release)) else {
         return Vec::new();
     };
     let kallsyms = compat::Kallsyms::load().unwrap_or_else(|_| compat::Kallsyms::parse(""));

@@ -21,6 +21,8 @@ pub fn resolve_offsets(btf: &Btf) -> Result<KernelOffsets> {
     let (plug_candidate, plug_list_head, rq_queuelist) = plug_list(btf)?;
     let req_flush_mask =
         (1 << flag_bit(btf, "__REQ_PREFLUSH")?) | (1 << flag_bit(btf, "__REQ_FUA")?);
+    let req_sync_idle_mask =
+        (1 << flag_bit(btf, "__REQ_SYNC")?) | (1 << flag_bit(btf, "__REQ_IDLE")?);
     Ok(KernelOffsets {
         ready: 1,
         bio_bi_opf: off("bio", "bi_opf")?,
@@ -56,6 +58,7 @@ pub fn resolve_offsets(btf: &Btf) -> Result<KernelOffsets> {
         tg_td: off("throtl_grp", "td")?,
         blkg_pd_count: pd_count,
         req_flush_mask,
+        req_sync_idle_mask,
         rq_state: off("request", "state")?,
         rq_start_time_ns: off("request", "start_time_ns")?,
         task_plug: off("task_struct", "plug")?,
@@ -72,7 +75,6 @@ pub fn resolve_offsets(btf: &Btf) -> Result<KernelOffsets> {
         remainders_charged,
         // The helper list of this kernel, in BTF (5.11+ has it).
         current_task_btf: btf.enum_value("BPF_FUNC_get_current_task_btf").is_some() as u32,
-        _pad: 0,
     })
 }
 

@@ -342,6 +342,7 @@ mod tests {
                 meter_units: &[],
                 subtree,
                 iocost: &std::collections::BTreeMap::new(),
+                wbt: &std::collections::BTreeMap::new(),
             },
         )
     }

@@ -3,6 +3,7 @@
 mod ceilings;
 mod device;
 mod diskstats;
+mod rqos;
 mod throttle;
 mod tier;
 
@@ -45,6 +46,8 @@ pub fn findings(input: &CheckInput) -> Vec<Finding> {
     ceilings::ceilings(input, &mut out);
     throttle::throttle(input, &mut out);
     throttle::iocost(input, &mut out);
+    rqos::wbt(input, &mut out);
+    rqos::iolatency(input, &mut out);
     tier::tier_finding(input, &mut out);
     out
 }
@@ -80,6 +83,8 @@ pub(super) mod fixtures {
             io_hierarchy: Some((Hierarchy::V2, "/sys/fs/cgroup".into())),
             throttled: vec![],
             iocost: None,
+            wbt: None,
+            iolatency_built: None,
             env: env(),
         }
     }
