@@ -93,6 +93,42 @@ pub struct Row {
     /// Gauges: the limits in force (none for `(other)`).
     pub limit_iops: Option<u64>,
     pub limit_bps: Option<u64>,
+    /// wbt, where on: new requests that took an in-flight slot, and those it let by.
+    pub wbt: Option<[u64; 2]>,
+    /// io.cost, where on: bios that started a request (base and pages), bios that merged
+    /// (pages only), and the charge in µs.
+    pub iocost: Option<IocostRow>,
+}
+
+/// What io.cost charged one series.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct IocostRow {
+    pub requests: u64,
+    pub merged: u64,
+    pub cost_us: f64,
+}
+
+/// Combines two optional meters field by field; `None` stays `None` only if both are.
+fn combine<T: Copy + Default>(a: &mut Option<T>, b: Option<T>, f: impl Fn(&mut T, T)) {
+    if let Some(b) = b {
+        f(a.get_or_insert_with(T::default), b);
+    }
+}
+
+fn each2(a: &mut [u64; 2], b: [u64; 2], f: impl Fn(&mut u64, u64)) {
+    f(&mut a[0], b[0]);
+    f(&mut a[1], b[1]);
+}
+
+fn each_iocost(
+    a: &mut IocostRow,
+    b: IocostRow,
+    f: impl Fn(&mut u64, u64),
+    g: impl Fn(&mut f64, f64),
+) {
+    f(&mut a.requests, b.requests);
+    f(&mut a.merged, b.merged);
+    g(&mut a.cost_us, b.cost_us);
 }
 
 /// Upper bounds of the request size buckets (the last is +Inf).
@@ -162,6 +198,12 @@ impl Row {
                 .collect(),
             limit_iops: None,
             limit_bps: None,
+            wbt: st.meters.wbt.map(|w| [w.requests, w.passed_requests]),
+            iocost: st.meters.iocost.as_ref().map(|c| IocostRow {
+                requests: c.requests,
+                merged: c.merged,
+                cost_us: c.cost_us,
+            }),
             ..Row::default()
         };
         let (sb, cb) = (size_bounds(), bpr_bounds());
@@ -212,6 +254,11 @@ impl Row {
         }
         self.limit_iops = self.limit_iops.or(o.limit_iops);
         self.limit_bps = self.limit_bps.or(o.limit_bps);
+        let add = |a: &mut u64, b: u64| *a += b;
+        combine(&mut self.wbt, o.wbt, |a, b| each2(a, b, add));
+        combine(&mut self.iocost, o.iocost, |a, b| {
+            each_iocost(a, b, add, |a, b| *a += b)
+        });
     }
 
     /// Takes `o` out of `self`, counter by counter (never below 0). Gauges stay.
@@ -243,6 +290,12 @@ impl Row {
         }
         for (a, b) in self.bpr_hist.iter_mut().zip(o.bpr_hist) {
             sub(a, b);
+        }
+        if let (Some(a), Some(b)) = (self.wbt.as_mut(), o.wbt) {
+            each2(a, b, sub);
+        }
+        if let (Some(a), Some(b)) = (self.iocost.as_mut(), o.iocost) {
+            each_iocost(a, b, sub, |a, b| *a = (*a - b).max(0.0));
         }
     }
 
@@ -279,6 +332,10 @@ impl Row {
         }
         self.limit_iops = now.limit_iops;
         self.limit_bps = now.limit_bps;
+        combine(&mut self.wbt, now.wbt, |a, b| each2(a, b, max));
+        combine(&mut self.iocost, now.iocost, |a, b| {
+            each_iocost(a, b, max, |a, b| *a = a.max(b))
+        });
     }
 }
 

@@ -241,3 +241,59 @@ fn delay_is_zero_when_nothing_waited_and_absent_when_unknown() {
         "{text}"
     );
 }
+
+#[test]
+fn wbt_and_iocost_are_exported_where_on_and_fold_exactly() {
+    use crate::model::{iocost::Charge, wbt::WbtCount};
+    let mut buffered = write_stats(64, 2);
+    buffered.meters.wbt = Some(WbtCount::of(2, 2));
+    let mut direct = write_stats(32, 1);
+    direct.meters.wbt = Some(WbtCount::of(1, 0));
+    direct.meters.iocost = Some(Charge {
+        requests: 1,
+        merged: 31,
+        cost_us: 2_000_000.0,
+        ..Default::default()
+    });
+    // /b and /c folded into "(other)": its sums stay exact, and /c (neither meter on) adds
+    // nothing to them.
+    let mut m = Model::new(1, "tracepoint");
+    m.update(&snapshot(&[
+        ("/a", buffered),
+        ("/b", direct),
+        ("/c", write_stats(8, 8)),
+    ]));
+    let text = m.render();
+    let wbt = sample_lines(&text, "mergetrace_wbt_requests_total");
+    let series = |cg: &str, class: &str| {
+        wbt.iter()
+            .find(|l| l.contains(&format!("cgroup=\"{cg}\"")) && l.contains(class))
+            .map(|l| l.rsplit(' ').next().unwrap().to_string())
+    };
+    assert_eq!(wbt.len(), 4, "{text}");
+    assert_eq!(
+        series("/a", "wbt=\"slot\"").as_deref(),
+        Some("2"),
+        "{wbt:?}"
+    );
+    assert_eq!(
+        series("(other)", "wbt=\"passed\"").as_deref(),
+        Some("1"),
+        "{wbt:?}"
+    );
+    assert_eq!(
+        series("(other)", "wbt=\"slot\"").as_deref(),
+        Some("0"),
+        "{wbt:?}"
+    );
+    let io = sample_lines(&text, "mergetrace_iocost_bios_total");
+    assert!(
+        io.iter()
+            .any(|l| l.contains("charge=\"pages\"") && l.ends_with(" 31")),
+        "{io:?}"
+    );
+    let secs = sample_lines(&text, "mergetrace_iocost_charged_seconds_total");
+    assert_eq!(secs.len(), 1, "{text}");
+    assert!(secs[0].ends_with(" 2.0"), "{secs:?}");
+    parse(&text);
+}
