@@ -33,19 +33,18 @@ pub fn bio_event(bio: u64, kind: u8) -> Option<(Event, Disk)> {
         ts_ns: now(),
         cgroup_id: blkg_cgroup_id(blkg),
         id: bio,
-        aux64: 0,
         sector: read(bio, off!(bio_bi_sector)),
         dev,
         bytes: read(bio, off!(bio_bi_size)),
-        aux: 0,
         kind,
         op: (opf & 0xff) as u8,
-        path: 0,
         flags: if opf & off!(req_flush_mask) != 0 {
             flags::FLUSH_SEQ
         } else {
             0
         },
+        // aux64, aux and path are the kind's to fill in.
+        ..Event::default()
     };
     Some((ev, disk))
 }

@@ -46,11 +46,10 @@ fn rq_event(rq: u64, kind: u8) -> Option<(Event, Disk)> {
         sector: rq_trace_sector(rq),
         dev,
         bytes: read(rq, off!(rq_data_len)),
-        aux: 0,
         kind,
         op: (cmd_flags & 0xff) as u8,
-        path: 0,
-        flags: 0,
+        // aux, path and flags are the kind's to fill in.
+        ..Event::default()
     };
     Some((ev, disk))
 }

@@ -21,10 +21,9 @@ mod support;
 use std::{
     collections::{BTreeMap, BTreeSet},
     fs,
-    io::{BufRead, BufReader, Read, Write},
+    io::{Read, Write},
     net::{SocketAddr, TcpStream},
     path::PathBuf,
-    process::{Command, Stdio},
     sync::Arc,
     thread,
     time::{Duration, Instant},
@@ -54,16 +53,29 @@ const RSS_GROWTH_BOUND_KB: u64 = 8 << 10;
 /// A bound on one HTTP exchange or a wait for the server; never an assertion on speed.
 pub(crate) const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
 
-fn churn_soak(cgroups: usize) {
+/// A loop device of `size` bytes and the parent cgroup of the churn, with a limit that never
+/// binds: blk-cgroup then counts the bios each cgroup submits itself
+/// (blkio.throttle.io_serviced on v1), the kernel's own word on their attribution.
+fn device_and_parent(size: u64) -> (LoopDevice, Cgroup) {
     require_root();
-    let t0 = Instant::now();
-    const SIZE: u64 = 64 << 20;
-    let lo = LoopDevice::new(SIZE);
+    let lo = LoopDevice::new(size);
     udev_settle();
     let parent = Cgroup::new();
-    // A limit that never binds: blk-cgroup then counts the bios each cgroup submits itself
-    // (blkio.throttle.io_serviced on v1), the kernel's own word on their attribution.
     parent.set_write_iops(&lo, 10_000_000);
+    (lo, parent)
+}
+
+/// The cgroup path of a row, which must be a name (not "(unknown cgroup id N)").
+fn cgroup_name(row: &serde_json::Value) -> &str {
+    let path = row["cgroup"].as_str().unwrap();
+    assert!(!path.starts_with("(unknown"), "unnamed row {row}");
+    path
+}
+
+fn churn_soak(cgroups: usize) {
+    let t0 = Instant::now();
+    const SIZE: u64 = 64 << 20;
+    let (lo, parent) = device_and_parent(SIZE);
     let server = Server::start(
         &lo,
         &[
@@ -217,26 +229,15 @@ fn churn_soak(cgroups: usize) {
         0,
         "lost events"
     );
-    assert_eq!(
-        fin.sum("mergetrace_requests_total", &on("write")),
-        d.writes,
-        "{ctx}"
-    );
-    assert_eq!(
-        fin.sum("mergetrace_merged_total", &on("write")),
-        d.writes_merged,
-        "{ctx}"
-    );
-    assert_eq!(
-        fin.sum("mergetrace_requests_total", &on("read")),
-        d.reads,
-        "{ctx}"
-    );
-    assert_eq!(
-        fin.sum("mergetrace_bios_total", &on("write")),
-        total as u64 + 8,
-        "{ctx}"
-    );
+    // The device's sums: diskstats' counts, and every bio (the churn's and the long-lived's 8).
+    for (metric, dir, want) in [
+        ("mergetrace_requests_total", "write", d.writes),
+        ("mergetrace_merged_total", "write", d.writes_merged),
+        ("mergetrace_requests_total", "read", d.reads),
+        ("mergetrace_bios_total", "write", total as u64 + 8),
+    ] {
+        assert_eq!(fin.sum(metric, &on(dir)), want, "{metric} {dir}; {ctx}");
+    }
     let removed = [
         ("device", dev.as_str()),
         ("cgroup", "(removed)"),
@@ -483,12 +484,8 @@ fn rows<'a>(snapshot: &'a serde_json::Value, dev: &BlockDev) -> Vec<&'a serde_js
 /// not new in "(removed)"), and the total equals /proc/diskstats.
 #[test]
 fn live_view_names_short_lived_cgroups_and_intervals_add_up() {
-    require_root();
     const SIZE: u64 = 16 << 20;
-    let lo = LoopDevice::new(SIZE);
-    udev_settle();
-    let parent = Cgroup::new();
-    parent.set_write_iops(&lo, 10_000_000);
+    let (lo, parent) = device_and_parent(SIZE);
     let tracer = Tracer::start(&[
         "-d",
         lo.name.as_str(),
@@ -512,17 +509,14 @@ fn live_view_names_short_lived_cgroups_and_intervals_add_up() {
     let out = tracer.stop();
     assert_eq!(out.lost_events(), 0);
     let mut bios_of: BTreeMap<String, u64> = BTreeMap::new();
-    for snapshot in out.intervals.iter().chain([&out.total]) {
-        for row in rows(snapshot, &lo) {
-            let path = row["cgroup"].as_str().unwrap();
-            assert!(!path.starts_with("(unknown"), "unnamed row {row}");
-        }
+    for row in rows(&out.total, &lo) {
+        cgroup_name(row);
     }
     for i in &out.intervals {
         for row in rows(i, &lo) {
-            let path = row["cgroup"].as_str().unwrap().to_string();
+            let path = cgroup_name(row);
             if path.starts_with(&format!("{}/c", churn.parent_path)) {
-                *bios_of.entry(path).or_default() += u(&row["write"], "bios");
+                *bios_of.entry(path.to_string()).or_default() += u(&row["write"], "bios");
             }
         }
     }
@@ -566,48 +560,16 @@ fn live_view_names_short_lived_cgroups_and_intervals_add_up() {
 /// (from its birth report: each was gone before the interval's lookup), with its one bio.
 #[test]
 fn captures_name_short_lived_cgroups() {
-    require_root();
     const SIZE: u64 = 16 << 20;
-    let lo = LoopDevice::new(SIZE);
-    udev_settle();
-    let parent = Cgroup::new();
-    parent.set_write_iops(&lo, 10_000_000);
+    let (lo, parent) = device_and_parent(SIZE);
     let cap = PathBuf::from(format!("/dev/shm/{}.mtcap", unique_name()));
-    let mut rec = Command::new(env!("CARGO_BIN_EXE_mergetrace"))
-        .args([
-            "record",
-            "-d",
-            lo.name.as_str(),
-            "--interval",
-            "100ms",
-            "-o",
-        ])
-        .arg(&cap)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start mergetrace record");
-    let mut err = BufReader::new(rec.stderr.take().unwrap());
-    let mut line = String::new();
-    while !line.starts_with("mergetrace: recording to") {
-        line.clear();
-        assert!(
-            err.read_line(&mut line).unwrap() > 0,
-            "record ended before recording"
-        );
-    }
+    let rec = Recorder::start_with(&lo, &cap, &["--interval", "100ms"]);
     let churn = Arc::new(Churn::new(&parent, &lo, SIZE));
     let pool = Pool::new(churn.clone());
     pool.run(0);
     pool.finish();
     thread::sleep(Duration::from_millis(300)); // an interval or two: the names are written
-                                               // SAFETY: signalling our own child.
-    unsafe { libc::kill(rec.id() as libc::pid_t, libc::SIGINT) };
-    let mut rest = String::new();
-    let _ = err.read_to_string(&mut rest);
-    let status = rec.wait().unwrap();
-    assert!(status.success(), "record: {status}; {rest}");
+    rec.stop();
     let to_parent = parent.io_serviced(&lo).write;
     let out = mergetrace(&["report", cap.to_str().unwrap(), "--json"]);
     let _ = fs::remove_file(&cap);
@@ -620,8 +582,7 @@ fn captures_name_short_lived_cgroups() {
     assert_eq!(report["lost_events"], 0);
     let mut named = 0;
     for row in rows(&report, &lo) {
-        let path = row["cgroup"].as_str().unwrap();
-        assert!(!path.starts_with("(unknown"), "unnamed row {row}");
+        let path = cgroup_name(row);
         if path.starts_with(&format!("{}/c", churn.parent_path)) {
             assert_eq!(u(&row["write"], "bios"), 1, "{row}");
             named += 1;

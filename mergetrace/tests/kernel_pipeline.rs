@@ -92,9 +92,18 @@ fn assert_run_sane(out: &TraceOutput, lo: &BlockDev, dir: &str) {
     }
 }
 
-/// One arm of the article's first table: 4 KiB sequential O_DIRECT writes, libaio, iodepth 64,
-/// submit/complete batches of `batch`, under `nomerges` and scheduler `sched`.
-fn write_arm(sched: &str, nomerges: u32, batch: u32) {
+/// A traced fio run: 4 KiB sequential O_DIRECT `rw` in batches of `batch` (`name` names its
+/// job) on a fresh disk under scheduler `sched` and `nomerges`.
+struct TracedFio {
+    lo: TestDisk,
+    /// fio's JSON report.
+    report: Value,
+    out: TraceOutput,
+    /// The disk's /proc/diskstats over the run.
+    d: DiskStats,
+}
+
+fn traced_fio(name: &str, rw: &str, sched: &str, nomerges: u32, batch: u32) -> TracedFio {
     require_root();
     let lo = TestDisk::new(size());
     lo.set_scheduler(sched);
@@ -103,11 +112,24 @@ fn write_arm(sched: &str, nomerges: u32, batch: u32) {
 
     let tracer = Tracer::on(&lo);
     let before = lo.diskstats();
-    let report = Fio::sequential("arm", &lo, "write", size(), batch).run();
+    let report = Fio::sequential(name, &lo, rw, size(), batch).run();
     let after = lo.diskstats();
     let out = tracer.stop();
     let d = after.since(&before);
+    TracedFio { lo, report, out, d }
+}
 
+/// fio's `ios` I/Os of 4 KiB are the bios of `x` (a direction's object): none split, none lost.
+fn assert_bios_are_fios(x: &Value, ios: u64, ctx: &str) {
+    assert_eq!(u(x, "bios"), ios, "bios != fio total_ios; {ctx}; {x}");
+    assert_eq!(u(x, "bytes"), size(), "{ctx}; {x}");
+    assert_eq!(u(x, "splits"), 0, "{ctx}; {x}");
+}
+
+/// One arm of the article's first table: 4 KiB sequential O_DIRECT writes, libaio, iodepth 64,
+/// submit/complete batches of `batch`, under `nomerges` and scheduler `sched`.
+fn write_arm(sched: &str, nomerges: u32, batch: u32) {
+    let TracedFio { lo, report, out, d } = traced_fio("arm", "write", sched, nomerges, batch);
     let ctx = format!("{sched}, nomerges={nomerges}, batch {batch}");
     let ios = fio_total_ios(&report, "write");
     assert_eq!(ios, size() / BS, "fio wrote {ios} I/Os; {ctx}");
@@ -117,10 +139,7 @@ fn write_arm(sched: &str, nomerges: u32, batch: u32) {
     assert_run_sane(&out, &lo, "write");
     let t = out.device_total(&lo);
     let w = &t["write"];
-    // fio's I/Os are the bios: none split (4 KiB), none lost.
-    assert_eq!(u(w, "bios"), ios, "bios != fio total_ios; {ctx}; {w}");
-    assert_eq!(u(w, "bytes"), size(), "{ctx}; {w}");
-    assert_eq!(u(w, "splits"), 0, "{ctx}; {w}");
+    assert_bios_are_fios(w, ios, &ctx);
     assert_matches_diskstats("write", w, d.writes, d.writes_merged, d.sectors_written);
     // No flushes or discards on either side.
     assert_eq!(
@@ -196,19 +215,7 @@ write_arms! {
 /// Sequential 4 KiB O_DIRECT reads in batches of 32: the read fields against diskstats.
 /// (fio opens the device read-only, so udev's watch does not probe it afterwards.)
 fn read_batched(sched: &str) {
-    require_root();
-    let lo = TestDisk::new(size());
-    lo.set_scheduler(sched);
-    lo.set_nomerges(0);
-    udev_settle();
-
-    let tracer = Tracer::on(&lo);
-    let before = lo.diskstats();
-    let report = Fio::sequential("read", &lo, "read", size(), 32).run();
-    let after = lo.diskstats();
-    let out = tracer.stop();
-    let d = after.since(&before);
-
+    let TracedFio { lo, report, out, d } = traced_fio("read", "read", sched, 0, 32);
     let ctx = format!("read, {sched}, batch 32");
     let ios = fio_total_ios(&report, "read");
     assert_eq!(ios, size() / BS, "{ctx}");
@@ -216,9 +223,7 @@ fn read_batched(sched: &str) {
     assert_run_sane(&out, &lo, "read");
     let t = out.device_total(&lo);
     let r = &t["read"];
-    assert_eq!(u(r, "bios"), ios, "bios != fio total_ios; {ctx}; {r}");
-    assert_eq!(u(r, "bytes"), size(), "{ctx}; {r}");
-    assert_eq!(u(r, "splits"), 0, "{ctx}; {r}");
+    assert_bios_are_fios(r, ios, &ctx);
     eprintln!("{ctx}: fio {ios} I/Os; mergetrace {r}; diskstats {d:?}");
     assert_matches_diskstats("read", r, d.reads, d.reads_merged, d.sectors_read);
     // Nothing was written.

@@ -538,41 +538,35 @@ fn check_cgroup_counts(
 
 /// Histograms of fio's cgroup: cumulative, _count = requests, _sum = bytes / bios.
 fn check_histograms(after: &Metrics, mine: &[(&str, &str); 3], requests: u64, ios: u64) {
-    let sizes = after.buckets("mergetrace_request_size_bytes", mine);
-    assert!(
-        sizes.windows(2).all(|w| w[0].1 <= w[1].1),
-        "cumulative: {sizes:?}"
-    );
-    assert!(sizes.last().unwrap().0.is_infinite());
-    assert_eq!(sizes.last().unwrap().1, requests as f64);
+    let sizes = histogram(after, "mergetrace_request_size_bytes", mine, requests, SIZE);
     assert_eq!(sizes[0], (512.0, 0.0), "no request under 512 bytes");
     let le_4k = sizes.iter().find(|(le, _)| *le == 4096.0).unwrap().1;
     assert!(
         le_4k < requests as f64,
         "merged requests are larger than 4 KiB: {sizes:?}"
     );
-    assert_eq!(
-        after.sum("mergetrace_request_size_bytes_count", mine),
-        requests as f64
-    );
-    assert_eq!(
-        after.sum("mergetrace_request_size_bytes_sum", mine),
-        SIZE as f64
-    );
-    let bpr = after.buckets("mergetrace_bios_per_request", mine);
+    histogram(after, "mergetrace_bios_per_request", mine, requests, ios);
+}
+
+/// The buckets of histogram `name` (le, cumulative count), checked: cumulative, the last one
+/// +Inf with all `count` observations, `_count` and `_sum` as given.
+fn histogram(
+    after: &Metrics,
+    name: &str,
+    mine: &[(&str, &str); 3],
+    count: u64,
+    sum: u64,
+) -> Vec<(f64, f64)> {
+    let b = after.buckets(name, mine);
     assert!(
-        bpr.windows(2).all(|w| w[0].1 <= w[1].1),
-        "cumulative: {bpr:?}"
+        b.windows(2).all(|w| w[0].1 <= w[1].1),
+        "{name} cumulative: {b:?}"
     );
-    assert_eq!(bpr.last().unwrap().1, requests as f64);
-    assert_eq!(
-        after.sum("mergetrace_bios_per_request_sum", mine),
-        ios as f64
-    );
-    assert_eq!(
-        after.sum("mergetrace_bios_per_request_count", mine),
-        requests as f64
-    );
+    assert!(b.last().unwrap().0.is_infinite(), "{name}: {b:?}");
+    assert_eq!(b.last().unwrap().1, count as f64, "{name}");
+    assert_eq!(after.sum(&format!("{name}_count"), mine), count as f64);
+    assert_eq!(after.sum(&format!("{name}_sum"), mine), sum as f64);
+    b
 }
 
 /// 50 concurrent scrapes all answer 200 with the exposition; clients that disconnect

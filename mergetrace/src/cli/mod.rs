@@ -1,7 +1,8 @@
 //! What the command line shares: the flags several commands take ([`args`]), what ends a run
-//! ([`stop`]), and how an error is told in one line.
+//! ([`stop`]), what a counting run traces ([`targets`]), and how an error is told in one line.
 pub mod args;
 pub mod stop;
+pub mod targets;
 
 /// The error and its causes on one line. Verifier logs and other multi-line causes keep only
 /// their first line (set RUST_LOG=debug for the whole chain).

@@ -12,14 +12,12 @@ use crate::{
     cli::{
         args::{NamesArg, RunArgs, SubtreeArg, TraceArgs},
         stop::Stop,
+        targets::Targets,
     },
     kernel::{self, monotonic_ns},
     model::aggregate::Window,
     model::snapshot::{self, SnapshotKind},
-    sys::{
-        cgroups::Cgroups,
-        device::{self, Device},
-    },
+    sys::{cgroups::Cgroups, device::Device},
     view::{banner, json::JsonView, text::TextView, tui::TuiView, View},
 };
 
@@ -47,17 +45,11 @@ pub struct LiveArgs {
 
 pub async fn run(args: LiveArgs) -> Result<()> {
     let mut stop = Stop::on_signals()?;
-    let devices = device::resolve_all(&args.trace.devices)?;
-    let mut cgroups = Cgroups::discover()?;
-    if args.names.no_local_names {
-        cgroups = cgroups.without_local_names();
-    }
-    let subtree = args
-        .subtree
-        .cgroup
-        .as_deref()
-        .map(|c| cgroups.normalize(c))
-        .transpose()?;
+    let Targets {
+        devices,
+        cgroups,
+        subtree,
+    } = Targets::resolve(&args.trace, &args.subtree, &args.names)?;
     let meter_units = args.trace.meter_unit.clone();
     let session = kernel::Session::start(
         &devices,
@@ -74,11 +66,7 @@ pub async fn run(args: LiveArgs) -> Result<()> {
     }
     let quit = Arc::new(Notify::new());
     let mut view = view_for(&args, banner, &quit)?;
-    let iocost = session
-        .iocost
-        .iter()
-        .map(|(dev, c)| (*dev, c.model()))
-        .collect();
+    let iocost = session.iocost_models();
     let wbt = session.wbt.clone();
     let opts = snapshot::Options {
         tier: tier.kind.name(),

@@ -23,13 +23,11 @@ use crate::{
     cli::{
         args::{NamesArg, SubtreeArg, TraceArgs},
         stop::Stop,
+        targets::Targets,
     },
     kernel::{self, monotonic_ns},
     model::snapshot::{self, SnapshotKind},
-    sys::{
-        cgroups::Cgroups,
-        device::{self, Device},
-    },
+    sys::{cgroups::Cgroups, device::Device},
     view::{banner, prometheus::Model},
 };
 
@@ -178,17 +176,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     // A signal during start-up stops the server cleanly too: it is then served for no time,
     // and the programs are detached as usual.
     let mut stop = Stop::on_signals()?;
-    let devices = device::resolve_all(&args.trace.devices)?;
-    let mut cgroups = Cgroups::discover()?;
-    if args.names.no_local_names {
-        cgroups = cgroups.without_local_names();
-    }
-    let subtree = args
-        .subtree
-        .cgroup
-        .as_deref()
-        .map(|c| cgroups.normalize(c))
-        .transpose()?;
+    let targets = Targets::resolve(&args.trace, &args.subtree, &args.names)?;
     // Bind before loading the programs: a taken port fails at once, not after verification.
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -198,27 +186,23 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         eprintln!("{w}");
     }
     let session = kernel::Session::start(
-        &devices,
+        &targets.devices,
         &args.trace.kernel_options(Modes::COUNTING, 4096, false),
     )?;
     let start_ns = monotonic_ns();
-    for line in banner::lines(&devices, &session, &cgroups) {
+    for line in banner::lines(&targets.devices, &session, &targets.cgroups) {
         eprintln!("mergetrace: {line}");
     }
     let tier = session.tier.kind;
-    let iocost = session
-        .iocost
-        .iter()
-        .map(|(dev, c)| (*dev, c.model()))
-        .collect();
+    let iocost = session.iocost_models();
     let exporter: Shared = Arc::new(Mutex::new(Exporter {
         session,
-        names: cgroups,
-        devices,
+        names: targets.cgroups,
+        devices: targets.devices,
         start_ns,
         fentry: tier == kernel::TierKind::Fentry,
         meter_units: args.trace.meter_unit.clone(),
-        subtree,
+        subtree: targets.subtree,
         model: Model::with_staleness(
             args.max_cgroups as usize,
             tier.name(),

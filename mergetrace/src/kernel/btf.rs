@@ -553,21 +553,7 @@ pub(crate) mod tests {
     #[test]
     fn finds_members_through_anonymous_unions() {
         let mut b = Builder::new();
-        let u64_t = b.int("long long unsigned int", 8);
-        let sector_t = b.typedef("sector_t", u64_t);
-        let iter = b.record(
-            KIND_STRUCT,
-            "bvec_iter",
-            16,
-            &[("bi_sector", sector_t, 0), ("bi_size", u64_t, 8)],
-        );
-        let anon = b.record(KIND_UNION, "", 8, &[("a", u64_t, 0), ("b", u64_t, 0)]);
-        b.record(
-            KIND_STRUCT,
-            "bio",
-            64,
-            &[("bi_next", u64_t, 0), ("", anon, 8), ("bi_iter", iter, 32)],
-        );
+        bio_with_union(&mut b, &["a", "b"]);
         let btf = Btf::parse(&b.build()).unwrap();
         assert_eq!(btf.member_offset("bio", "bi_iter.bi_size").unwrap(), 40);
         assert_eq!(btf.member_offset("bio", "b").unwrap(), 8);
@@ -620,9 +606,9 @@ pub(crate) mod tests {
         }
     }
 
-    /// A small blob with the shapes the resolver walks (nested structs, typedefs, arrays).
-    fn sample_blob() -> Vec<u8> {
-        let mut b = Builder::new();
+    /// A 64-byte `struct bio`: bi_next at 0, an anonymous union of u64 `members` at 8 and a
+    /// `bvec_iter` (a typedef'd bi_sector, bi_size) at 32.
+    fn bio_with_union(b: &mut Builder, members: &[&str]) {
         let u64_t = b.int("long long unsigned int", 8);
         let sector_t = b.typedef("sector_t", u64_t);
         let iter = b.record(
@@ -631,13 +617,20 @@ pub(crate) mod tests {
             16,
             &[("bi_sector", sector_t, 0), ("bi_size", u64_t, 8)],
         );
-        let anon = b.record(KIND_UNION, "", 8, &[("a", u64_t, 0)]);
+        let union: Vec<_> = members.iter().map(|m| (*m, u64_t, 0)).collect();
+        let anon = b.record(KIND_UNION, "", 8, &union);
         b.record(
             KIND_STRUCT,
             "bio",
             64,
             &[("bi_next", u64_t, 0), ("", anon, 8), ("bi_iter", iter, 32)],
         );
+    }
+
+    /// A small blob with the shapes the resolver walks (nested structs, typedefs, arrays).
+    fn sample_blob() -> Vec<u8> {
+        let mut b = Builder::new();
+        bio_with_union(&mut b, &["a"]);
         b.enumeration("", &[("BIO_BPS_THROTTLED", 5)]);
         b.build()
     }

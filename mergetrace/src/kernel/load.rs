@@ -307,6 +307,14 @@ pub struct Session {
 }
 
 impl Session {
+    /// The charge model of each disk with io.cost on, by `dev_t` (what a snapshot prices).
+    pub fn iocost_models(&self) -> BTreeMap<u32, crate::model::iocost::Model> {
+        self.iocost
+            .iter()
+            .map(|(dev, c)| (*dev, c.model()))
+            .collect()
+    }
+
     /// Loads the programs for `devices` and attaches them.
     pub fn start(devices: &[Device], opts: &Options) -> Result<Session> {
         check_privileges()?;

@@ -473,22 +473,20 @@ pub(crate) mod tests {
     #[test]
     fn fentry_tier_events() {
         let mut a = Aggregator::new(0);
-        let mut ch = ev(kind::THROTTLE_CHARGE, 1, 5, 4096);
-        a.apply(&ch);
-        ch.path = 1;
-        a.apply(&ch);
-        let mut rel = ev(kind::THROTTLE_RELEASE, 1, 5, 4096);
-        rel.aux64 = 1_000_000;
-        a.apply(&rel);
-        let mut pa = ev(kind::PLUG_ATTEMPT, 1, 5, 4096);
-        a.apply(&pa);
-        pa.path = 1;
-        a.apply(&pa);
-        let mut em = ev(kind::ELV_MERGE, 1, 5, 4096);
-        em.path = 2;
-        a.apply(&em);
-        em.path = 0;
-        a.apply(&em);
+        // (kind, path, aux64) of each event, in order.
+        for (k, path, aux64) in [
+            (kind::THROTTLE_CHARGE, 0, 0),
+            (kind::THROTTLE_CHARGE, 1, 0),
+            (kind::THROTTLE_RELEASE, 0, 1_000_000),
+            (kind::PLUG_ATTEMPT, 0, 0),
+            (kind::PLUG_ATTEMPT, 1, 0),
+            (kind::ELV_MERGE, 2, 0),
+            (kind::ELV_MERGE, 0, 0),
+        ] {
+            let mut e = ev(k, 1, 5, 4096);
+            (e.path, e.aux64) = (path, aux64);
+            a.apply(&e);
+        }
         let c = a.total(1).device_total(7 << 20 | 3, Dir::Write);
         assert_eq!(
             (
@@ -547,43 +545,26 @@ pub(crate) mod tests {
             dev: 7 << 20 | 3,
             dir: dir::WRITE,
         };
+        // One explicit unplug of depth 1: the first window has seen it once, the second 3 times.
+        let unplug = UnplugKey {
+            dev: 7 << 20 | 3,
+            depth: 1,
+            explicit: 1,
+            _pad: 0,
+        };
+        // Each window counts one more batch of 32 in the kernel before it is read.
         let mut kernel = Counts::default();
-        for e in batch_of_32(21) {
-            kernel.count(&e, &units);
-        }
-        let first = Window {
-            end_ns: 5,
-            ..Window::from_kernel(
-                [(key, kernel)],
-                [(
-                    UnplugKey {
-                        dev: 7 << 20 | 3,
-                        depth: 1,
-                        explicit: 1,
-                        _pad: 0,
-                    },
-                    1,
-                )],
-            )
+        let mut window = |end_ns, unplugs| {
+            for e in batch_of_32(21) {
+                kernel.count(&e, &units);
+            }
+            Window {
+                end_ns,
+                ..Window::from_kernel([(key, kernel)], [(unplug, unplugs)])
+            }
         };
-        for e in batch_of_32(21) {
-            kernel.count(&e, &units);
-        }
-        let second = Window {
-            end_ns: 9,
-            ..Window::from_kernel(
-                [(key, kernel)],
-                [(
-                    UnplugKey {
-                        dev: 7 << 20 | 3,
-                        depth: 1,
-                        explicit: 1,
-                        _pad: 0,
-                    },
-                    3,
-                )],
-            )
-        };
+        let first = window(5, 1);
+        let second = window(9, 3);
         let mut a = Aggregator::new(0);
         a.apply_all(&batch_of_32(21));
         assert_eq!(first.counts, a.total(0).counts);

@@ -78,16 +78,13 @@ pub struct Limit {
 }
 
 /// The limits in force for a cgroup: the tightest of its own and its ancestors', each with
-/// where it comes from.
+/// where it comes from. A limit not in force is absent from the JSON.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Effective {
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub rbps: Option<Limit>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub wbps: Option<Limit>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub riops: Option<Limit>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub wiops: Option<Limit>,
 }
 

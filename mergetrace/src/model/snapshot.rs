@@ -379,6 +379,32 @@ mod tests {
         }
     }
 
+    /// The total of `a`'s events at `end_ns` on loop3, on the tracepoint tier.
+    fn total(
+        a: &Aggregator,
+        end_ns: u64,
+        lookup: &mut dyn Lookup,
+        meter_units: &[u64],
+        subtree: Option<&str>,
+        iocost: &BTreeMap<u32, iocost::Model>,
+    ) -> Snapshot {
+        let opts = Options {
+            tier: "tracepoint",
+            fentry: false,
+            meter_units,
+            subtree,
+            iocost,
+            wbt: &BTreeMap::new(),
+        };
+        build(
+            &a.total(end_ns),
+            SnapshotKind::Total,
+            &[loop3()],
+            lookup,
+            &opts,
+        )
+    }
+
     fn loop3() -> Device {
         Device {
             name: "loop3".into(),
@@ -395,20 +421,13 @@ mod tests {
         a.apply_all(&batch_of_32(21));
         a.apply_all(&batch_of_32(22));
         a.apply_all(&batch_of_32(23));
-        let opts = Options {
-            tier: "tracepoint",
-            fentry: false,
-            meter_units: &[256 << 10],
-            subtree: Some("/mt"),
-            iocost: &BTreeMap::new(),
-            wbt: &BTreeMap::new(),
-        };
-        let s = build(
-            &a.total(2_000_000_100),
-            SnapshotKind::Total,
-            &[loop3()],
+        let s = total(
+            &a,
+            2_000_000_100,
             &mut Fixed,
-            &opts,
+            &[256 << 10],
+            Some("/mt"),
+            &BTreeMap::new(),
         );
         let v: serde_json::Value = serde_json::to_value(&s).unwrap();
         assert_eq!(v["type"], "total");
@@ -470,21 +489,7 @@ mod tests {
         let mut a = Aggregator::new(100);
         a.apply_all(&batch_of_32(24));
         a.apply_all(&batch_of_32(21));
-        let opts = Options {
-            tier: "tracepoint",
-            fentry: false,
-            meter_units: &[],
-            subtree: None,
-            iocost: &BTreeMap::new(),
-            wbt: &BTreeMap::new(),
-        };
-        let s = build(
-            &a.total(1_000_000_100),
-            SnapshotKind::Total,
-            &[loop3()],
-            &mut Fixed,
-            &opts,
-        );
+        let s = total(&a, 1_000_000_100, &mut Fixed, &[], None, &BTreeMap::new());
         let v: serde_json::Value = serde_json::to_value(&s).unwrap();
         let cgs = v["devices"][0]["cgroups"].as_array().unwrap();
         let d = cgs.iter().find(|c| c["cgroup_id"] == 24).unwrap();
@@ -546,21 +551,7 @@ mod tests {
                 write: coefs,
             },
         )]);
-        let opts = Options {
-            tier: "tracepoint",
-            fentry: false,
-            meter_units: &[],
-            subtree: None,
-            iocost: &models,
-            wbt: &BTreeMap::new(),
-        };
-        let s = build(
-            &a.total(1_000_000_100),
-            SnapshotKind::Total,
-            &[loop3()],
-            &mut Root,
-            &opts,
-        );
+        let s = total(&a, 1_000_000_100, &mut Root, &[], None, &models);
         let rows = &s.devices[0].cgroups;
         let mt = rows.iter().find(|c| c.cgroup == "/mt").unwrap();
         let c = mt.dirs.get(Dir::Write).meters.iocost.clone().unwrap();

@@ -21,43 +21,34 @@ pub enum Kind {
 
 /// A cgroup path, understood. Every field but `kind` and `short` is absent from the JSON when
 /// unknown.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ReadableName {
     pub kind: Kind,
     /// The short form the tables show (`docker:3f2a9c1b7d4e`, `svc:nginx`).
     pub short: String,
     /// The full container id (64 hex digits).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub container_id: Option<String>,
     /// Its first 12 hex digits, as `docker ps` shows it.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub short_id: Option<String>,
     /// Kubernetes: the runtime whose scope holds the container (containerd, crio, docker).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub runtime: Option<&'static str>,
     /// The runtime's monitor process (CRI-O's and podman's conmon), not the container itself.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub conmon: bool,
     /// Kubernetes QoS class: guaranteed, burstable or besteffort.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub qos: Option<&'static str>,
     /// Kubernetes pod uid, with `-` (the systemd driver writes `_`).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub pod_uid: Option<String>,
     /// From the runtime's local state, where it could be read.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub pod_name: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub pod_namespace: Option<String>,
     /// The container's name: from the runtime's local state (Docker, Kubernetes) or the path
     /// itself (LXC).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub container_name: Option<String>,
     /// systemd: the unit (`nginx.service`, `session-3.scope`, `system.slice`).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub unit: Option<String>,
     /// systemd: the user whose `user-UID.slice` holds the unit.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub user: Option<u32>,
 }
 

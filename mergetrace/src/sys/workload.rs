@@ -5,7 +5,7 @@
 //! `iodepth_batch_submit=N` with `iodepth_batch_complete_min=N`.
 use std::{fs::OpenOptions, os::fd::AsRawFd, os::unix::fs::OpenOptionsExt, path::Path};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
@@ -88,6 +88,46 @@ impl AioContext {
         }
         Ok(AioContext(ctx))
     }
+
+    /// One `io_submit` of `iocbs`; how many the kernel took.
+    fn submit(&self, iocbs: &mut [*mut Iocb]) -> std::io::Result<usize> {
+        // SAFETY: the iocbs are live and their buffers outlive the I/O (the caller reaps it).
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_io_submit,
+                self.0,
+                iocbs.len() as libc::c_long,
+                iocbs.as_mut_ptr(),
+            )
+        };
+        Self::count(r)
+    }
+
+    /// One `io_getevents` that waits for all of `events` to be filled in; how many were.
+    fn reap(&self, events: &mut [IoEvent]) -> std::io::Result<usize> {
+        let n = events.len() as libc::c_long;
+        // SAFETY: events has room for n entries.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_io_getevents,
+                self.0,
+                n,
+                n,
+                events.as_mut_ptr(),
+                std::ptr::null_mut::<libc::timespec>(),
+            )
+        };
+        Self::count(r)
+    }
+
+    /// A syscall's count, or the error it set.
+    fn count(r: libc::c_long) -> std::io::Result<usize> {
+        if r < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(r as usize)
+        }
+    }
 }
 
 impl Drop for AioContext {
@@ -166,42 +206,19 @@ pub fn run(path: &Path, w: &Workload) -> Result<Done> {
         let mut ptrs: Vec<*mut Iocb> = iocbs.iter_mut().take(n).map(|c| c as *mut Iocb).collect();
         let mut submitted = 0usize;
         while submitted < n {
-            // SAFETY: ptrs point at live iocbs whose buffers outlive the I/O (reaped below).
-            let r = unsafe {
-                libc::syscall(
-                    libc::SYS_io_submit,
-                    ctx.0,
-                    (n - submitted) as libc::c_long,
-                    ptrs[submitted..].as_mut_ptr(),
-                )
-            };
-            if r < 0 {
-                bail!("io_submit failed: {}", std::io::Error::last_os_error());
-            }
-            submitted += r as usize;
+            submitted += ctx
+                .submit(&mut ptrs[submitted..])
+                .map_err(|e| anyhow!("io_submit failed: {e}"))?;
             done.submit_calls += 1;
         }
         let mut reaped = 0usize;
         while reaped < n {
-            // SAFETY: events has room for n - reaped entries.
-            let r = unsafe {
-                libc::syscall(
-                    libc::SYS_io_getevents,
-                    ctx.0,
-                    (n - reaped) as libc::c_long,
-                    (n - reaped) as libc::c_long,
-                    events[reaped..].as_mut_ptr(),
-                    std::ptr::null_mut::<libc::timespec>(),
-                )
+            let r = match ctx.reap(&mut events[reaped..n]) {
+                Ok(r) => r,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => bail!("io_getevents failed: {e}"),
             };
-            if r < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() == std::io::ErrorKind::Interrupted {
-                    continue;
-                }
-                bail!("io_getevents failed: {e}");
-            }
-            for ev in &events[reaped..reaped + r as usize] {
+            for ev in &events[reaped..reaped + r] {
                 if ev.res < 0 {
                     bail!(
                         "I/O failed: {}",
@@ -210,7 +227,7 @@ pub fn run(path: &Path, w: &Workload) -> Result<Done> {
                 }
                 done.bytes += ev.res as u64;
             }
-            reaped += r as usize;
+            reaped += r;
         }
         done.ios += n as u64;
         next += n as u64;

@@ -70,7 +70,7 @@ impl Synth {
         self.next_rq
     }
 
-    /// Appends one event; returns it.
+    /// Appends one event; returns it, to set the fields a kind carries more.
     #[allow(clippy::too_many_arguments)]
     pub fn raw(
         &mut self,
@@ -81,9 +81,9 @@ impl Synth {
         sector: u64,
         bytes: u32,
         path: u8,
-    ) -> Event {
+    ) -> &mut Event {
         self.ts += self.step_ns;
-        let ev = Event {
+        self.events.push(Event {
             ts_ns: self.ts,
             cgroup_id: cgroup,
             id,
@@ -94,9 +94,8 @@ impl Synth {
             op: 1,
             path,
             ..Event::default()
-        };
-        self.events.push(ev);
-        ev
+        });
+        self.events.last_mut().unwrap()
     }
 
     /// A bio passes blk-throttle (`bio_queue`); returns its address.
@@ -110,29 +109,18 @@ impl Synth {
         fl: u8,
     ) -> u64 {
         let bio = self.bio_addr();
-        let mut ev = self.raw(kind::BIO_QUEUE, dev, cgroup, bio, sector, bytes, 0);
-        ev.op = op;
-        ev.flags = fl;
-        *self.events.last_mut().unwrap() = ev;
+        let ev = self.raw(kind::BIO_QUEUE, dev, cgroup, bio, sector, bytes, 0);
+        (ev.op, ev.flags) = (op, fl);
         bio
     }
 
     /// `block_split`: a new front piece of `bytes` at `sector` out of `parent`, whose
-    /// remainder starts at `rest`. Returns the piece's address.
-    pub fn split(
-        &mut self,
-        dev: u32,
-        cgroup: u64,
-        parent: u64,
-        sector: u64,
-        bytes: u32,
-        rest: u64,
-    ) -> u64 {
+    /// remainder starts right after it. Returns the piece's address.
+    pub fn split(&mut self, dev: u32, cgroup: u64, parent: u64, sector: u64, bytes: u32) -> u64 {
         let piece = self.bio_addr();
-        let mut ev = self.raw(kind::SPLIT, dev, cgroup, piece, sector, bytes, 0);
-        ev.aux64 = parent;
-        ev.aux = rest as u32;
-        *self.events.last_mut().unwrap() = ev;
+        let rest = sector + bytes as u64 / 512;
+        let ev = self.raw(kind::SPLIT, dev, cgroup, piece, sector, bytes, 0);
+        (ev.aux64, ev.aux) = (parent, rest as u32);
         piece
     }
 
@@ -153,55 +141,31 @@ impl Synth {
         bytes: u32,
         aux: u32,
     ) {
-        let mut ev = self.raw(kind, dev, cgroup, rq, sector, bytes, 0);
-        ev.aux64 = first_bio;
-        ev.aux = aux;
-        *self.events.last_mut().unwrap() = ev;
+        let ev = self.raw(kind, dev, cgroup, rq, sector, bytes, 0);
+        (ev.aux64, ev.aux) = (first_bio, aux);
     }
 
-    /// `rq_issue` of a request with `nbios` bios; returns a fresh request address.
-    pub fn issue_raw(
-        &mut self,
-        dev: u32,
-        cgroup: u64,
-        first_bio: u64,
-        sector: u64,
-        bytes: u32,
-        nbios: u32,
-    ) -> u64 {
-        let rq = self.rq_addr();
-        self.rq_event(
-            kind::RQ_ISSUE,
-            dev,
-            cgroup,
-            rq,
-            first_bio,
-            sector,
-            bytes,
-            nbios,
-        );
-        rq
+    /// A request event of `r` (at address `rq`, which a requeue changes): from its first bio
+    /// and sector, of all its bytes.
+    fn rq_event_of(&mut self, kind: u8, r: &Rq, rq: u64, aux: u32) {
+        let (dev, cgroup, first_bio, start, bytes) =
+            (r.dev, r.cgroup, r.first_bio, r.start, r.bytes());
+        self.rq_event(kind, dev, cgroup, rq, first_bio, start, bytes, aux);
     }
 
-    pub fn complete(
-        &mut self,
-        dev: u32,
-        cgroup: u64,
-        rq: u64,
-        first_bio: u64,
-        sector: u64,
-        bytes: u32,
-    ) {
-        self.rq_event(
-            kind::RQ_COMPLETE,
+    /// A request of one bio made outside [`Synth::open`] (of a split piece, say), at a fresh
+    /// address; it emits nothing.
+    pub fn request(&mut self, dev: u32, cgroup: u64, bio: u64, sector: u64, bytes: u32) -> Rq {
+        Rq {
             dev,
             cgroup,
-            rq,
-            first_bio,
-            sector,
-            bytes,
-            bytes,
-        );
+            op: 1,
+            start: sector,
+            end: sector + bytes as u64 / 512,
+            first_bio: bio,
+            bios: 1,
+            rq: self.rq_addr(),
+        }
     }
 
     pub fn unplug(&mut self, dev: u32, depth: u32, explicit: bool) {
@@ -221,17 +185,7 @@ impl Synth {
     pub fn open(&mut self, dev: u32, cgroup: u64, sector: u64, bytes: u32) -> Rq {
         let bio = self.bio_queue(dev, cgroup, 1, sector, bytes, 0);
         self.getrq(dev, cgroup, bio, sector, bytes);
-        let rq = self.rq_addr();
-        Rq {
-            dev,
-            cgroup,
-            op: 1,
-            start: sector,
-            end: sector + bytes as u64 / 512,
-            first_bio: bio,
-            bios: 1,
-            rq,
-        }
+        self.request(dev, cgroup, bio, sector, bytes)
     }
 
     /// A bio back-merged at the end of `r` on `path`.
@@ -255,73 +209,28 @@ impl Synth {
     }
 
     pub fn insert(&mut self, r: &Rq) {
-        self.rq_event(
-            kind::RQ_INSERT,
-            r.dev,
-            r.cgroup,
-            r.rq,
-            r.first_bio,
-            r.start,
-            r.bytes(),
-            0,
-        );
+        self.rq_event_of(kind::RQ_INSERT, r, r.rq, 0);
     }
 
     /// `b` merged into `a` (`rq_merge` of `b`); `b` must start where `a` ends.
     pub fn absorb(&mut self, a: &mut Rq, b: &Rq) {
         assert_eq!(a.end, b.start);
-        self.rq_event(
-            kind::RQ_MERGE,
-            b.dev,
-            b.cgroup,
-            b.rq,
-            b.first_bio,
-            b.start,
-            b.bytes(),
-            0,
-        );
+        self.rq_event_of(kind::RQ_MERGE, b, b.rq, 0);
         a.end = b.end;
         a.bios += b.bios;
     }
 
     pub fn issue(&mut self, r: &Rq) -> u64 {
-        self.rq_event(
-            kind::RQ_ISSUE,
-            r.dev,
-            r.cgroup,
-            r.rq,
-            r.first_bio,
-            r.start,
-            r.bytes(),
-            r.bios,
-        );
+        self.rq_event_of(kind::RQ_ISSUE, r, r.rq, r.bios);
         r.rq
     }
 
     pub fn requeue(&mut self, r: &Rq, rq: u64) {
-        self.rq_event(
-            kind::RQ_REQUEUE,
-            r.dev,
-            r.cgroup,
-            rq,
-            r.first_bio,
-            r.start,
-            r.bytes(),
-            0,
-        );
+        self.rq_event_of(kind::RQ_REQUEUE, r, rq, 0);
     }
 
     pub fn complete_rq(&mut self, r: &Rq, rq: u64) {
-        self.rq_event(
-            kind::RQ_COMPLETE,
-            r.dev,
-            r.cgroup,
-            rq,
-            r.first_bio,
-            r.start,
-            r.bytes(),
-            r.bytes(),
-        );
+        self.rq_event_of(kind::RQ_COMPLETE, r, rq, r.bytes());
     }
 
     /// A flush request without data: issued and completed, no bios.

@@ -8,9 +8,7 @@ use crate::{
         aggregate::Dir,
         snapshot::{DeviceSnapshot, Histograms, Snapshot},
     },
-    offline::analysis::{
-        count_buckets, count_label, size_buckets, size_label, unplug_rows, Distributions,
-    },
+    offline::analysis::{unplug_rows, Distributions, REQUEST_HISTOGRAMS},
 };
 
 /// The text section printed after the tables.
@@ -58,27 +56,15 @@ fn histogram_text(out: &mut String, title: &str, rows: &[(String, u64)]) {
 
 /// Histograms of the device totals (the snapshot's; `histograms` in the JSON per cgroup).
 fn histograms_text(out: &mut String, device: &str, dir: Dir, h: &Histograms) {
-    let sizes: Vec<(String, u64)> = size_buckets(&h.request_bytes)
-        .into_iter()
-        .map(|(b, n)| (size_label(b), n))
-        .collect();
-    if !sizes.is_empty() {
-        histogram_text(
-            out,
-            &format!("request size, {device} {} (requests):", dir.name()),
-            &sizes,
-        );
-    }
-    let counts: Vec<(String, u64)> = count_buckets(&h.bios_per_request)
-        .into_iter()
-        .map(|(b, n)| (count_label(b), n))
-        .collect();
-    if !counts.is_empty() {
-        histogram_text(
-            out,
-            &format!("bios per request, {device} {} (requests):", dir.name()),
-            &counts,
-        );
+    for hist in &REQUEST_HISTOGRAMS {
+        let rows: Vec<(String, u64)> = (hist.buckets)((hist.of)(h))
+            .into_iter()
+            .map(|(b, n)| ((hist.label)(b), n))
+            .collect();
+        if !rows.is_empty() {
+            let title = format!("{}, {device} {} (requests):", hist.what, dir.name());
+            histogram_text(out, &title, &rows);
+        }
     }
 }
 

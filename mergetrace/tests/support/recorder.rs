@@ -21,12 +21,18 @@ pub struct Recorder {
 impl Recorder {
     /// With `tier`, `--tier TIER` (else mergetrace's default).
     pub fn start(dev: &BlockDev, out: &Path, tier: Option<&str>) -> Recorder {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mergetrace"));
-        cmd.args(["record", "-d", &dev.name, "-o"]).arg(out);
-        if let Some(tier) = tier {
-            cmd.args(["--tier", tier]);
+        match tier {
+            Some(tier) => Recorder::start_with(dev, out, &["--tier", tier]),
+            None => Recorder::start_with(dev, out, &[]),
         }
-        let mut child = cmd
+    }
+
+    /// `mergetrace record -d DEV -o FILE EXTRA...`.
+    pub fn start_with(dev: &BlockDev, out: &Path, extra: &[&str]) -> Recorder {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_mergetrace"))
+            .args(["record", "-d", &dev.name, "-o"])
+            .arg(out)
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

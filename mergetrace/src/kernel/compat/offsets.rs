@@ -6,6 +6,19 @@ use mergetrace_common::{KernelOffsets, NONE};
 
 use super::Btf;
 
+/// A [`KernelOffsets`] literal: each `"kernel_struct" { field: "member.path", ... }` group
+/// sets its fields to those members' offsets (failing on the first missing one), and the
+/// fields after the groups are given as in any struct literal. A macro so that the compiler
+/// still insists on every field.
+macro_rules! kernel_offsets {
+    ($btf:expr; $($s:literal { $($field:ident: $m:literal),+ $(,)? })+ ; $($rest:tt)*) => {
+        KernelOffsets {
+            $($($field: $btf.member_offset($s, $m)?,)+)+
+            $($rest)*
+        }
+    };
+}
+
 /// Resolves every offset the programs read. Fails with the first missing struct or member,
 /// named, so a kernel we cannot read is refused instead of traced wrongly. Each layout that
 /// differs between kernels is resolved in its own function below.
@@ -23,50 +36,43 @@ pub fn resolve_offsets(btf: &Btf) -> Result<KernelOffsets> {
         (1 << flag_bit(btf, "__REQ_PREFLUSH")?) | (1 << flag_bit(btf, "__REQ_FUA")?);
     let req_sync_idle_mask =
         (1 << flag_bit(btf, "__REQ_SYNC")?) | (1 << flag_bit(btf, "__REQ_IDLE")?);
-    Ok(KernelOffsets {
+    let blkcg_css_cgroup = off("blkcg", "css")? + off("cgroup_subsys_state", "cgroup")?;
+    // The members read the same way on every kernel, by kernel struct.
+    Ok(kernel_offsets! { btf;
+        "bio" {
+            bio_bi_opf: "bi_opf", bio_bi_blkg: "bi_blkg", bio_bi_flags: "bi_flags",
+            bio_bi_sector: "bi_iter.bi_sector", bio_bi_size: "bi_iter.bi_size",
+            bio_bi_private: "bi_private", bio_bi_next: "bi_next",
+        }
+        "gendisk" { disk_major: "major", disk_first_minor: "first_minor", disk_queue: "queue" }
+        "blkcg_gq" { blkg_blkcg: "blkcg", blkg_pd: "pd", blkg_q: "q" }
+        "cgroup" { cgroup_kn: "kn", cgroup_root: "root" }
+        "kernfs_node" { kn_id: "id" }
+        "cgroup_root" { root_hierarchy_id: "hierarchy_id" }
+        "request" {
+            rq_q: "q", rq_cmd_flags: "cmd_flags", rq_data_len: "__data_len",
+            rq_sector: "__sector", rq_bio: "bio", rq_state: "state",
+            rq_start_time_ns: "start_time_ns",
+        }
+        "work_struct" { work_func: "func" }
+        "request_queue" { q_td: "td", q_elevator: "elevator" }
+        "throtl_grp" { tg_td: "td" }
+        "task_struct" { task_plug: "plug" }
+        "elevator_queue" { elv_type: "type" }
+        "elevator_type" { elv_type_name: "elevator_name" };
+        // Resolved above: what differs between kernels, and what is more than one member.
         ready: 1,
-        bio_bi_opf: off("bio", "bi_opf")?,
         bio_bi_bdev,
-        bio_bi_blkg: off("bio", "bi_blkg")?,
-        bio_bi_flags: off("bio", "bi_flags")?,
-        bio_bi_sector: off("bio", "bi_iter.bi_sector")?,
-        bio_bi_size: off("bio", "bi_iter.bi_size")?,
-        bio_bi_private: off("bio", "bi_private")?,
-        bio_bi_next: off("bio", "bi_next")?,
         bdev_bd_disk,
-        disk_major: off("gendisk", "major")?,
-        disk_first_minor: off("gendisk", "first_minor")?,
-        blkg_blkcg: off("blkcg_gq", "blkcg")?,
-        blkcg_css_cgroup: off("blkcg", "css")? + off("cgroup_subsys_state", "cgroup")?,
-        cgroup_kn: off("cgroup", "kn")?,
-        kn_id: off("kernfs_node", "id")?,
-        cgroup_root: off("cgroup", "root")?,
-        root_hierarchy_id: off("cgroup_root", "hierarchy_id")?,
-        rq_q: off("request", "q")?,
-        rq_cmd_flags: off("request", "cmd_flags")?,
-        rq_data_len: off("request", "__data_len")?,
-        rq_sector: off("request", "__sector")?,
-        rq_bio: off("request", "bio")?,
+        blkcg_css_cgroup,
         q_disk,
-        work_func: off("work_struct", "func")?,
-        blkg_pd: off("blkcg_gq", "pd")?,
         tg_has_rules_iops: iops_rules,
         tg_has_rules_bps: bps_rules,
         bio_bps_throttled_bit: bps_bit,
-        blkg_q: off("blkcg_gq", "q")?,
-        q_td: off("request_queue", "td")?,
-        tg_td: off("throtl_grp", "td")?,
         blkg_pd_count: pd_count,
         req_flush_mask,
         req_sync_idle_mask,
-        rq_state: off("request", "state")?,
-        rq_start_time_ns: off("request", "start_time_ns")?,
-        task_plug: off("task_struct", "plug")?,
         plug_candidate,
-        disk_queue: off("gendisk", "queue")?,
-        q_elevator: off("request_queue", "elevator")?,
-        elv_type: off("elevator_queue", "type")?,
-        elv_type_name: off("elevator_type", "elevator_name")?,
         elv_name_is_pointer: btf.array_len("elevator_type", "elevator_name").is_err() as u32,
         bio_disk_direct,
         rq_rq_disk,

@@ -4,7 +4,42 @@ use std::collections::BTreeMap;
 
 use mergetrace_common::count::COUNT_BUCKETS;
 
-use crate::model::snapshot::{count_bounds, size_bounds, UnplugSnapshot};
+use crate::model::snapshot::{count_bounds, size_bounds, Histograms, UnplugSnapshot};
+
+/// A histogram's counts by bucket bound.
+type Counts = BTreeMap<u64, u64>;
+
+/// One of the per-request histograms both reports draw.
+pub struct RequestHistogram {
+    /// What it counts per request (its title).
+    pub what: &'static str,
+    /// What its buckets are (a chart's x axis).
+    pub axis: &'static str,
+    /// The histogram in a direction's [`Histograms`].
+    pub of: fn(&Histograms) -> &Counts,
+    /// The run of its buckets worth drawing.
+    pub buckets: fn(&Counts) -> Vec<(u64, u64)>,
+    /// A bucket bound's label.
+    pub label: fn(u64) -> String,
+}
+
+/// The request histograms, in the order the reports show them.
+pub const REQUEST_HISTOGRAMS: [RequestHistogram; 2] = [
+    RequestHistogram {
+        what: "request size",
+        axis: "request size",
+        of: |h| &h.request_bytes,
+        buckets: size_buckets,
+        label: size_label,
+    },
+    RequestHistogram {
+        what: "bios per request",
+        axis: "bios in the request",
+        of: |h| &h.bios_per_request,
+        buckets: count_buckets,
+        label: count_label,
+    },
+];
 
 /// Labels for the request size histogram's bucket bounds: "≤ 4 KiB", "> 8 MiB".
 pub fn size_label(bound: u64) -> String {

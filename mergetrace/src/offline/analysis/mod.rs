@@ -9,7 +9,10 @@ use foldhash::{HashMap, HashMapExt};
 use mergetrace_common::{kind, Event, MeterUnits};
 use serde::Serialize;
 
-pub use buckets::{count_buckets, count_label, size_buckets, size_label, unplug_rows};
+pub use buckets::{
+    count_buckets, count_label, size_buckets, size_label, unplug_rows, RequestHistogram,
+    REQUEST_HISTOGRAMS,
+};
 
 use crate::{
     model::aggregate::{self, Counts, Dir},

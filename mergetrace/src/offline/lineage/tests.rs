@@ -90,13 +90,15 @@ fn lineage_split_pieces_keep_their_parent() {
     // One 1 MiB bio split in two 512 KiB pieces: the front piece is a new bio, the
     // original continues as the remainder.
     let parent = s.bio_queue(DEV, 100, 1, 0, 1 << 20, flags::RULES_IOPS);
-    let piece = s.split(DEV, 100, parent, 0, 512 << 10, 1024);
+    let piece = s.split(DEV, 100, parent, 0, 512 << 10);
     s.getrq(DEV, 100, piece, 0, 512 << 10);
-    let rq1 = s.issue_raw(DEV, 100, piece, 0, 512 << 10, 1);
+    let r1 = s.request(DEV, 100, piece, 0, 512 << 10);
+    let rq1 = s.issue(&r1);
     s.getrq(DEV, 100, parent, 1024, 512 << 10);
-    let rq2 = s.issue_raw(DEV, 100, parent, 1024, 512 << 10, 1);
-    s.complete(DEV, 100, rq1, piece, 0, 512 << 10);
-    s.complete(DEV, 100, rq2, parent, 1024, 512 << 10);
+    let r2 = s.request(DEV, 100, parent, 1024, 512 << 10);
+    let rq2 = s.issue(&r2);
+    s.complete_rq(&r1, rq1);
+    s.complete_rq(&r2, rq2);
     let l = trace(&s.events, None);
     assert_eq!(l.requests.len(), 2);
     let (r1, r2) = (&l.requests[0], &l.requests[1]);
@@ -220,7 +222,8 @@ fn lineage_ambiguous_and_orphans_are_reported() {
     assert!(l.requests.iter().all(|r| r.consistent()));
     // A request whose building the capture missed.
     let mut s2 = Synth::new();
-    s2.issue_raw(DEV, 100, 0xdead, 0, 4096, 1);
+    let r = s2.request(DEV, 100, 0xdead, 0, 4096);
+    s2.issue(&r);
     let l2 = trace(&s2.events, None);
     assert_eq!(l2.requests[0].matched, Match::Unmatched);
     assert!(!l2.requests[0].consistent());
@@ -232,9 +235,8 @@ fn lineage_throttle_wait_and_charge_follow_the_bio() {
     // fentry tier: the release (with the measured wait) comes just before bio_queue,
     // which the throttle's dispatch work marks as released.
     let bio_addr = 0xffff_8880_0100_0100; // the next address Synth hands out
-    let mut rel = s.raw(kind::THROTTLE_RELEASE, DEV, 100, bio_addr, 0, 4096, 0);
-    rel.aux64 = 2_500_000;
-    *s.events.last_mut().unwrap() = rel;
+    s.raw(kind::THROTTLE_RELEASE, DEV, 100, bio_addr, 0, 4096, 0)
+        .aux64 = 2_500_000;
     let bio = s.bio_queue(
         DEV,
         100,
@@ -245,8 +247,9 @@ fn lineage_throttle_wait_and_charge_follow_the_bio() {
     );
     assert_eq!(bio, bio_addr);
     s.getrq(DEV, 100, bio, 0, 4096);
-    let rq = s.issue_raw(DEV, 100, bio, 0, 4096, 1);
-    s.complete(DEV, 100, rq, bio, 0, 4096);
+    let r = s.request(DEV, 100, bio, 0, 4096);
+    let rq = s.issue(&r);
+    s.complete_rq(&r, rq);
     let l = trace(&s.events, None);
     let b = &l.requests[0].bios[0];
     assert!(b.throttled && b.charged);

@@ -243,7 +243,7 @@ mod tests {
     fn export_blktrace_records_have_the_kernel_layout() {
         let mut s = Synth::new();
         s.batch(7 << 20 | 2, 1, 0, 2, 4096, false, path::PLUG);
-        s.split(7 << 20 | 2, 1, 0xabc, 16, 4096, 24);
+        s.split(7 << 20 | 2, 1, 0xabc, 16, 4096);
         let q = record(&s.events[0], 1, START_NS).unwrap();
         assert_eq!(q.len(), RECORD_LEN);
         assert_eq!(field_u32(&q, 0), 0x6561_7407);

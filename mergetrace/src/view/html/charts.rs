@@ -2,8 +2,9 @@
 //! (stacked) bars over labelled buckets.
 use anyhow::{anyhow, Result};
 use plotters::{
+    chart::MeshStyle,
     coord::{
-        ranged1d::SegmentedCoord,
+        ranged1d::{SegmentedCoord, ValueFormatter},
         types::{RangedCoordu64, RangedCoordusize},
     },
     prelude::*,
@@ -32,6 +33,23 @@ const FONT: &str = "sans-serif";
 
 fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow!("drawing a chart: {e:?}")
+}
+
+/// Draws the grid and axes with the text and line styles every chart here shares (tick labels
+/// of `label_size`).
+fn draw_mesh<X, Y, XT, YT, DB>(mesh: &mut MeshStyle<X, Y, DB>, label_size: u32) -> Result<()>
+where
+    X: Ranged<ValueType = XT> + ValueFormatter<XT>,
+    Y: Ranged<ValueType = YT> + ValueFormatter<YT>,
+    DB: DrawingBackend,
+{
+    mesh.label_style((FONT, label_size))
+        .axis_desc_style((FONT, 13))
+        .max_light_lines(1)
+        .light_line_style(RGBColor(240, 240, 240))
+        .bold_line_style(RGBColor(215, 215, 215))
+        .draw()
+        .map_err(err)
 }
 
 /// A y range with headroom (more under a legend), at least 1.
@@ -103,18 +121,14 @@ pub(super) fn line_chart(
         let mut chart = frame(&root, title)
             .build_cartesian_2d(0u64..x_end, 0u64..y_max(max, true))
             .map_err(err)?;
-        chart
-            .configure_mesh()
-            .x_desc("seconds since the capture's start")
-            .y_desc(y_desc)
-            .x_labels(x_end.min(12) as usize + 1)
-            .label_style((FONT, 12))
-            .axis_desc_style((FONT, 13))
-            .max_light_lines(1)
-            .light_line_style(RGBColor(240, 240, 240))
-            .bold_line_style(RGBColor(215, 215, 215))
-            .draw()
-            .map_err(err)?;
+        draw_mesh(
+            chart
+                .configure_mesh()
+                .x_desc("seconds since the capture's start")
+                .y_desc(y_desc)
+                .x_labels(x_end.min(12) as usize + 1),
+            12,
+        )?;
         for l in lines {
             let mut pts = Vec::with_capacity(l.values.len() * 2);
             for (i, v) in l.values.iter().enumerate() {
@@ -169,26 +183,22 @@ pub(super) fn bar_chart<S: AsRef<str>>(
                 0u64..y_max(max, series.len() > 1),
             )
             .map_err(err)?;
-        let labels = labels.to_vec();
-        chart
-            .configure_mesh()
-            .disable_x_mesh()
-            .x_desc(x_desc)
-            .y_desc(y_desc)
-            .x_labels(n)
-            .x_label_formatter(&|v| match v {
-                SegmentValue::CenterOf(i) | SegmentValue::Exact(i) => {
-                    labels.get(*i).cloned().unwrap_or_default()
-                }
-                SegmentValue::Last => String::new(),
-            })
-            .label_style((FONT, 11))
-            .axis_desc_style((FONT, 13))
-            .max_light_lines(1)
-            .light_line_style(RGBColor(240, 240, 240))
-            .bold_line_style(RGBColor(215, 215, 215))
-            .draw()
-            .map_err(err)?;
+        let label = |v: &SegmentValue<usize>| match v {
+            SegmentValue::CenterOf(i) | SegmentValue::Exact(i) => {
+                labels.get(*i).cloned().unwrap_or_default()
+            }
+            SegmentValue::Last => String::new(),
+        };
+        draw_mesh(
+            chart
+                .configure_mesh()
+                .disable_x_mesh()
+                .x_desc(x_desc)
+                .y_desc(y_desc)
+                .x_labels(n)
+                .x_label_formatter(&label),
+            11,
+        )?;
         stack(&mut chart, series, n)?;
         label_totals(&mut chart, &totals)?;
         if series.len() > 1 {

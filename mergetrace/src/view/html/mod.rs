@@ -9,9 +9,7 @@ use std::{collections::BTreeMap, fmt::Write as _, path::Path};
 use anyhow::Result;
 use plotters::style::RGBColor;
 
-use crate::offline::analysis::{
-    count_buckets, count_label, size_buckets, size_label, unplug_rows, Distributions, Series,
-};
+use crate::offline::analysis::{unplug_rows, Distributions, Series, REQUEST_HISTOGRAMS};
 use crate::{
     capture::Header,
     model::aggregate::Dir,
@@ -338,31 +336,18 @@ fn request_charts(o: &mut String, dev: &DeviceSnapshot) -> Result<()> {
     let mut hists = String::new();
     for dir in Dir::ALL {
         let hg = &dev.total.get(dir).histograms;
-        let sizes = size_buckets(&hg.request_bytes);
-        if !sizes.is_empty() {
+        for hist in &REQUEST_HISTOGRAMS {
+            let buckets = (hist.buckets)((hist.of)(hg));
+            if buckets.is_empty() {
+                continue;
+            }
+            let labels: Vec<String> = buckets.iter().map(|(b, _)| (hist.label)(*b)).collect();
             hists.push_str(&bar_chart(
-                &format!("{} {}: request size", dev.device, dir.name()),
-                "request size",
+                &format!("{} {}: {}", dev.device, dir.name(), hist.what),
+                hist.axis,
                 "requests",
-                &sizes
-                    .iter()
-                    .map(|(b, _)| size_label(*b))
-                    .collect::<Vec<_>>(),
-                &by_cgroup(dev, dir, &sizes, |h| &h.request_bytes),
-            )?);
-            hists.push('\n');
-        }
-        let counts = count_buckets(&hg.bios_per_request);
-        if !counts.is_empty() {
-            hists.push_str(&bar_chart(
-                &format!("{} {}: bios per request", dev.device, dir.name()),
-                "bios in the request",
-                "requests",
-                &counts
-                    .iter()
-                    .map(|(b, _)| count_label(*b))
-                    .collect::<Vec<_>>(),
-                &by_cgroup(dev, dir, &counts, |h| &h.bios_per_request),
+                &labels,
+                &by_cgroup(dev, dir, &buckets, hist.of),
             )?);
             hists.push('\n');
         }

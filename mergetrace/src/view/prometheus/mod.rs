@@ -223,21 +223,35 @@ impl Row {
         r
     }
 
+    /// Calls `f` with each plain counter of `self` and the same counter of `o`: the totals, the
+    /// merges by path and the histogram buckets. The delay, the cloud meters and the gauges
+    /// each caller combines in its own way.
+    fn each_counter(&mut self, o: &Row, mut f: impl FnMut(&mut u64, u64)) {
+        let totals = [
+            (&mut self.bios, o.bios),
+            (&mut self.bio_bytes, o.bio_bytes),
+            (&mut self.requests, o.requests),
+            (&mut self.request_bytes, o.request_bytes),
+            (&mut self.splits, o.splits),
+            (&mut self.flush_only, o.flush_only),
+            (&mut self.requeues, o.requeues),
+            (&mut self.charged_ios, o.charged_ios),
+            (&mut self.charged_bytes, o.charged_bytes),
+            (&mut self.throttled_bios, o.throttled_bios),
+        ];
+        for (a, b) in totals
+            .into_iter()
+            .chain(self.merged.iter_mut().zip(o.merged))
+            .chain(self.size_hist.iter_mut().zip(o.size_hist))
+            .chain(self.bpr_hist.iter_mut().zip(o.bpr_hist))
+        {
+            f(a, b);
+        }
+    }
+
     /// Sums `o` into `self` (rows folded under one label). Limits: the first one known.
     pub fn add(&mut self, o: &Row) {
-        self.bios += o.bios;
-        self.bio_bytes += o.bio_bytes;
-        for (a, b) in self.merged.iter_mut().zip(o.merged) {
-            *a += b;
-        }
-        self.requests += o.requests;
-        self.request_bytes += o.request_bytes;
-        self.splits += o.splits;
-        self.flush_only += o.flush_only;
-        self.requeues += o.requeues;
-        self.charged_ios += o.charged_ios;
-        self.charged_bytes += o.charged_bytes;
-        self.throttled_bios += o.throttled_bios;
+        self.each_counter(o, |a, b| *a += b);
         self.delay_ns = match (self.delay_ns, o.delay_ns) {
             (Some(a), Some(b)) => Some(a + b),
             (a, b) => a.or(b),
@@ -245,12 +259,6 @@ impl Row {
         self.delay_estimated |= o.delay_estimated;
         for (unit, n) in &o.cloud {
             *self.cloud.entry(*unit).or_default() += n;
-        }
-        for (a, b) in self.size_hist.iter_mut().zip(o.size_hist) {
-            *a += b;
-        }
-        for (a, b) in self.bpr_hist.iter_mut().zip(o.bpr_hist) {
-            *a += b;
         }
         self.limit_iops = self.limit_iops.or(o.limit_iops);
         self.limit_bps = self.limit_bps.or(o.limit_bps);
@@ -264,19 +272,7 @@ impl Row {
     /// Takes `o` out of `self`, counter by counter (never below 0). Gauges stay.
     pub fn subtract(&mut self, o: &Row) {
         let sub = |a: &mut u64, b: u64| *a = a.saturating_sub(b);
-        sub(&mut self.bios, o.bios);
-        sub(&mut self.bio_bytes, o.bio_bytes);
-        for (a, b) in self.merged.iter_mut().zip(o.merged) {
-            sub(a, b);
-        }
-        sub(&mut self.requests, o.requests);
-        sub(&mut self.request_bytes, o.request_bytes);
-        sub(&mut self.splits, o.splits);
-        sub(&mut self.flush_only, o.flush_only);
-        sub(&mut self.requeues, o.requeues);
-        sub(&mut self.charged_ios, o.charged_ios);
-        sub(&mut self.charged_bytes, o.charged_bytes);
-        sub(&mut self.throttled_bios, o.throttled_bios);
+        self.each_counter(o, sub);
         if let (Some(a), Some(b)) = (self.delay_ns.as_mut(), o.delay_ns) {
             sub(a, b);
         }
@@ -284,12 +280,6 @@ impl Row {
             if let Some(a) = self.cloud.get_mut(unit) {
                 sub(a, *n);
             }
-        }
-        for (a, b) in self.size_hist.iter_mut().zip(o.size_hist) {
-            sub(a, b);
-        }
-        for (a, b) in self.bpr_hist.iter_mut().zip(o.bpr_hist) {
-            sub(a, b);
         }
         if let (Some(a), Some(b)) = (self.wbt.as_mut(), o.wbt) {
             each2(a, b, sub);
@@ -303,19 +293,7 @@ impl Row {
     /// of what was exported and what is counted now; the gauges are `now`'s.
     pub fn raise_to(&mut self, now: &Row) {
         let max = |a: &mut u64, b: u64| *a = (*a).max(b);
-        max(&mut self.bios, now.bios);
-        max(&mut self.bio_bytes, now.bio_bytes);
-        for (a, b) in self.merged.iter_mut().zip(now.merged) {
-            max(a, b);
-        }
-        max(&mut self.requests, now.requests);
-        max(&mut self.request_bytes, now.request_bytes);
-        max(&mut self.splits, now.splits);
-        max(&mut self.flush_only, now.flush_only);
-        max(&mut self.requeues, now.requeues);
-        max(&mut self.charged_ios, now.charged_ios);
-        max(&mut self.charged_bytes, now.charged_bytes);
-        max(&mut self.throttled_bios, now.throttled_bios);
+        self.each_counter(now, max);
         self.delay_ns = match (self.delay_ns, now.delay_ns) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
@@ -323,12 +301,6 @@ impl Row {
         self.delay_estimated = now.delay_estimated;
         for (unit, n) in &now.cloud {
             max(self.cloud.entry(*unit).or_default(), *n);
-        }
-        for (a, b) in self.size_hist.iter_mut().zip(now.size_hist) {
-            max(a, b);
-        }
-        for (a, b) in self.bpr_hist.iter_mut().zip(now.bpr_hist) {
-            max(a, b);
         }
         self.limit_iops = now.limit_iops;
         self.limit_bps = now.limit_bps;

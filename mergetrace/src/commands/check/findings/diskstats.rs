@@ -11,6 +11,21 @@ struct Direction {
     sectors: u64,
 }
 
+impl Direction {
+    /// The average size of what reached the device, and what it averages ("N sectors over M
+    /// `unit`s"): a bio-based disk is sent bios, any other requests.
+    fn average(&self, unit: &str) -> (String, String) {
+        (
+            fmt::kib_per(self.sectors, self.requests),
+            format!(
+                "{} sectors over {} {unit}s",
+                fmt::thousands(self.sectors),
+                fmt::thousands(self.requests)
+            ),
+        )
+    }
+}
+
 fn direction(input: &CheckInput, d: &Direction, bio_based: bool, out: &mut Vec<Finding>) {
     let name = &input.device.name;
     let bios = d.requests + d.merged;
@@ -41,15 +56,10 @@ fn direction(input: &CheckInput, d: &Direction, bio_based: bool, out: &mut Vec<F
             ),
             None,
         ));
+        let (size, over) = d.average("bio");
         out.push(Finding::new(
             d.size_topic,
-            format!(
-                "average {} bio {} ({} sectors over {} bios)",
-                d.word,
-                fmt::kib_per(d.sectors, d.requests),
-                fmt::thousands(d.sectors),
-                fmt::thousands(d.requests)
-            ),
+            format!("average {} bio {size} ({over})", d.word),
             None,
         ));
         return;
@@ -72,14 +82,12 @@ fn direction(input: &CheckInput, d: &Direction, bio_based: bool, out: &mut Vec<F
                 .into(),
         ),
     ));
+    let (size, over) = d.average("request");
     out.push(Finding::new(
         d.size_topic,
         format!(
-            "average {} request reaching the device: {} ({} sectors over {} requests; merging can build up to {})",
+            "average {} request reaching the device: {size} ({over}; merging can build up to {})",
             d.word,
-            fmt::kib_per(d.sectors, d.requests),
-            fmt::thousands(d.sectors),
-            fmt::thousands(d.requests),
             fmt::kib(input.queue.merge_ceiling_bytes()),
         ),
         Some(

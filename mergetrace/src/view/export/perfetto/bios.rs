@@ -6,7 +6,7 @@ use serde_json::json;
 
 use super::{
     dur_us,
-    layout::{Layout, Role, Slice},
+    layout::{Layout, Role, Slice, Track},
     us, Out,
 };
 use crate::{
@@ -45,7 +45,7 @@ pub(super) fn merge(out: &mut Out, layout: &mut Layout, e: &Event, names: &Names
     let pid = layout.pids[&e.dev];
     let tid = match layout.bio_at.get(&(e.id, e.ts_ns)) {
         Some(at) => at.0,
-        None => layout.tracks.tid((pid, e.cgroup_id, Role::Bios, 0)),
+        None => layout.instant(e, Role::Bios).tid,
     };
     let how = if e.kind == kind::BACK_MERGE {
         "back"
@@ -59,16 +59,9 @@ pub(super) fn merge(out: &mut Out, layout: &mut Layout, e: &Event, names: &Names
 }
 
 /// A `bio_queue` whose bio is in no request of the capture (no slice to start).
-pub(super) fn queued_alone(
-    out: &mut Out,
-    layout: &mut Layout,
-    e: &Event,
-    names: &Names,
-) -> Result<()> {
-    let pid = layout.pids[&e.dev];
-    let tid = layout.tracks.tid((pid, e.cgroup_id, Role::Bios, 0));
+pub(super) fn queued_alone(out: &mut Out, at: Track, e: &Event, names: &Names) -> Result<()> {
     out.ev(json!({"ph": "i", "s": "t", "cat": "bio",
         "name": "bio queued (no request in the capture)",
-        "pid": pid, "tid": tid, "ts": us(names, e.ts_ns),
+        "pid": at.pid, "tid": at.tid, "ts": us(names, e.ts_ns),
         "args": {"bio": addr(e.id), "sector": e.sector, "bytes": e.bytes}}))
 }

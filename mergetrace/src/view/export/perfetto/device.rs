@@ -3,20 +3,10 @@ use anyhow::Result;
 use mergetrace_common::{flags, Event};
 use serde_json::json;
 
-use super::{
-    layout::{Layout, Role},
-    us, Out,
-};
+use super::{layout::Track, us, Out};
 use crate::offline::names::{addr, Names};
 
-pub(super) fn plug_flush(
-    out: &mut Out,
-    layout: &mut Layout,
-    e: &Event,
-    names: &Names,
-) -> Result<()> {
-    let pid = layout.pids[&e.dev];
-    let tid = layout.tracks.tid((pid, 0, Role::Device, 0));
+pub(super) fn plug_flush(out: &mut Out, at: Track, e: &Event, names: &Names) -> Result<()> {
     let why = if e.flags & flags::UNPLUG_EXPLICIT != 0 {
         "explicit"
     } else {
@@ -24,20 +14,13 @@ pub(super) fn plug_flush(
     };
     out.ev(json!({"ph": "i", "s": "t", "cat": "plug",
         "name": format!("plug flush: {} requests ({why})", e.aux),
-        "pid": pid, "tid": tid, "ts": us(names, e.ts_ns)}))
+        "pid": at.pid, "tid": at.tid, "ts": us(names, e.ts_ns)}))
 }
 
-pub(super) fn request_merge(
-    out: &mut Out,
-    layout: &mut Layout,
-    e: &Event,
-    names: &mut Names,
-) -> Result<()> {
-    let pid = layout.pids[&e.dev];
-    let tid = layout.tracks.tid((pid, 0, Role::Device, 0));
+pub(super) fn request_merge(out: &mut Out, at: Track, e: &Event, names: &mut Names) -> Result<()> {
     out.ev(
         json!({"ph": "i", "s": "t", "cat": "merge", "name": "request merge",
-        "pid": pid, "tid": tid, "ts": us(names, e.ts_ns),
+        "pid": at.pid, "tid": at.tid, "ts": us(names, e.ts_ns),
         "args": {"absorbed_rq": addr(e.id), "sector": e.sector, "bytes": e.bytes,
                  "cgroup": names.cgroup(e.cgroup_id)}}),
     )

@@ -20,6 +20,13 @@ pub(super) enum Role {
 /// A thread (track): (pid, cgroup, role, lane).
 pub(super) type TrackKey = (u32, u64, Role, usize);
 
+/// Where an event is drawn: its device's process and a thread of it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Track {
+    pub(super) pid: u32,
+    pub(super) tid: u64,
+}
+
 /// Threads (tracks) → tid, numbered in the order they are first used.
 #[derive(Default)]
 pub(super) struct Tracks {
@@ -100,20 +107,30 @@ impl Layout {
             .filter(|b| b.split_from.is_none())
             .filter_map(|b| b.queue_ts.map(|t| (b.bio, t)))
             .collect();
-        // Tracks of instants that are not on a lane: lane 0 of the cgroup's bios, the device's.
+        // Number the tracks of instants that are not on a lane now, after the slices' tracks.
         for e in events {
-            let pid = l.pids[&e.dev];
             match e.kind {
                 kind::BIO_QUEUE | kind::BACK_MERGE | kind::FRONT_MERGE => {
-                    l.tracks.tid((pid, e.cgroup_id, Role::Bios, 0));
+                    l.instant(e, Role::Bios);
                 }
                 kind::UNPLUG | kind::RQ_MERGE => {
-                    l.tracks.tid((pid, 0, Role::Device, 0));
+                    l.instant(e, Role::Device);
                 }
                 _ => {}
             }
         }
         l
+    }
+
+    /// Where an instant of `e` that is not on a lane goes: lane 0 of its cgroup's bios track
+    /// (`Role::Bios`), or its device's block layer track (`Role::Device`).
+    pub(super) fn instant(&mut self, e: &Event, role: Role) -> Track {
+        let pid = self.pids[&e.dev];
+        let cgroup = if role == Role::Device { 0 } else { e.cgroup_id };
+        Track {
+            pid,
+            tid: self.tracks.tid((pid, cgroup, role, 0)),
+        }
     }
 
     /// Every slice on a lane, in start order.

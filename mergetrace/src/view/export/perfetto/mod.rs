@@ -103,10 +103,14 @@ pub fn write(
         match e.kind {
             kind::BACK_MERGE | kind::FRONT_MERGE => bios::merge(&mut out, &mut layout, e, names)?,
             kind::BIO_QUEUE if !layout.placed_queue.contains(&(e.id, e.ts_ns)) => {
-                bios::queued_alone(&mut out, &mut layout, e, names)?
+                bios::queued_alone(&mut out, layout.instant(e, Role::Bios), e, names)?
             }
-            kind::UNPLUG => device::plug_flush(&mut out, &mut layout, e, names)?,
-            kind::RQ_MERGE => device::request_merge(&mut out, &mut layout, e, names)?,
+            kind::UNPLUG => {
+                device::plug_flush(&mut out, layout.instant(e, Role::Device), e, names)?
+            }
+            kind::RQ_MERGE => {
+                device::request_merge(&mut out, layout.instant(e, Role::Device), e, names)?
+            }
             _ => {}
         }
     }

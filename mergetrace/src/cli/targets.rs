@@ -1,0 +1,36 @@
+//! What a counting run (live, serve) traces, resolved from its flags before anything is loaded:
+//! a device or cgroup that does not exist fails the command at once.
+use anyhow::Result;
+
+use super::args::{NamesArg, SubtreeArg, TraceArgs};
+use crate::sys::{
+    cgroups::Cgroups,
+    device::{self, Device},
+};
+
+/// The traced disks, the cgroup names and the `-c` subtree (hierarchy-relative) if any.
+pub struct Targets {
+    pub devices: Vec<Device>,
+    pub cgroups: Cgroups,
+    pub subtree: Option<String>,
+}
+
+impl Targets {
+    pub fn resolve(trace: &TraceArgs, subtree: &SubtreeArg, names: &NamesArg) -> Result<Targets> {
+        let devices = device::resolve_all(&trace.devices)?;
+        let mut cgroups = Cgroups::discover()?;
+        if names.no_local_names {
+            cgroups = cgroups.without_local_names();
+        }
+        let subtree = subtree
+            .cgroup
+            .as_deref()
+            .map(|c| cgroups.normalize(c))
+            .transpose()?;
+        Ok(Targets {
+            devices,
+            cgroups,
+            subtree,
+        })
+    }
+}
