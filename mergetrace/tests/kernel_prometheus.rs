@@ -326,7 +326,10 @@ fn prometheus_deltas_match_diskstats() {
     );
     assert_eq!(bio_bytes, SIZE, "{ctx}");
     assert_eq!(read_requests, d.reads, "read requests vs diskstats; {ctx}");
-    assert_eq!(read_merged, d.reads_merged, "read merges vs diskstats; {ctx}");
+    assert_eq!(
+        read_merged, d.reads_merged,
+        "read merges vs diskstats; {ctx}"
+    );
     assert_eq!(cgroup_bios, ios, "fio's cgroup has every bio; {ctx}");
     assert_eq!(
         cgroup_requests, d.writes,

@@ -93,7 +93,13 @@ pub fn run(args: &DistArgs) -> Result<()> {
         .arg(&out)
         .arg(&name))?;
     let deb = debian_package(&stage, &files, &out, &version)?;
-    let rpm = rpm_package(&stage, &files, &out, &version, &workspace_field(&root, "license")?)?;
+    let rpm = rpm_package(
+        &stage,
+        &files,
+        &out,
+        &version,
+        &workspace_field(&root, "license")?,
+    )?;
     check_packages(&files, (&tarball, &deb, &rpm), &out, &version)?;
     eprintln!("dist: {}", tarball.display());
     eprintln!("dist: {}", deb.display());
@@ -386,10 +392,7 @@ fn check_rpm(
     listed.sort();
     let mut want: Vec<String> = files.iter().map(|f| format!("/{}", f.rpm)).collect();
     want.sort();
-    ensure!(
-        listed == want,
-        "rpm -qlp lists {listed:?}, want {want:?}"
-    );
+    ensure!(listed == want, "rpm -qlp lists {listed:?}, want {want:?}");
     fs::create_dir_all(dir)?;
     let mut rpm2cpio = Command::new("rpm2cpio")
         .arg(rpm)
@@ -411,7 +414,11 @@ fn check_rpm(
         same_as_tarball(dir, &f.rpm, f, "the .rpm")?;
     }
     let n = count_files(dir)?;
-    ensure!(n == files.len(), "the .rpm unpacks {n} files, want {}", files.len());
+    ensure!(
+        n == files.len(),
+        "the .rpm unpacks {n} files, want {}",
+        files.len()
+    );
     ensure!(
         is_executable(&dir.join("usr/bin/mergetrace"))?,
         "the .rpm's binary is not executable"
@@ -455,12 +462,21 @@ fn check_deb(
         );
         same_as_tarball(root, &f.deb, f, "the installed .deb")?;
     }
-    let verify = quiet(dpkg().args(["--verify", "mergetrace"]), "dpkg --root --verify")?;
+    let verify = quiet(
+        dpkg().args(["--verify", "mergetrace"]),
+        "dpkg --root --verify",
+    )?;
     ensure!(verify.trim().is_empty(), "dpkg --verify: {verify}");
 
     let bin = root.join("usr/bin/mergetrace");
-    ensure!(is_executable(&bin)?, "the installed binary is not executable");
-    let v = quiet(Command::new(&bin).arg("--version"), "the installed mergetrace --version")?;
+    ensure!(
+        is_executable(&bin)?,
+        "the installed binary is not executable"
+    );
+    let v = quiet(
+        Command::new(&bin).arg("--version"),
+        "the installed mergetrace --version",
+    )?;
     ensure!(
         v.trim() == format!("mergetrace {version}"),
         "the installed binary says {v:?}"
