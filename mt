@@ -3,6 +3,7 @@
 #   ./mt setup                 install what building needs (scripts/setup)
 #   ./mt run [ARGS...]         build (release) and run mergetrace ARGS, as root (sudo if needed)
 #   ./mt test [ARGS...]        install test tools too, then `cargo xtask test ARGS` (as root)
+#   ./mt dist                  install the packaging tools too, then `cargo xtask dist`
 #   ./mt CMD [ARGS...]         anything else: `cargo xtask CMD ARGS`
 set -euo pipefail
 
@@ -10,7 +11,7 @@ root=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)
 export PATH="$HOME/.cargo/bin:$PATH"
 
 usage() {
-    sed -n '2,6s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
+    sed -n '2,7s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
 }
 
 in_root() { (cd "$root" && "$@"); }
@@ -40,6 +41,11 @@ case "$cmd" in
         shift
         "$root/scripts/setup" --test
         in_root cargo xtask test "$@"
+        ;;
+    dist)
+        shift
+        "$root/scripts/setup" --dist
+        in_root cargo xtask dist "$@"
         ;;
     *)
         "$root/scripts/setup"

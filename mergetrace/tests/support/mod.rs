@@ -17,6 +17,7 @@
 //! - [`Cgroup`]: the v1 blkio hierarchy when it is mounted (this host), otherwise cgroup v2
 //!   (the lab), with `io.max` for limits and `io.stat` for blk-cgroup's counters.
 //! - [`Tracer`]: `--tier $MERGETRACE_TEST_TIER` when that is set (`tracepoint` / `fentry`).
+//! - [`serve::Server`]: `mergetrace serve` on a free loopback port (kernel_serve, kernel_prometheus).
 #![allow(dead_code)]
 
 use std::{
@@ -38,6 +39,8 @@ mod disk;
 mod diskstats;
 mod fio;
 mod recorder;
+/// `mergetrace serve` as a child (`use support::serve::*`: kernel_churn has a server of its own).
+pub mod serve;
 mod test_disk;
 mod tracer;
 /// Real programs' I/O (ext4, fsync, fstrim, SQLite, PostgreSQL...) for the conformance suite.

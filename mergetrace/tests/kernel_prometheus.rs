@@ -1,0 +1,369 @@
+//! A real Prometheus scrapes `mergetrace serve`: Debian's `prometheus` server, on loopback
+//! with a config of its own (scrape every 1 s) and a scratch storage directory, scrapes the
+//! exporter tracing a loop device while fio writes to it. The counter deltas that PromQL
+//! computes over the run, over Prometheus's HTTP API, must equal the /proc/diskstats deltas
+//! of the run (requests, merges, sectors) and fio's I/O count (bios), exactly.
+//!
+//! The two samples the deltas are taken between are not found by sleeping: the test reads
+//! diskstats, then polls the API until Prometheus has stored a scrape that started after that
+//! read (`timestamp(up)`), and evaluates PromQL at those scrapes' own timestamps (`@`).
+//!
+//! Needs root, BPF, loop devices, cgroup v1 blkio or v2 io, fio and prometheus
+//! (scripts/setup --test installs it). Missing any of them is a FAILURE, never a skip. Both
+//! servers are stopped by their pid, and the scratch directory removed, also on failure. Run:
+//!   cargo xtask test --test kernel_prometheus
+mod support;
+
+use std::{
+    fs,
+    io::{Read, Write},
+    net::{SocketAddr, TcpStream},
+    path::Path,
+    process::{Command, Stdio},
+    thread,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use serde_json::Value;
+use support::{serve::*, *};
+
+const SIZE: u64 = 64 << 20;
+const BS: u64 = 4096;
+/// How long Prometheus may take to start, or to store a scrape that started after a given
+/// moment (it scrapes every second): a bound against hangs, not an assertion on speed.
+const PROM_TIMEOUT: Duration = Duration::from_secs(60);
+
+// ---------------------------------------------------------------------------------------
+// Prometheus as a child process
+
+/// `prometheus` on loopback, scraping one target every second, its config and TSDB in a
+/// scratch directory. Dropping it stops the process (SIGTERM, then SIGKILL, by its pid) and
+/// then removes the directory.
+struct Prometheus {
+    proc: Spawned,
+    addr: SocketAddr,
+    // Declared after `proc`: removed once the process is gone.
+    dir: tempfile::TempDir,
+}
+
+/// Panics unless `prometheus` runs: the test fails, never skips, without it.
+fn require_prometheus() {
+    let found = Command::new("prometheus")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        found,
+        "`prometheus` is required by kernel_prometheus and was not found in PATH \
+         (scripts/setup --test installs Debian's prometheus package)"
+    );
+}
+
+impl Prometheus {
+    fn start(target: SocketAddr) -> Prometheus {
+        require_prometheus();
+        let dir = tempfile::Builder::new()
+            .prefix("mt-test-prometheus-")
+            .tempdir()
+            .expect("a scratch directory for Prometheus");
+        let config = dir.path().join("prometheus.yml");
+        fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n\
+                 scrape_configs:\n  - job_name: mergetrace\n    static_configs:\n      \
+                 - targets: ['{target}']\n"
+            ),
+        )
+        .expect("write prometheus.yml");
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("cannot start prometheus");
+        let (proc, _lines) = Spawned::new(child);
+        let mut prom = Prometheus { proc, addr, dir };
+        let deadline = Instant::now() + PROM_TIMEOUT;
+        loop {
+            if let Some(status) = prom.proc.try_wait() {
+                prom.proc.join_stderr();
+                panic!(
+                    "prometheus exited ({status}) before it was ready; stderr:\n{}",
+                    prom.proc.stderr()
+                );
+            }
+            if get(addr, "/-/ready").is_some_and(|(code, _)| code == 200) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "prometheus was not ready within {PROM_TIMEOUT:?}; stderr:\n{}",
+                prom.proc.stderr()
+            );
+            thread::sleep(Duration::from_millis(200));
+        }
+        prom
+    }
+
+    /// An instant query evaluated at `time` (Unix seconds): the result vector's samples,
+    /// each (labels, value).
+    fn query(&self, promql: &str, time: f64) -> Vec<(Value, f64)> {
+        let path = format!(
+            "/api/v1/query?query={}&time={time:.3}",
+            percent_encode(promql)
+        );
+        let (code, body) = get(self.addr, &path)
+            .unwrap_or_else(|| panic!("no answer from prometheus to {promql}"));
+        let v: Value = serde_json::from_str(&body)
+            .unwrap_or_else(|e| panic!("prometheus answered {code} with no JSON ({e}): {body}"));
+        assert!(
+            code == 200 && v["status"] == "success",
+            "query {promql} failed ({code}): {body}"
+        );
+        assert_eq!(v["data"]["resultType"], "vector", "{body}");
+        v["data"]["result"]
+            .as_array()
+            .expect("a result list")
+            .iter()
+            .map(|s| {
+                let value = s["value"][1]
+                    .as_str()
+                    .and_then(|x| x.parse::<f64>().ok())
+                    .unwrap_or_else(|| panic!("no value in {s}"));
+                (s["metric"].clone(), value)
+            })
+            .collect()
+    }
+
+    /// A query whose result is one sample (e.g. a `sum`): its value.
+    fn scalar(&self, promql: &str, time: f64) -> f64 {
+        let r = self.query(promql, time);
+        assert_eq!(r.len(), 1, "{promql} at {time}: want one sample, got {r:?}");
+        r[0].1
+    }
+
+    /// Waits until Prometheus has stored a successful scrape of the exporter that started
+    /// after Unix time `after`, and returns that scrape's timestamp.
+    fn scrape_after(&self, after: f64) -> f64 {
+        // Prometheus may move a scrape's timestamp by up to 2 ms to align it to the interval
+        // (--scrape.timestamp-tolerance): a margin above that.
+        let after = after + 0.005;
+        let deadline = Instant::now() + PROM_TIMEOUT;
+        loop {
+            let now = unix_now();
+            let r = self.query("timestamp(up{job=\"mergetrace\"})", now);
+            if let Some((_, ts)) = r.first() {
+                if *ts > after {
+                    let up = self.scalar("up{job=\"mergetrace\"}", *ts);
+                    assert_eq!(up, 1.0, "the scrape at {ts} failed: {}", self.targets());
+                    return *ts;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "prometheus stored no scrape after {after} within {PROM_TIMEOUT:?}: {}\nstderr:\n{}",
+                self.targets(),
+                self.proc.stderr()
+            );
+            thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// What Prometheus says about its target (health, last error), for failure messages.
+    fn targets(&self) -> String {
+        get(self.addr, "/api/v1/targets")
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        self.proc.signal(libc::SIGTERM);
+        if self.proc.wait_exit(Duration::from_secs(30)).is_none() {
+            // Spawned's own Drop kills what is still running (SIGKILL, by pid) and reaps it.
+            eprintln!("prometheus did not stop within 30 s of SIGTERM: killing it");
+        }
+    }
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("the clock is past 1970")
+        .as_secs_f64()
+}
+
+/// Everything but unreserved characters percent-encoded (a query string's value).
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// One HTTP/1.0 GET (so the answer comes whole, never chunked): (status, body), or `None`
+/// when nothing listens yet or the exchange breaks.
+fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT).ok()?;
+    s.set_read_timeout(Some(HTTP_TIMEOUT)).ok()?;
+    s.set_write_timeout(Some(HTTP_TIMEOUT)).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8(raw).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, body.to_string()))
+}
+
+// ---------------------------------------------------------------------------------------
+// The test
+
+/// fio's 4 KiB sequential O_DIRECT writes, submitted 32 at a time (31 of 32 merge), in a
+/// cgroup of their own; Prometheus's deltas over the run against diskstats and fio.
+#[test]
+fn prometheus_deltas_match_diskstats() {
+    require_root();
+    require_prometheus();
+    let started = Instant::now();
+    let lo = scheduler_disk(SIZE, "mq-deadline");
+    lo.set_scheduler("mq-deadline");
+    lo.set_nomerges(0);
+    udev_settle();
+    let cg = Cgroup::new();
+
+    let server = Server::start(&lo, &[]);
+    let prom = Prometheus::start(server.addr);
+
+    let d0 = lo.diskstats();
+    let t0 = prom.scrape_after(unix_now());
+    let report = Fio::sequential("prometheus", &lo, "write", SIZE, 32)
+        .in_cgroup(&cg)
+        .run();
+    let d1 = lo.diskstats();
+    let t1 = prom.scrape_after(unix_now());
+    let d = d1.since(&d0);
+    let ios = fio_total_ios(&report, "write");
+    assert_eq!(ios, SIZE / BS, "fio wrote {ios} I/Os");
+    assert_eq!(d.in_flight, 0);
+
+    // PromQL: the value at the last scrape minus the value at the first, summed over the
+    // device's series (a series born during the run counts from 0, one never born is 0).
+    let dev = lo.name.as_str();
+    let delta = |metric: &str, selector: &str| -> u64 {
+        let sel = format!("{metric}{{{selector}}}");
+        let q = format!("(sum({sel}) or vector(0)) - (sum({sel} @ {t0:.3}) or vector(0))");
+        let v = prom.scalar(&q, t1);
+        assert!(v >= 0.0 && v.fract() == 0.0, "{q} = {v}");
+        v as u64
+    };
+    let write = format!("device=\"{dev}\",direction=\"write\"");
+    let read = format!("device=\"{dev}\",direction=\"read\"");
+    let requests = delta("mergetrace_requests_total", &write);
+    let merged = delta("mergetrace_merged_total", &write);
+    let bios = delta("mergetrace_bios_total", &write);
+    let bio_bytes = delta("mergetrace_bio_bytes_total", &write);
+    let request_bytes = delta("mergetrace_request_bytes_total", &write);
+    let splits = delta("mergetrace_splits_total", &write);
+    let read_requests = delta("mergetrace_requests_total", &read);
+    let read_merged = delta("mergetrace_merged_total", &read);
+    let lost = delta("mergetrace_lost_events_total", "");
+    let path = cg.path();
+    let cgroup_bios = delta(
+        "mergetrace_bios_total",
+        &format!("{write},cgroup=\"{path}\""),
+    );
+    let cgroup_requests = delta(
+        "mergetrace_requests_total",
+        &format!("{write},cgroup=\"{path}\""),
+    );
+    let samples = prom.scalar(
+        &format!(
+            "count_over_time(up{{job=\"mergetrace\"}}[{}ms])",
+            ((t1 - t0) * 1000.0).round() as u64 + 1
+        ),
+        t1,
+    );
+
+    let ctx = format!(
+        "scrapes at {t0:.3} and {t1:.3} ({samples} stored); diskstats delta {d:?}; prometheus \
+         targets {}",
+        prom.targets()
+    );
+    assert_eq!(requests, d.writes, "write requests vs diskstats; {ctx}");
+    assert_eq!(merged, d.writes_merged, "write merges vs diskstats; {ctx}");
+    assert_eq!(
+        request_bytes % 512,
+        0,
+        "request bytes are whole sectors; {ctx}"
+    );
+    assert_eq!(
+        request_bytes / 512,
+        d.sectors_written,
+        "request bytes / 512 vs diskstats' sectors written; {ctx}"
+    );
+    assert_eq!(bios, ios, "bios vs fio's I/Os; {ctx}");
+    assert_eq!(splits, 0, "4 KiB bios are not split; {ctx}");
+    assert_eq!(
+        bios,
+        d.writes + d.writes_merged,
+        "each bio started a request or merged: diskstats' writes + merges; {ctx}"
+    );
+    assert_eq!(bio_bytes, SIZE, "{ctx}");
+    assert_eq!(read_requests, d.reads, "read requests vs diskstats; {ctx}");
+    assert_eq!(
+        read_merged, d.reads_merged,
+        "read merges vs diskstats; {ctx}"
+    );
+    assert_eq!(cgroup_bios, ios, "fio's cgroup has every bio; {ctx}");
+    assert_eq!(
+        cgroup_requests, d.writes,
+        "fio's cgroup has every request; {ctx}"
+    );
+    assert_eq!(lost, 0, "lost events; {ctx}");
+    assert!(
+        d.writes < ios,
+        "batches of 32 merge, or this compares nothing: {d:?}"
+    );
+    eprintln!(
+        "kernel_prometheus: {dev}: prometheus (scrapes {t0:.3} → {t1:.3}, {samples} stored) \
+         requests {requests} = diskstats writes {}, merged {merged} = writes_merged {}, \
+         sectors {} = sectors_written {}, bios {bios} = fio {ios} = writes + merged, reads \
+         {read_requests} = {}; {:.1} s",
+        d.writes,
+        d.writes_merged,
+        request_bytes / 512,
+        d.sectors_written,
+        d.reads,
+        started.elapsed().as_secs_f64()
+    );
+
+    let (pid, dir) = (prom.proc.pid(), prom.dir.path().to_path_buf());
+    drop(prom);
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "prometheus (pid {pid}) still runs"
+    );
+    assert!(!dir.exists(), "{} is still there", dir.display());
+    let (status, stderr) = server.stop(libc::SIGTERM);
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "mergetrace serve: exit status {status}; stderr:\n{stderr}"
+    );
+}
