@@ -16,8 +16,8 @@ pub(super) fn wbt(input: &CheckInput, out: &mut Vec<Finding>) {
             "wbt",
             format!("{name}: {}", w.describe()),
             Some(
-                "mergetrace counts the requests wbt let through and the bios that rode in them \
-                 (meters.wbt)"
+                "mergetrace counts the new requests that took a wbt slot and those wbt let by \
+                 (meters.wbt); the verdict adds the bios that merged and rode along"
                     .into(),
             ),
         ),
