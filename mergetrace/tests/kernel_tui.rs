@@ -19,22 +19,32 @@ struct Tmux {
 impl Tmux {
     fn start(width: u16, command: &str) -> Tmux {
         let session = format!("mt-tui-{}-{width}", std::process::id());
-        let ok = Command::new("tmux")
-            .args([
-                "new-session",
-                "-d",
-                "-s",
-                &session,
-                "-x",
-                &width.to_string(),
-                "-y",
-                "50",
-            ])
-            .arg(command)
-            .status()
-            .expect("tmux runs (scripts/setup --test installs it)");
-        assert!(ok.success(), "tmux new-session failed");
-        Tmux { session }
+        // A new session can lose a race with the server of the previous one shutting down
+        // (it exits when its last session ends: "server exited unexpectedly"); a second try
+        // starts a new server. Anything else fails with tmux's own words.
+        let mut errors = Vec::new();
+        for _ in 0..3 {
+            let out = Command::new("tmux")
+                .args([
+                    "new-session",
+                    "-d",
+                    "-s",
+                    &session,
+                    "-x",
+                    &width.to_string(),
+                    "-y",
+                    "50",
+                ])
+                .arg(command)
+                .output()
+                .expect("tmux runs (scripts/setup --test installs it)");
+            if out.status.success() {
+                return Tmux { session };
+            }
+            errors.push(String::from_utf8_lossy(&out.stderr).trim().to_string());
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        panic!("tmux new-session failed three times: {errors:?}");
     }
 
     fn screen(&self) -> String {
