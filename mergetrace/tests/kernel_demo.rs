@@ -4,7 +4,7 @@ mod support;
 
 use std::{fs, process::Command};
 
-use support::require_root;
+use support::{mergetrace_bin, require_root};
 
 /// The queue settings the demo changes, of /sys/block/NAME/queue.
 fn queue_settings(name: &str) -> Vec<String> {
@@ -68,7 +68,7 @@ fn quick_demo_reproduces_the_article_and_checks_itself() {
         }
     }
     let before = stale.then(|| queue_settings(&next));
-    let out = Command::new(env!("CARGO_BIN_EXE_mergetrace"))
+    let out = Command::new(mergetrace_bin())
         .args(["demo", "--quick"])
         .output()
         .expect("cannot run mergetrace demo");

@@ -15,7 +15,7 @@ use std::{
 use support::*;
 
 fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_mergetrace")
+    mergetrace_bin()
 }
 
 fn workload(dev: &LoopDevice, ios: u64, batch: u32) {

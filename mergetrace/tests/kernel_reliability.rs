@@ -55,7 +55,7 @@ fn conflicting_and_bad_flags() {
 fn not_root() {
     require_root();
     let dev = LoopDevice::new(16 << 20);
-    let bin = env!("CARGO_BIN_EXE_mergetrace");
+    let bin = mergetrace_bin();
     // The test binary lives under target/ (traversable by nobody on this machine's layout is
     // not guaranteed), so copy the binary somewhere world-readable.
     let copy = PathBuf::from(format!("/dev/shm/{}-mergetrace", unique_name()));
@@ -87,7 +87,7 @@ impl Drop for Removal {
 fn kernel_without_btf() {
     require_root();
     let dev = LoopDevice::new(16 << 20);
-    let out = Command::new(env!("CARGO_BIN_EXE_mergetrace"))
+    let out = Command::new(mergetrace_bin())
         .args(["-d", &dev.name, "--json"])
         .env("MERGETRACE_BTF", "/nonexistent/vmlinux")
         .output()
@@ -96,7 +96,7 @@ fn kernel_without_btf() {
     let garbage = PathBuf::from(format!("/dev/shm/{}-btf", unique_name()));
     fs::write(&garbage, b"definitely not BTF").unwrap();
     let _cleanup = Removal(garbage.clone());
-    let out = Command::new(env!("CARGO_BIN_EXE_mergetrace"))
+    let out = Command::new(mergetrace_bin())
         .args(["-d", &dev.name, "--json"])
         .env("MERGETRACE_BTF", &garbage)
         .output()
@@ -278,7 +278,7 @@ fn signals_and_kill_leave_nothing_attached() {
     require_root();
     let dev = LoopDevice::new(16 << 20);
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGKILL] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mergetrace"))
+        let mut child = Command::new(mergetrace_bin())
             .args(["-d", &dev.name, "--json"])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

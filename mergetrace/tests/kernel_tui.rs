@@ -109,7 +109,7 @@ fn tui_fits_80_100_and_160_columns_and_leaves_its_table_on_quit() {
     let a = parent.child();
     let b = parent.child();
     let leaf = |c: &Cgroup| c.path().rsplit('/').next().unwrap().to_string();
-    let bin = env!("CARGO_BIN_EXE_mergetrace");
+    let bin = mergetrace_bin();
     for width in [80u16, 100, 160] {
         let cmd = format!(
             "{bin} -d {} --interval 200ms; echo MT-DONE; sleep 60",

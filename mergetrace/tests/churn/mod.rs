@@ -35,7 +35,7 @@ impl Server {
     /// `mergetrace serve -d <dev> --listen 127.0.0.1:<port> <extra>`, once it serves.
     pub(crate) fn start(dev: &BlockDev, extra: &[&str]) -> Server {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let bin = env!("CARGO_BIN_EXE_mergetrace");
+        let bin = mergetrace_bin();
         let mut child = Command::new(bin)
             .args(["serve", "-d", dev.name.as_str(), "--listen"])
             .arg(addr.to_string())

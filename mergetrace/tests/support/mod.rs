@@ -61,6 +61,17 @@ pub const STOP_TIMEOUT: Duration = Duration::from_secs(120);
 
 pub const BLKIO_ROOT: &str = "/sys/fs/cgroup/blkio";
 
+/// The mergetrace binary the tests run: `MERGETRACE_TEST_BIN` when set (e.g. the released
+/// static binary, `target/dist/mergetrace-VERSION-x86_64-linux/bin/mergetrace`), else the one
+/// cargo built with the tests.
+pub fn mergetrace_bin() -> &'static str {
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        std::env::var("MERGETRACE_TEST_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_mergetrace").to_string())
+    })
+}
+
 /// Running inside a guest of `cargo xtask lab` (`MERGETRACE_LAB=1`).
 pub fn in_lab() -> bool {
     std::env::var("MERGETRACE_LAB").is_ok_and(|v| v == "1")

@@ -29,7 +29,7 @@ impl Recorder {
 
     /// `mergetrace record -d DEV -o FILE EXTRA...`.
     pub fn start_with(dev: &BlockDev, out: &Path, extra: &[&str]) -> Recorder {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mergetrace"))
+        let mut child = Command::new(mergetrace_bin())
             .args(["record", "-d", &dev.name, "-o"])
             .arg(out)
             .args(extra)

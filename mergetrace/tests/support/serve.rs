@@ -29,7 +29,7 @@ impl Server {
     /// printed "mergetrace: serving".
     pub fn start(dev: &BlockDev, extra: &[&str]) -> Server {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let bin = env!("CARGO_BIN_EXE_mergetrace");
+        let bin = mergetrace_bin();
         let mut cmd = Command::new(bin);
         cmd.args(["serve", "-d", dev.name.as_str(), "--listen"])
             .arg(addr.to_string())

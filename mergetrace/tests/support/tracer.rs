@@ -40,7 +40,7 @@ impl Tracer {
 
     /// [`Tracer::start`] with extra environment variables for the tracer.
     pub fn start_with_env<S: AsRef<str>>(args: &[S], env: &[(&str, &str)]) -> Tracer {
-        let bin = env!("CARGO_BIN_EXE_mergetrace");
+        let bin = mergetrace_bin();
         let mut cmd = Command::new(bin);
         cmd.envs(env.iter().copied());
         let args: Vec<&str> = args.iter().map(|a| a.as_ref()).collect();
@@ -250,7 +250,7 @@ pub fn u(v: &Value, field: &str) -> u64 {
 /// Runs the built-in workload: `mergetrace __workload --target <dev> <args>`, optionally
 /// inside `cg`, and returns what it printed ({"ios", "bytes", "submit_calls"}).
 pub fn run_workload(dev: &BlockDev, cg: Option<&Cgroup>, args: &[&str]) -> Value {
-    let bin = env!("CARGO_BIN_EXE_mergetrace");
+    let bin = mergetrace_bin();
     let mut cmd = Command::new(bin);
     cmd.arg("__workload")
         .arg("--target")
@@ -266,7 +266,7 @@ pub fn run_workload(dev: &BlockDev, cg: Option<&Cgroup>, args: &[&str]) -> Value
 
 /// Runs the mergetrace binary with `args` to completion (stdin closed): what it did.
 pub fn mergetrace(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_mergetrace"))
+    Command::new(mergetrace_bin())
         .args(args)
         .stdin(Stdio::null())
         .output()

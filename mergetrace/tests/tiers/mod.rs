@@ -24,7 +24,7 @@ pub(crate) fn tiers(dev: &BlockDev) -> Tiers {
     if in_lab() {
         return Tiers::Both;
     }
-    let bin = env!("CARGO_BIN_EXE_mergetrace");
+    let bin = mergetrace_bin();
     let forced = Command::new(bin)
         .args([
             "-d",
