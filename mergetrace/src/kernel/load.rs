@@ -530,7 +530,7 @@ impl Session {
                 });
             }
         }
-        out.sort_by(|a, b| b.run_time_ns.cmp(&a.run_time_ns));
+        out.sort_by_key(|s| std::cmp::Reverse(s.run_time_ns));
         out
     }
 
