@@ -10,7 +10,7 @@ pub use crate::model::dir_stats::{
     Throttled,
 };
 use crate::{
-    model::aggregate::{Dir, Window},
+    model::aggregate::{Counts, Dir, Window},
     model::iocost,
     model::limits::{self, Effective},
     model::meter::{self, SplitLimits},
@@ -189,18 +189,17 @@ fn device_snapshot(
     let dev = d.dev().0;
     // cgroup id → directions
     let mut rows: BTreeMap<u64, Directions> = BTreeMap::new();
+    // The disk's meters besides blk-throttle, where they are on.
+    let iocost = opts.iocost.get(&dev);
+    let wbt = opts.wbt.get(&dev).filter(|w| w.on());
     for (k, c) in window.counts.iter().filter(|(k, _)| k.dev == dev) {
+        let mut st = DirStats::from_counts(c, k.dir, opts);
+        st.meters.iocost = iocost.and_then(|model| iocost_charge(model, k.dir, c));
+        st.meters.wbt = wbt.and(wbt_count(k.dir, c));
         *rows
             .entry(k.cgroup_id)
             .or_insert_with(|| Directions::empty(opts))
-            .get_mut(k.dir) = DirStats::from_counts(c, k.dir, opts);
-    }
-    if let Some(model) = opts.iocost.get(&dev) {
-        charge_iocost(window, dev, model, &mut rows);
-    }
-    let wbt = opts.wbt.get(&dev).filter(|w| w.on());
-    if wbt.is_some() {
-        count_wbt(window, dev, &mut rows);
+            .get_mut(k.dir) = st;
     }
     let mut cgroups = Vec::new();
     let mut total = Directions::empty(opts);
@@ -256,42 +255,28 @@ fn device_snapshot(
     }
 }
 
-/// io.cost's charge of each cgroup's reads and writes on a disk with io.cost on. The root
-/// cgroup is never charged (`ioc_rqos_throttle` skips level 0): it gets none.
-fn charge_iocost(
-    window: &Window,
-    dev: u32,
-    model: &iocost::Model,
-    rows: &mut BTreeMap<u64, Directions>,
-) {
-    for (k, c) in window.counts.iter().filter(|(k, _)| k.dev == dev) {
-        let coefs = match k.dir {
-            Dir::Read => model.read,
-            Dir::Write => model.write,
-            _ => continue,
-        };
-        let counts = iocost::Counts {
-            requests: c.iocost_requests,
-            random: c.iocost_random,
-            merged: c.iocost_merged,
-            pages: c.iocost_pages,
-        };
-        if let Some(dirs) = rows.get_mut(&k.cgroup_id) {
-            dirs.get_mut(k.dir).meters.iocost = Some(iocost::Charge::of(counts, coefs));
-        }
-    }
+/// io.cost's charge of a cgroup's reads or writes on a disk with io.cost on (none for the
+/// other directions). The root cgroup is never charged (`ioc_rqos_throttle` skips level 0):
+/// its charge is dropped once rows are named.
+fn iocost_charge(model: &iocost::Model, dir: Dir, c: &Counts) -> Option<iocost::Charge> {
+    let coefs = match dir {
+        Dir::Read => model.read,
+        Dir::Write => model.write,
+        _ => return None,
+    };
+    let counts = iocost::Counts {
+        requests: c.iocost_requests,
+        random: c.iocost_random,
+        merged: c.iocost_merged,
+        pages: c.iocost_pages,
+    };
+    Some(iocost::Charge::of(counts, coefs))
 }
 
-/// What wbt counted of each cgroup's writes and discards on a disk with wbt on.
-fn count_wbt(window: &Window, dev: u32, rows: &mut BTreeMap<u64, Directions>) {
-    for (k, c) in window.counts.iter().filter(|(k, _)| k.dev == dev) {
-        if !matches!(k.dir, Dir::Write | Dir::Discard) {
-            continue;
-        }
-        if let Some(dirs) = rows.get_mut(&k.cgroup_id) {
-            dirs.get_mut(k.dir).meters.wbt = Some(WbtCount::of(c.getrq, c.wbt_class_requests));
-        }
-    }
+/// What wbt counted of a cgroup's writes or discards on a disk with wbt on (none for reads
+/// and flushes, which it does not hold).
+fn wbt_count(dir: Dir, c: &Counts) -> Option<WbtCount> {
+    matches!(dir, Dir::Write | Dir::Discard).then(|| WbtCount::of(c.getrq, c.wbt_class_requests))
 }
 
 /// Each direction with I/O: the limits in force with this window's use, and the verdict
