@@ -18,6 +18,8 @@ pub struct KernelEnv {
     pub privileges: Privileges,
     /// `None`: not probed (no BTF or no privileges). `Some(Ok(allowed))` / `Some(Err(why))`.
     pub fentry: Option<Result<Option<&'static str>, String>>,
+    /// Whether io.latency is built in (its throttle function is in BTF); `None` without BTF.
+    pub iolatency: Option<bool>,
 }
 
 impl KernelEnv {
@@ -38,6 +40,9 @@ impl KernelEnv {
             tracefs: tracefs_mount(mountinfo),
             privileges,
             fentry,
+            iolatency: btf
+                .as_ref()
+                .map(|b| b.has_function("blkcg_iolatency_throttle")),
         }
     }
 }
@@ -107,6 +112,7 @@ pub(super) mod tests {
             tracefs: None,
             privileges: Privileges::Root,
             fentry: Some(Ok(None)),
+            iolatency: None,
         }
     }
 

@@ -33,8 +33,6 @@ pub struct CheckInput {
     pub iocost: Option<Iocost>,
     /// wbt on the device (`None`: the queue has none).
     pub wbt: Option<Wbt>,
-    /// Whether io.latency is built into the kernel (`None`: BTF unreadable).
-    pub iolatency_built: Option<bool>,
     pub env: KernelEnv,
 }
 
@@ -68,9 +66,6 @@ pub fn gather(device: Device) -> Result<CheckInput> {
     Ok(CheckInput {
         iocost,
         wbt: wbt::of(&device),
-        iolatency_built: crate::kernel::btf::Btf::from_sys_fs()
-            .ok()
-            .map(|b| b.has_function("blkcg_iolatency_throttle")),
         device,
         queue,
         diskstats,

@@ -84,7 +84,6 @@ pub(super) mod fixtures {
             throttled: vec![],
             iocost: None,
             wbt: None,
-            iolatency_built: None,
             env: env(),
         }
     }

@@ -27,7 +27,7 @@ pub(super) fn wbt(input: &CheckInput, out: &mut Vec<Finding>) {
 
 /// io.latency: built into this kernel or not, and what it counts where it is.
 pub(super) fn iolatency(input: &CheckInput, out: &mut Vec<Finding>) {
-    let finding = match (input.iolatency_built, &input.io_hierarchy) {
+    let finding = match (input.env.iolatency, &input.io_hierarchy) {
         (None, _) => return,
         (Some(false), _) => "io.latency is not built into this kernel \
                              (CONFIG_BLK_CGROUP_IOLATENCY): no latency-target meter"
