@@ -111,13 +111,13 @@ fn meters_and_limits(enc: &mut DescriptorEncoder, rows: &Rows) -> fmt::Result {
         rows, "unit_bytes", |r| r.cloud.iter().map(|(unit, n)| (unit.to_string(), *n)).collect())?;
     labelled(enc, "mergetrace_wbt_requests",
         "New requests of the cgroup under wbt, where wbt is on: wbt=\"slot\" took an in-flight slot (buffered writes, discards), wbt=\"passed\" were let by (O_DIRECT writes). Merged bios take none.",
-        rows, "wbt", |r| r.wbt.map_or(Vec::new(), |[slot, passed]| vec![("slot".into(), slot), ("passed".into(), passed)]))?;
+        rows, "wbt", |r| if r.wbt_on { vec![("slot".into(), r.wbt[0]), ("passed".into(), r.wbt[1])] } else { Vec::new() })?;
     labelled(enc, "mergetrace_iocost_bios",
         "Bios io.cost charged, where io.cost is on: charge=\"base\" started a request (a base cost plus pages), charge=\"pages\" merged (pages only).",
-        rows, "charge", |r| r.iocost.map_or(Vec::new(), |c| vec![("base".into(), c.requests), ("pages".into(), c.merged)]))?;
+        rows, "charge", |r| if r.iocost_on { vec![("base".into(), r.iocost_bios[0]), ("pages".into(), r.iocost_bios[1])] } else { Vec::new() })?;
     counter(enc, "mergetrace_iocost_charged_seconds",
         "Device time io.cost charged the cgroup, where io.cost is on, by its model at vrate 100 % (what io.stat cost.usage counts, in seconds).",
-        rows, |r| r.iocost.map(|c| c.cost_us / 1e6))?;
+        rows, |r| r.iocost_on.then(|| r.iocost_cost_us / 1e6))?;
     gauge(enc, "mergetrace_throttle_limit_iops",
         "The blk-throttle IOPS limit in force for the cgroup and direction (the tightest of its own and its ancestors'); absent without one.",
         rows, |r| r.limit_iops)?;

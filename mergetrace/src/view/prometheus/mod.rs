@@ -93,42 +93,14 @@ pub struct Row {
     /// Gauges: the limits in force (none for `(other)`).
     pub limit_iops: Option<u64>,
     pub limit_bps: Option<u64>,
-    /// wbt, where on: new requests that took an in-flight slot, and those it let by.
-    pub wbt: Option<[u64; 2]>,
-    /// io.cost, where on: bios that started a request (base and pages), bios that merged
-    /// (pages only), and the charge in µs.
-    pub iocost: Option<IocostRow>,
-}
-
-/// What io.cost charged one series.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct IocostRow {
-    pub requests: u64,
-    pub merged: u64,
-    pub cost_us: f64,
-}
-
-/// Combines two optional meters field by field; `None` stays `None` only if both are.
-fn combine<T: Copy + Default>(a: &mut Option<T>, b: Option<T>, f: impl Fn(&mut T, T)) {
-    if let Some(b) = b {
-        f(a.get_or_insert_with(T::default), b);
-    }
-}
-
-fn each2(a: &mut [u64; 2], b: [u64; 2], f: impl Fn(&mut u64, u64)) {
-    f(&mut a[0], b[0]);
-    f(&mut a[1], b[1]);
-}
-
-fn each_iocost(
-    a: &mut IocostRow,
-    b: IocostRow,
-    f: impl Fn(&mut u64, u64),
-    g: impl Fn(&mut f64, f64),
-) {
-    f(&mut a.requests, b.requests);
-    f(&mut a.merged, b.merged);
-    g(&mut a.cost_us, b.cost_us);
+    /// wbt, where on (`wbt_on`): new requests that took an in-flight slot, and those it let by.
+    pub wbt: [u64; 2],
+    pub wbt_on: bool,
+    /// io.cost, where on (`iocost_on`): bios that started a request (base and pages), bios
+    /// that merged (pages only), and the charge in µs.
+    pub iocost_bios: [u64; 2],
+    pub iocost_cost_us: f64,
+    pub iocost_on: bool,
 }
 
 /// Upper bounds of the request size buckets (the last is +Inf).
@@ -198,12 +170,18 @@ impl Row {
                 .collect(),
             limit_iops: None,
             limit_bps: None,
-            wbt: st.meters.wbt.map(|w| [w.requests, w.passed_requests]),
-            iocost: st.meters.iocost.as_ref().map(|c| IocostRow {
-                requests: c.requests,
-                merged: c.merged,
-                cost_us: c.cost_us,
-            }),
+            wbt: st
+                .meters
+                .wbt
+                .map_or([0; 2], |w| [w.requests, w.passed_requests]),
+            wbt_on: st.meters.wbt.is_some(),
+            iocost_bios: st
+                .meters
+                .iocost
+                .as_ref()
+                .map_or([0; 2], |c| [c.requests, c.merged]),
+            iocost_cost_us: st.meters.iocost.as_ref().map_or(0.0, |c| c.cost_us),
+            iocost_on: st.meters.iocost.is_some(),
             ..Row::default()
         };
         let (sb, cb) = (size_bounds(), bpr_bounds());
@@ -224,8 +202,9 @@ impl Row {
     }
 
     /// Calls `f` with each plain counter of `self` and the same counter of `o`: the totals, the
-    /// merges by path and the histogram buckets. The delay, the cloud meters and the gauges
-    /// each caller combines in its own way.
+    /// merges by path, the histogram buckets and the wbt and io.cost counts. The delay, the
+    /// cloud meters, io.cost's µs, the meters' on flags and the gauges each caller combines in
+    /// its own way.
     fn each_counter(&mut self, o: &Row, mut f: impl FnMut(&mut u64, u64)) {
         let totals = [
             (&mut self.bios, o.bios),
@@ -244,6 +223,8 @@ impl Row {
             .chain(self.merged.iter_mut().zip(o.merged))
             .chain(self.size_hist.iter_mut().zip(o.size_hist))
             .chain(self.bpr_hist.iter_mut().zip(o.bpr_hist))
+            .chain(self.wbt.iter_mut().zip(o.wbt))
+            .chain(self.iocost_bios.iter_mut().zip(o.iocost_bios))
         {
             f(a, b);
         }
@@ -262,11 +243,9 @@ impl Row {
         }
         self.limit_iops = self.limit_iops.or(o.limit_iops);
         self.limit_bps = self.limit_bps.or(o.limit_bps);
-        let add = |a: &mut u64, b: u64| *a += b;
-        combine(&mut self.wbt, o.wbt, |a, b| each2(a, b, add));
-        combine(&mut self.iocost, o.iocost, |a, b| {
-            each_iocost(a, b, add, |a, b| *a += b)
-        });
+        self.iocost_cost_us += o.iocost_cost_us;
+        self.wbt_on |= o.wbt_on;
+        self.iocost_on |= o.iocost_on;
     }
 
     /// Takes `o` out of `self`, counter by counter (never below 0). Gauges stay.
@@ -281,12 +260,7 @@ impl Row {
                 sub(a, *n);
             }
         }
-        if let (Some(a), Some(b)) = (self.wbt.as_mut(), o.wbt) {
-            each2(a, b, sub);
-        }
-        if let (Some(a), Some(b)) = (self.iocost.as_mut(), o.iocost) {
-            each_iocost(a, b, sub, |a, b| *a = (*a - b).max(0.0));
-        }
+        self.iocost_cost_us = (self.iocost_cost_us - o.iocost_cost_us).max(0.0);
     }
 
     /// Takes the newer scrape `now`: every counter (and histogram bucket) becomes the maximum
@@ -304,10 +278,9 @@ impl Row {
         }
         self.limit_iops = now.limit_iops;
         self.limit_bps = now.limit_bps;
-        combine(&mut self.wbt, now.wbt, |a, b| each2(a, b, max));
-        combine(&mut self.iocost, now.iocost, |a, b| {
-            each_iocost(a, b, max, |a, b| *a = a.max(b))
-        });
+        self.iocost_cost_us = self.iocost_cost_us.max(now.iocost_cost_us);
+        self.wbt_on |= now.wbt_on;
+        self.iocost_on |= now.iocost_on;
     }
 }
 
