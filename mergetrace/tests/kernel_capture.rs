@@ -217,17 +217,64 @@ fn check_report_json(run: &Run, cap: &str, ios: u64, ctx: &str) -> Value {
         .expect("a write latency row");
     let completed = lat["issue_to_complete"]["count"].as_u64().unwrap();
     let inserted = lat["insert_to_issue"]["count"].as_u64().unwrap_or(0);
-    assert_eq!(
-        completed,
-        u(w, "requests"),
-        "{ctx}: every request completed"
-    );
+    if completed != u(w, "requests") {
+        panic!(
+            "{ctx}: every request completed: {completed} completions matched for {} \
+             requests\n{}",
+            u(w, "requests"),
+            uncompleted_requests(cap)
+        );
+    }
     assert_eq!(
         inserted + lat["direct_issues"].as_u64().unwrap(),
         u(w, "requests"),
         "{ctx}: each request issued after an insert or directly"
     );
     w.clone()
+}
+
+/// For a failure message: the capture's write requests issued without a completion in stream
+/// order after them, each with every event that names its address (from the JSONL export).
+fn uncompleted_requests(cap: &str) -> String {
+    let out = Path::new(cap).with_extension("diag.jsonl");
+    let path = out.to_str().unwrap();
+    succeeded(
+        mergetrace(&["export", cap, "--format", "jsonl", "-o", path]),
+        "jsonl for the diagnosis",
+    );
+    let events: Vec<Value> = fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut open: BTreeMap<String, usize> = BTreeMap::new();
+    for (i, e) in events.iter().enumerate() {
+        let id = e["id"].as_str().unwrap_or("").to_string();
+        match e["kind"].as_str() {
+            Some("rq_issue") if e["dir"] == "write" => {
+                open.insert(id, i);
+            }
+            Some("rq_complete") | Some("rq_requeue") => {
+                open.remove(&id);
+            }
+            _ => {}
+        }
+    }
+    let mut report = format!("{} events; issued, never completed after:\n", events.len());
+    for (id, at) in &open {
+        report += &format!("request {id} issued at event {at}:\n");
+        for (i, e) in events.iter().enumerate() {
+            if e["id"].as_str() == Some(id.as_str()) || e["aux64"].as_str() == Some(id.as_str()) {
+                report += &format!("  #{i} {e}\n");
+            }
+        }
+    }
+    let tail = events.len().saturating_sub(6);
+    report += "the last events:\n";
+    for (i, e) in events.iter().enumerate().skip(tail) {
+        report += &format!("  #{i} {e}\n");
+    }
+    report
 }
 
 /// The round trip's text report: it has the tables and the distributions.
