@@ -2,7 +2,7 @@
 //! direction). It is compiled twice — into the eBPF programs, which count in per-CPU maps for
 //! the live view at near-zero cost, and into user space, which counts a capture's events
 //! offline — so live and offline numbers cannot drift apart.
-use crate::{flags, kind, path, Event};
+use crate::{flags, kind, path, rq_aux, Event};
 
 /// The directions of `/proc/diskstats` (the kernel's `op_stat_group`).
 pub mod dir {
@@ -78,6 +78,13 @@ pub struct DeviceState {
     /// The disk's `struct request_queue *`, learned from its bios: a plug flush names only
     /// the queue, and where the queue does not name its disk (up to 5.15) this finds it.
     pub queue: u64,
+    /// What the request programs keep for this disk in `INSERTED` (entries), `ABSORBED` (the
+    /// bios of its entries) and `SPLIT_PIECES` (entries), moved atomically; while one is 0,
+    /// the matching lookup is skipped, so a disk whose requests go straight from the plug to
+    /// the driver pays no hash lookup per request.
+    pub inserted: u64,
+    pub absorbed: u64,
+    pub split_pieces: u64,
 }
 
 /// Cloud-meter unit sizes in bytes (0 = unused slot), given to the programs at load.
@@ -196,7 +203,29 @@ pub struct Counters {
     /// Bios of the class wbt throttles that started a request ([`crate::getrq_aux::WBT_CLASS`]):
     /// where wbt is on, each took an in-flight slot (it counts requests, after merging).
     pub wbt_class_requests: u64,
+    /// Counted per request ([`crate::rq_aux`]), every run: bios that reached the device in
+    /// the requests issued (each bio once, whatever it was split into), and bios of
+    /// bio-based disks as they pass; their bytes.
+    pub rq_bios: u64,
+    pub rq_bio_bytes: u64,
+    /// Bio merges by where the request was, indexed by [`path`] (plug, elevator, software
+    /// queue, multi-range discard), counted when the request left the plug, was issued or was
+    /// absorbed.
+    pub merges_at: [u64; MERGE_PLACES],
+    /// Of `merges_at[path::ELEVATOR]`, the front merges.
+    pub elevator_front_merges: u64,
 }
+
+/// A request event's merge place as an index of `Counters::merges_at`: a mask, not a
+/// comparison, so the verifier sees the bound on the register that indexes (a bounds check
+/// on a copy does not carry over).
+#[inline(always)]
+fn p5(p: u8) -> usize {
+    p as usize & (MERGE_PLACES - 1)
+}
+
+/// Slots of `Counters::merges_at`: the [`path`] values, and room for unknown ones.
+pub const MERGE_PLACES: usize = 8;
 
 /// Request size histogram buckets: 512 B, 1 KiB, … 8 MiB, larger.
 pub const SIZE_BUCKETS: usize = 16;
@@ -256,6 +285,10 @@ impl Counters {
             kind::BIO_QUEUE => {
                 self.bios += 1;
                 self.bytes += ev.bytes as u64;
+                if ev.aux & crate::bio_aux::BIO_BASED != 0 {
+                    self.rq_bios += 1;
+                    self.rq_bio_bytes += ev.bytes as u64;
+                }
                 // A bio's first pass through blk-throttle: charged if its group has any rule
                 // for the direction; bytes as the throttle counts them (discards: 512).
                 if iops_rule || bps_rule {
@@ -290,19 +323,38 @@ impl Counters {
                     self.wbt_class_requests += 1;
                 }
             }
-            kind::RQ_MERGE => self.rq_merges += 1,
-            kind::RQ_INSERT => self.inserts += 1,
-            kind::RQ_ISSUE if ev.flags & flags::REISSUE != 0 => self.reissues += 1,
+            kind::RQ_MERGE => {
+                self.rq_merges += 1;
+                self.count_left_or_queued(ev);
+            }
+            kind::RQ_INSERT => {
+                self.inserts += 1;
+                // A requeued request put back: it left the plug long ago.
+                if ev.aux & rq_aux::QUEUED == 0 {
+                    self.count_left_plug(ev);
+                }
+            }
+            kind::RQ_ISSUE if ev.flags & flags::REISSUE != 0 => {
+                self.reissues += 1;
+                // Bios that joined a requeued request while it waited again (software queue).
+                let queued = rq_aux::queued_merges(ev.aux) as u64;
+                self.rq_bios += queued + rq_aux::third(ev.aux) as u64;
+                self.merges_at[p5(ev.path)] += queued;
+            }
             kind::RQ_ISSUE => {
                 self.issues += 1;
                 self.issue_bytes += ev.bytes as u64;
+                let chain = rq_aux::chain(ev.aux);
+                self.rq_bios += chain as u64 - (ev.aux & rq_aux::SPLIT_PIECE != 0) as u64;
+                self.rq_bio_bytes += ev.bytes as u64;
+                self.count_left_or_queued(ev);
                 // A flush request has no data: not a size.
                 if ev.bytes > 0 {
                     self.request_size_hist[size_bucket(ev.bytes as u64) & (SIZE_BUCKETS - 1)] += 1;
                 }
-                // aux: bios chained in the request (0 for a flush without data).
-                if ev.aux > 0 {
-                    let b = count_bucket(ev.aux as u64);
+                // Bios chained in the request (0 for a flush without data).
+                if chain > 0 {
+                    let b = count_bucket(chain as u64);
                     self.bios_per_request_hist[if b < COUNT_BUCKETS {
                         b
                     } else {
@@ -337,6 +389,41 @@ impl Counters {
             kind::ELV_MERGE => self.elv_decisions[ev.path as usize & 3] += 1,
             _ => {}
         }
+    }
+
+    /// A request left the plug carrying `chain` bios: all but its first merged there.
+    #[inline(always)]
+    fn count_left_plug(&mut self, ev: &Event) {
+        let chain = rq_aux::chain(ev.aux) as u64;
+        if chain > 0 {
+            self.merges_at[p5(ev.path)] += chain - 1;
+        }
+    }
+
+    /// An issue or an absorption: the request's queue merges if it had been inserted (its
+    /// plug merges were counted then), else it leaves the plug now.
+    #[inline(always)]
+    fn count_left_or_queued(&mut self, ev: &Event) {
+        if ev.aux & rq_aux::QUEUED == 0 {
+            self.count_left_plug(ev);
+            return;
+        }
+        self.merges_at[p5(ev.path)] += rq_aux::queued_merges(ev.aux) as u64;
+        if ev.path == path::ELEVATOR {
+            self.elevator_front_merges += rq_aux::third(ev.aux) as u64;
+        }
+    }
+
+    /// Every merge counted per request: bio merges wherever they happened, and requests
+    /// absorbed by others (what `/proc/diskstats` calls merges).
+    pub fn merged_per_request(&self) -> u64 {
+        let mut n = self.rq_merges;
+        let mut i = 0;
+        while i < MERGE_PLACES {
+            n += self.merges_at[i];
+            i += 1;
+        }
+        n
     }
 
     /// io.cost's charge of a bio that started a request (base and size) or merged (size).

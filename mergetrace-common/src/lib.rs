@@ -31,15 +31,16 @@ pub struct Event {
     pub dev: u32,
     /// Bytes of the bio or request (`bi_size`, `__data_len`).
     pub bytes: u32,
-    /// Kind-specific: split: sector where the remainder starts; unplug: depth; issue: bios
-    /// chained in the request (counted up to [`MAX_CHAIN`]); complete: bytes completed;
-    /// getrq: bits of [`getrq_aux`].
+    /// Kind-specific: split: sector where the remainder starts; unplug: depth; insert, issue
+    /// and request merge: the request's bios and merges, packed ([`rq_aux`]); complete: bytes
+    /// completed; getrq: bits of [`getrq_aux`]; bio queue: bits of [`bio_aux`].
     pub aux: u32,
     /// One of [`kind`].
     pub kind: u8,
     /// `REQ_OP_*` (`opf & 0xff`).
     pub op: u8,
-    /// Bio merges: one of [`path`]; complete: the `blk_status_t`; getrq with
+    /// Bio merges: one of [`path`]; insert, issue and request merge: the [`path`] of the
+    /// merges the event counts ([`rq_aux`]); complete: the `blk_status_t`; getrq with
     /// [`flags::IOCOST`]: 1 if io.cost's cursor rule calls the bio random (it pays the random
     /// base cost), 0 if sequential.
     pub path: u8,
@@ -109,6 +110,66 @@ pub mod path {
     pub const ELEVATOR: u8 = 2;
     /// `blk_bio_list_merge`: the software queue of scheduler "none" or kyber.
     pub const SW_QUEUE: u8 = 3;
+    /// A discard bio joined a multi-range discard request (`bio_attempt_discard_merge`,
+    /// where the queue takes more than one discard segment), in the plug or the queue alike.
+    /// Only request events carry it (no tracepoint reports such a bio merge).
+    pub const DISCARD: u8 = 4;
+    /// How many values: sizes `Counters::merges_at`.
+    pub const COUNT: usize = 5;
+}
+
+/// What a request event (insert, issue, request merge) says about the request's bios, packed
+/// in its `aux`: how many it carries, how many of them merged and where. The programs count
+/// it per request instead of per bio, and user space counts a capture from the same values.
+///
+/// Where a bio merged is where its request was then: a request still in the submitting
+/// task's plug list takes plug merges only; once inserted (`block_rq_insert`: the scheduler,
+/// or the software queue of scheduler "none") it takes the queue's merges only. So a request
+/// leaving the plug (its insert, its issue straight from the plug, or its absorption into
+/// another request before an insert) carries `bios - 1` plug merges, and what joined it later
+/// is the queue's.
+pub mod rq_aux {
+    const BITS: u32 = 10;
+    const MASK: u32 = (1 << BITS) - 1;
+    /// Issue: the request holds one front piece of a split bio (`REQ_NOMERGE`, alone in its
+    /// request): one more piece than bios.
+    pub const SPLIT_PIECE: u32 = 1 << 30;
+    /// Issue and request merge: the request had been inserted, so its plug merges were
+    /// counted then and this event counts the queue's. Insert: the request is a requeued one
+    /// put back: nothing left the plug.
+    pub const QUEUED: u32 = 1 << 31;
+
+    /// Bios chained in the request (up to [`crate::MAX_CHAIN`]).
+    #[inline(always)]
+    pub fn chain(aux: u32) -> u32 {
+        aux & MASK
+    }
+    /// Issue and request merge of a request that was inserted: bios that merged into it in
+    /// the queue (not counting those of requests it absorbed).
+    #[inline(always)]
+    pub fn queued_merges(aux: u32) -> u32 {
+        (aux >> BITS) & MASK
+    }
+    /// First issue and request merge: of [`queued_merges`], the front merges (bios that
+    /// joined before the request's first bio at its insert). Issue of a requeued request
+    /// ([`crate::flags::REISSUE`]): bios of requests it absorbed since it was put back.
+    #[inline(always)]
+    pub fn third(aux: u32) -> u32 {
+        (aux >> (2 * BITS)) & MASK
+    }
+    /// Packs the three counts (each capped at its 10 bits) and `bits`.
+    #[inline(always)]
+    pub fn pack(chain: u32, queued: u32, third: u32, bits: u32) -> u32 {
+        let cap = |v: u32| if v > MASK { MASK } else { v };
+        cap(chain) | cap(queued) << BITS | cap(third) << (2 * BITS) | bits
+    }
+}
+
+/// The `aux` bits of a [`kind::BIO_QUEUE`] event.
+pub mod bio_aux {
+    /// The bio's disk is bio-based (zram, device-mapper, md): no request will carry it, so
+    /// it counts as a bio that reached the device here.
+    pub const BIO_BASED: u32 = 1 << 0;
 }
 
 /// Modes of the programs, set before load (`KernelSymbols` is address data; this is policy).
@@ -158,8 +219,12 @@ pub struct TracedDevices {
     /// Per disk, bits of [`iocost`]: io.cost is on for the disk (when the run started), and
     /// how this kernel charges an empty bio.
     pub iocost: [u32; MAX_DEVICES],
+    /// Per disk: non-zero where the disk is bio-based (no requests: zram, device-mapper, md).
+    pub bio_based: [u32; MAX_DEVICES],
     pub count: u32,
-    pub _pad: u32,
+    /// Non-zero where any traced disk has io.cost on: only then does a read's new request
+    /// need counting.
+    pub any_iocost: u32,
 }
 
 /// The `aux` bits of a [`kind::GETRQ`] event.
@@ -353,10 +418,14 @@ pub struct KernelOffsets {
     /// Non-zero where `bpf_get_current_task_btf` exists (5.11+); else the task is read through
     /// `bpf_get_current_task` and probe reads.
     pub current_task_btf: u32,
+    /// `request_queue.limits` + `queue_limits.max_discard_segments` (`unsigned short`): a queue
+    /// taking more than one merges discards as ranges (`blk_discard_mergable`).
+    pub q_max_discard_segments: u32,
+    pub _pad: u32,
 }
 
-/// The longest bio chain the issue probe walks (a request's bios; loop devices allow 128
-/// segments, virtio 254). Longer chains count as this many.
+/// The longest bio chain the request probes walk (a request's bios; loop devices allow 128
+/// segments, virtio 254). Longer chains count as this many. At most 1,023 ([`rq_aux`]).
 pub const MAX_CHAIN: u32 = 512;
 
 /// An offset that does not exist on this kernel.

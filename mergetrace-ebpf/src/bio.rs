@@ -6,14 +6,18 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
     EbpfContext,
 };
-use mergetrace_common::{flags, getrq_aux, iocost, kind, path, Event, NONE};
+use mergetrace_common::{
+    bio_aux, count::dir_of_op, flags, getrq_aux, iocost, kind, path, Event, NONE,
+};
 
 use crate::{
     emit::{emit, now},
-    maps::{frozen, off, CursorKey, IOCOST_CURSOR, THROTTLE_POLICY},
+    maps::{frozen, off, CursorKey, IOCOST_CURSOR, SPLIT_PIECES, THROTTLE_POLICY},
     read::{
-        bio_disk, blkg_cgroup_id, disk_dev, learn_queue, read, read_probe, ready, traced, Disk,
+        bio_disk, blkg_cgroup_id, disk_dev, elevator_is_kyber, learn_queue, pending_add, read,
+        read_probe, ready, traced, Disk,
     },
+    request::Pending,
     throttle::{mark_released, note_queued, note_split},
 };
 
@@ -135,6 +139,9 @@ fn bps_charged(bio: u64) -> bool {
 #[inline(always)]
 fn bio_queue(bio: u64) {
     if let Some((mut ev, disk)) = bio_event(bio, kind::BIO_QUEUE) {
+        if frozen!(TRACED.bio_based[(disk.slot & 15) as usize]) != 0 {
+            ev.aux |= bio_aux::BIO_BASED;
+        }
         ev.flags |= rule_flags(bio, ev.op);
         note_queued(&mut ev);
         emit(&ev, disk.slot);
@@ -171,6 +178,12 @@ fn split(split: u64, new_sector: u64) {
             ev.flags |= flags::BPS_CHARGED;
         }
         note_split(&mut ev, remainder);
+        // The front piece goes on to a request of its own (`REQ_NOMERGE`): its issue is one
+        // more piece of a bio already counted.
+        let key = split;
+        if SPLIT_PIECES.insert(&key, &1, 0).is_ok() {
+            pending_add(disk, Pending::SplitPieces, 1);
+        }
         emit(&ev, disk.slot);
     }
 }
@@ -188,11 +201,6 @@ pub fn block_split_q(ctx: BtfTracePointContext) -> u32 {
     split(ctx.arg(1), ctx.arg(2));
     0
 }
-
-/// "kyber" and its NUL, the one scheduler that merges bios on plain request lists, as the
-/// low 6 bytes of a little-endian read (what follows a `const char *` name is not ours).
-const KYBER: u64 = u64::from_le_bytes(*b"kyber\0\0\0");
-const KYBER_MASK: u64 = 0xffff_ffff_ffff;
 
 /// Which mechanism merged `bio` (at `block_bio_back/frontmerge`, before the request grows).
 /// A plug merge joins the request `blk_attempt_plug_merge` tries first, and only one the bio
@@ -241,15 +249,7 @@ fn merge_path_from_plug(ctx: &BtfTracePointContext, bio: u64, rq: u64, back: boo
         }
     }
     let elevator: u64 = read(q, off!(q_elevator));
-    if elevator == 0 {
-        return path::SW_QUEUE;
-    }
-    let etype: u64 = read(elevator, off!(elv_type));
-    let mut name: u64 = read_probe(etype, off!(elv_type_name));
-    if off!(elv_name_is_pointer) != 0 {
-        name = read_probe(name, 0);
-    }
-    if name & KYBER_MASK == KYBER {
+    if elevator == 0 || elevator_is_kyber(elevator) {
         path::SW_QUEUE
     } else {
         path::ELEVATOR
@@ -419,9 +419,19 @@ fn wbt_class(bio: u64, op: u8) -> bool {
     }
 }
 
-/// A bio starts a new request.
+/// A bio starts a new request. Its request's bios and merges are counted by the request
+/// programs; here what only the bio tells: a data-less flush write (completed without a
+/// write request), wbt's class, io.cost's charge. A read tells none of it unless io.cost is
+/// on: one load and out.
 #[inline(always)]
 fn getrq(bio: u64) {
+    if bio == 0 || !ready() {
+        return;
+    }
+    let op = (read::<u32>(bio, off!(bio_bi_opf)) & 0xff) as u8;
+    if dir_of_op(op) == mergetrace_common::count::dir::READ && frozen!(TRACED.any_iocost) == 0 {
+        return;
+    }
     if let Some((mut ev, disk)) = bio_event(bio, kind::GETRQ) {
         if wbt_class(bio, ev.op) {
             ev.aux |= getrq_aux::WBT_CLASS;

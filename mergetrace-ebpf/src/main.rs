@@ -16,6 +16,9 @@
 //! - [`cgroup`]: cgroup births and removals (names, reclaiming removed cgroups' counters).
 #![no_std]
 #![no_main]
+// Atomic adds (`read::pending_add`): the BPF target has no compare-and-swap for core's atomics.
+#![allow(internal_features)]
+#![feature(core_intrinsics)]
 
 mod bio;
 mod cgroup;

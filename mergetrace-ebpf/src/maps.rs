@@ -114,6 +114,35 @@ pub static DISPATCH: PerCpuArray<Dispatch> = PerCpuArray::with_max_entries(1, 0)
 #[map]
 pub static REQUEUED: LruHashMap<u64, u64> = LruHashMap::with_max_entries(4096, 0);
 
+/// Requests inserted into a scheduler or software queue and not issued yet: request
+/// address → what it carried then (its plug merges were counted at the insert). LRU, so the
+/// entry of a request that never comes out (its disk went away) cannot fill the map.
+#[map]
+pub static INSERTED: LruHashMap<u64, Inserted> = LruHashMap::with_max_entries(16384, 0);
+
+/// A request at its insert (the value of `INSERTED`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Inserted {
+    /// Its first bio then: bios ahead of it at the issue merged at the front.
+    pub first: u64,
+    /// Its bios then.
+    pub bios: u32,
+    /// Where merges into it count from then on (`mergetrace_common::path`).
+    pub place: u8,
+    pub _pad: [u8; 3],
+}
+
+/// Requests absorbed into others (`block_rq_merge`): first bio address → the absorbed
+/// request's bios, found and taken out by the walk of the request that took them.
+#[map]
+pub static ABSORBED: LruHashMap<u64, u32> = LruHashMap::with_max_entries(4096, 0);
+
+/// Front pieces of split bios (`block_split`) not issued yet: bio address → 1. Such a piece
+/// is one more piece of a bio already counted.
+#[map]
+pub static SPLIT_PIECES: LruHashMap<u64, u8> = LruHashMap::with_max_entries(16384, 0);
+
 /// fentry tier: bio address → when it entered `__blk_throtl_bio` (ns). LRU, so a bio that
 /// never comes back (cancelled with its disk) cannot fill the map.
 #[map]

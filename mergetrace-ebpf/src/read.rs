@@ -3,6 +3,8 @@
 use aya_ebpf::helpers::bpf_probe_read_kernel;
 use mergetrace_common::{DeviceState, MAX_DEVICES, NONE};
 
+use crate::request::Pending;
+
 use crate::maps::{frozen, off, DISKS, SCRATCH};
 
 /// Reads a `T` at `base + offset` of a BTF-typed kernel pointer (a tracepoint argument or a
@@ -139,4 +141,41 @@ pub fn blkg_cgroup_id(blkg: u64) -> u64 {
     let cgroup: u64 = read(blkcg, off!(blkcg_css_cgroup));
     let kn: u64 = read(cgroup, off!(cgroup_kn));
     read(kn, off!(kn_id))
+}
+
+/// Moves one of the disk's pending counts (see `DeviceState`) by `delta`, atomically: the
+/// programs of several CPUs move them at once.
+#[inline(always)]
+pub fn pending_add(disk: Disk, which: Pending, delta: i64) {
+    let field = unsafe {
+        match which {
+            Pending::Inserted => &raw mut (*disk.state).inserted,
+            Pending::Absorbed => &raw mut (*disk.state).absorbed,
+            Pending::SplitPieces => &raw mut (*disk.state).split_pieces,
+        }
+    };
+    // A plain atomic add (BPF_XADD, every kernel; its result is not used). The BPF target has
+    // no compare-and-swap, so core's atomic types offer no fetch_add: the intrinsic it uses.
+    unsafe {
+        core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
+            field,
+            delta as u64,
+        )
+    };
+}
+
+/// "kyber" and its NUL, the one scheduler that merges bios on plain request lists, as the
+/// low 6 bytes of a little-endian read (what follows a `const char *` name is not ours).
+const KYBER: u64 = u64::from_le_bytes(*b"kyber\0\0\0");
+const KYBER_MASK: u64 = 0xffff_ffff_ffff;
+
+/// Whether the queue's scheduler (`struct elevator_queue *`, not NULL) is kyber.
+#[inline(always)]
+pub fn elevator_is_kyber(elevator: u64) -> bool {
+    let etype: u64 = read(elevator, off!(elv_type));
+    let mut name: u64 = read_probe(etype, off!(elv_type_name));
+    if off!(elv_name_is_pointer) != 0 {
+        name = read_probe(name, 0);
+    }
+    name & KYBER_MASK == KYBER
 }

@@ -1,12 +1,21 @@
 //! Programs on the request tracepoints: a request absorbed by another, inserted, issued
 //! (once, however often requeued), handed back by the driver, completed; and plug flushes.
+//!
+//! The live view counts bios and merges here, per request rather than per bio
+//! (`mergetrace_common::rq_aux`): a request's bios are its chain (`rq->bio` → `bi_next`), and
+//! a bio merged where its request was then — in the task's plug until the request left it
+//! (insert, issue straight from the plug, or absorption before an insert), in the queue
+//! after its insert.
 use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
-use mergetrace_common::{flags, kind, Event, MAX_CHAIN};
+use mergetrace_common::{flags, kind, path, rq_aux, DeviceState, Event, MAX_CHAIN};
 
 use crate::{
     emit::{emit, now},
-    maps::{off, REQUEUED},
-    read::{blkg_cgroup_id, disk_dev, forget, queue_disk, read, ready, rq_disk, traced, Disk},
+    maps::{off, Inserted, ABSORBED, INSERTED, REQUEUED, SPLIT_PIECES},
+    read::{
+        blkg_cgroup_id, disk_dev, elevator_is_kyber, forget, pending_add, queue_disk, read,
+        read_probe, ready, rq_disk, traced, Disk,
+    },
 };
 
 /// A request's start sector as the kernel's own block tracepoints report it
@@ -36,7 +45,14 @@ fn rq_event(rq: u64, kind: u8) -> Option<(Event, Disk)> {
         blkg_cgroup_id(read(first_bio, off!(bio_bi_blkg)))
     } else {
         // A flush request carries no bio: it is the flush of the cgroup that asked last.
-        unsafe { (*disk.state).flush_cgroup }
+        // Through the helper, not a load: the compiler would sink two loads, of a kernel
+        // pointer and of a map value, into one instruction, which the verifier refuses
+        // ("same insn cannot be used with different pointers").
+        let state = disk.state as u64;
+        read_probe::<u64>(
+            state,
+            core::mem::offset_of!(DeviceState, flush_cgroup) as u32,
+        )
     };
     let ev = Event {
         ts_ns: now(),
@@ -54,47 +70,257 @@ fn rq_event(rq: u64, kind: u8) -> Option<(Event, Disk)> {
     Some((ev, disk))
 }
 
-fn rq_simple(ctx: &BtfTracePointContext, kind: u8) {
-    if let Some((ev, disk)) = rq_event(ctx.arg(0), kind) {
-        emit(&ev, disk.slot);
+/// `REQ_OP_DISCARD`.
+const OP_DISCARD: u8 = 3;
+
+/// Where the merges of a request leaving the plug count: the plug, or a multi-range discard
+/// (a discard bio joins such a request as a range, wherever the request is:
+/// `blk_discard_mergable`).
+#[inline(always)]
+fn plug_place(rq: u64, op: u8) -> u8 {
+    if discard_ranges(rq, op) {
+        path::DISCARD
+    } else {
+        path::PLUG
     }
 }
 
-/// `block_rq_merge(next)`: `next` is absorbed into another request.
+/// Where the merges of a request in the queue count: its disk's scheduler (mq-deadline, bfq),
+/// or the software queue (scheduler none, or kyber, which merges bios on plain lists); a
+/// multi-range discard as in [`plug_place`].
+#[inline(always)]
+fn queue_place(rq: u64, op: u8) -> u8 {
+    if discard_ranges(rq, op) {
+        return path::DISCARD;
+    }
+    let q: u64 = read(rq, off!(rq_q));
+    let elevator: u64 = read(q, off!(q_elevator));
+    if elevator == 0 || elevator_is_kyber(elevator) {
+        path::SW_QUEUE
+    } else {
+        path::ELEVATOR
+    }
+}
+
+/// A discard request on a queue that takes several discard ranges per request.
+#[inline(always)]
+fn discard_ranges(rq: u64, op: u8) -> bool {
+    if op != OP_DISCARD {
+        return false;
+    }
+    let q: u64 = read(rq, off!(rq_q));
+    read_probe::<u16>(q, off!(q_max_discard_segments)) > 1
+}
+
+/// What a walk along a request's bio chain found.
+struct Chain {
+    /// Bios in the chain (up to `MAX_CHAIN`).
+    bios: u32,
+    /// Bios before `first_at_insert` (front merges in the queue); 0 without one.
+    front: u32,
+    /// Bios of absorbed requests found in the chain (from `ABSORBED`, taken out).
+    absorbed: u32,
+}
+
+/// Walks the bio chain from `first`. With `first_at_insert`, counts the bios in front of it;
+/// with `absorbed`, looks each bio up in `ABSORBED` (requests this one absorbed start there).
+/// One simple loop per question: a loop that carries several counts, or a flag it tests,
+/// has the verifier check every combination of iterations (E2BIG).
+#[inline(always)]
+fn walk(first: u64, first_at_insert: u64, absorbed: bool, disk: Disk) -> Chain {
+    Chain {
+        bios: chain_len(first, 0),
+        front: if first_at_insert != 0 {
+            chain_len(first, first_at_insert)
+        } else {
+            0
+        },
+        absorbed: if absorbed {
+            absorbed_in(first, disk)
+        } else {
+            0
+        },
+    }
+}
+
+/// Bios from `first` up to `stop` (or the chain's end), at most `MAX_CHAIN`.
+#[inline(always)]
+fn chain_len(first: u64, stop: u64) -> u32 {
+    let next_off = off!(bio_bi_next);
+    let mut bio = first;
+    let mut n = 0u32;
+    while bio != 0 && bio != stop && n < MAX_CHAIN {
+        n += 1;
+        bio = read(bio, next_off);
+    }
+    // Through a map slot: the verifier then forgets which iteration ended the loop, so it
+    // checks the rest of the program once instead of once per possible count (6.1 gave up
+    // with E2BIG).
+    forget(n as u64) as u32
+}
+
+/// The bios of requests absorbed into the chain from `first`, whose first bios `ABSORBED`
+/// names (each entry taken out as found).
+///
+/// The loop body is the same whether a bio is found or not (a lookup, a delete, an add of
+/// what was found or 0): a branch that calls helpers on one side only left the verifier
+/// unable to tell the two paths alike, and it checked the rest of the loop once per bio.
+#[inline(always)]
+fn absorbed_in(first: u64, disk: Disk) -> u32 {
+    let next_off = off!(bio_bi_next);
+    let mut bio = first;
+    let mut n = 0u32;
+    let mut total = forget(0);
+    while bio != 0 && n < MAX_CHAIN {
+        n += 1;
+        let key = bio;
+        bio = read(bio, next_off);
+        let found = unsafe { ABSORBED.get(&key) }.map_or(0, |c| *c) as u64;
+        let _ = ABSORBED.remove(&key);
+        pending_add(disk, Pending::Absorbed, -(found as i64));
+        total = forget(total + found);
+    }
+    total as u32
+}
+
+/// Which of the disk's pending counts (`DeviceState`) to move.
+#[derive(Clone, Copy)]
+pub enum Pending {
+    Inserted,
+    Absorbed,
+    SplitPieces,
+}
+
+/// The request's entry in `INSERTED`, taken out, if it was inserted (only disks with entries
+/// pending pay the lookup).
+#[inline(always)]
+fn take_inserted(rq: u64, disk: Disk) -> Option<Inserted> {
+    if unsafe { (*disk.state).inserted } == 0 {
+        return None;
+    }
+    let key = rq;
+    let found = unsafe { INSERTED.get(&key) }.copied()?;
+    let _ = INSERTED.remove(&key);
+    pending_add(disk, Pending::Inserted, -1);
+    Some(found)
+}
+
+/// Packs what `rq` carries when it leaves the plug now (`at` None) or after its time in the
+/// queue (`at` its insert): the event's `aux` and `path`. One walk of the chain either way.
+#[inline(always)]
+fn account(ev: &mut Event, rq: u64, at: Option<Inserted>, disk: Disk, reissue: bool) {
+    let (first_at_insert, absorbed) = match at {
+        Some(i) => (i.first, unsafe { (*disk.state).absorbed } != 0),
+        None => (0, false),
+    };
+    let c = walk(ev.aux64, first_at_insert, absorbed, disk);
+    match at {
+        None => {
+            ev.aux = rq_aux::pack(c.bios, 0, 0, 0);
+            ev.path = plug_place(rq, ev.op);
+        }
+        Some(i) => {
+            let queued = c.bios.saturating_sub(i.bios + c.absorbed);
+            // A requeued request: the bios of what it absorbed since are new bios too.
+            let third = if reissue { c.absorbed } else { c.front };
+            ev.aux = rq_aux::pack(c.bios, queued, third, rq_aux::QUEUED);
+            ev.path = i.place;
+        }
+    }
+}
+
+/// `block_rq_merge(next)`: `next` is absorbed into another request, its bios appended to
+/// that request's chain. Its bios are counted with that request's; here its merges: those in
+/// the plug if it never was inserted (a merge at insert), else those in the queue. Its first
+/// bio goes into `ABSORBED`, where the walk of the request that took it finds it.
 #[btf_tracepoint(function = "block_rq_merge")]
 pub fn block_rq_merge(ctx: BtfTracePointContext) -> u32 {
-    rq_simple(&ctx, kind::RQ_MERGE);
-    0
-}
-
-#[btf_tracepoint(function = "block_rq_insert")]
-pub fn block_rq_insert(ctx: BtfTracePointContext) -> u32 {
-    rq_simple(&ctx, kind::RQ_INSERT);
-    0
-}
-
-/// Issue: also counts the bios chained in the request (`rq->bio` → `bi_next`), for the
-/// bios-per-request histogram and lineage.
-#[btf_tracepoint(function = "block_rq_issue")]
-pub fn block_rq_issue(ctx: BtfTracePointContext) -> u32 {
-    if let Some((mut ev, disk)) = rq_event(ctx.arg(0), kind::RQ_ISSUE) {
-        let next_off = off!(bio_bi_next);
-        let mut bio = ev.aux64;
-        let mut n = 0u32;
-        while bio != 0 && n < MAX_CHAIN {
-            n += 1;
-            bio = read(bio, next_off);
-        }
-        // Through a map slot: the verifier then forgets which iteration ended the loop, so it
-        // checks the rest of the program once instead of once per possible count (6.1 gave
-        // up with E2BIG).
-        ev.aux = forget(n as u64) as u32;
-        if reissued(ctx.arg(0), disk) {
-            ev.flags |= flags::REISSUE;
+    let next: u64 = ctx.arg(0);
+    if let Some((mut ev, disk)) = rq_event(next, kind::RQ_MERGE) {
+        let at = take_inserted(next, disk);
+        account(&mut ev, next, at, disk, false);
+        let (first, bios) = (ev.aux64, rq_aux::chain(ev.aux));
+        if first != 0 && ABSORBED.insert(&first, &bios, 0).is_ok() {
+            pending_add(disk, Pending::Absorbed, bios as i64);
         }
         emit(&ev, disk.slot);
     }
     0
+}
+
+/// `block_rq_insert(rq)`: the request leaves the plug for the scheduler or the software
+/// queue, carrying its plug merges; what joins it from now on merged in the queue. A
+/// requeued request put back left the plug before (`rq_aux::QUEUED`).
+#[btf_tracepoint(function = "block_rq_insert")]
+pub fn block_rq_insert(ctx: BtfTracePointContext) -> u32 {
+    let rq: u64 = ctx.arg(0);
+    if let Some((mut ev, disk)) = rq_event(rq, kind::RQ_INSERT) {
+        let c = walk(ev.aux64, 0, false, disk);
+        let requeued = was_requeued(rq, disk);
+        ev.aux = rq_aux::pack(c.bios, 0, 0, if requeued { rq_aux::QUEUED } else { 0 });
+        ev.path = plug_place(rq, ev.op);
+        let entry = Inserted {
+            first: ev.aux64,
+            bios: c.bios,
+            place: queue_place(rq, ev.op),
+            _pad: [0; 3],
+        };
+        let key = rq;
+        if INSERTED.insert(&key, &entry, 0).is_ok() {
+            pending_add(disk, Pending::Inserted, 1);
+        }
+        emit(&ev, disk.slot);
+    }
+    0
+}
+
+/// Issue: the request's bios and the merges not counted yet (see [`account`]); a request
+/// issued again after a requeue counts only what joined it since. Also flags a split's front
+/// piece (alone in its request: split pieces carry `REQ_NOMERGE`).
+#[btf_tracepoint(function = "block_rq_issue")]
+pub fn block_rq_issue(ctx: BtfTracePointContext) -> u32 {
+    let rq: u64 = ctx.arg(0);
+    if let Some((mut ev, disk)) = rq_event(rq, kind::RQ_ISSUE) {
+        let at = take_inserted(rq, disk);
+        let reissue = reissued(ctx.arg(0), disk);
+        // A requeued request issued again: only what joined it since it was put back counts
+        // (without an insert entry, nothing did: the rule counts no plug merges again).
+        account(&mut ev, rq, at, disk, reissue);
+        if reissue {
+            ev.flags |= flags::REISSUE;
+        } else if rq_aux::chain(ev.aux) == 1 && split_piece(ev.aux64, disk) {
+            ev.aux |= rq_aux::SPLIT_PIECE;
+        }
+        emit(&ev, disk.slot);
+    }
+    0
+}
+
+/// Whether `bio` is the front piece of a split (`SPLIT_PIECES`, taken out).
+#[inline(always)]
+fn split_piece(bio: u64, disk: Disk) -> bool {
+    if unsafe { (*disk.state).split_pieces } == 0 {
+        return false;
+    }
+    let key = bio;
+    if unsafe { SPLIT_PIECES.get(&key) }.is_none() {
+        return false;
+    }
+    let _ = SPLIT_PIECES.remove(&key);
+    pending_add(disk, Pending::SplitPieces, -1);
+    true
+}
+
+/// Whether the request being inserted is a requeued one put back (it stays in `REQUEUED`
+/// for its next issue).
+#[inline(always)]
+fn was_requeued(rq: u64, disk: Disk) -> bool {
+    if unsafe { (*disk.state).requeues_seen } == 0 {
+        return false;
+    }
+    let start_time: u64 = read(rq, off!(rq_start_time_ns));
+    let key = rq;
+    unsafe { REQUEUED.get(&key) }.is_some_and(|started| *started == start_time)
 }
 
 /// Whether the request being issued was issued before and requeued (and forgets it). Only

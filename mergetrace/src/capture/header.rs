@@ -40,6 +40,10 @@ pub struct Header {
     /// Issue events of requests issued again after a requeue carry `flags::REISSUE`
     /// (mergetrace 0.2 on). Readers of older captures flag them from the requeue events.
     pub reissues_flagged: bool,
+    /// Insert, issue and request-merge events carry their request's bios and merges
+    /// (`mergetrace_common::rq_aux`), counted per request. Older captures are counted from
+    /// their per-bio events instead.
+    pub per_request: bool,
     /// Fields this build does not know (from a newer writer of the same format version):
     /// kept so that reading and writing a header again does not lose them.
     #[serde(flatten)]
@@ -227,6 +231,7 @@ impl Header {
                 .map(|d| d.as_nanos() as u64)
                 .unwrap_or(0),
             reissues_flagged: true,
+            per_request: true,
             ..Header::default()
         }
     }

@@ -33,6 +33,14 @@ pub struct TraceArgs {
     /// later is counted under "(removed)".
     #[arg(long, default_value = "5s", value_name = "DURATION", value_parser = parse_duration)]
     pub reclaim_after: Duration,
+    /// Also count plug flushes by depth ("unplug" in the JSON): one more program run per plug
+    /// flush. Captures always have them.
+    #[arg(long)]
+    pub plug_flushes: bool,
+    /// fentry tier: also count every merge attempt, failed ones included ("merge_attempts" in
+    /// the JSON): programs on every bio. Captures always have them.
+    #[arg(long)]
+    pub merge_attempts: bool,
 }
 
 impl TraceArgs {
@@ -52,6 +60,11 @@ impl TraceArgs {
             stats,
             ebpf_log: self.ebpf_log,
             reclaim_after: self.reclaim_after,
+            wants: crate::kernel::Wants {
+                plug_flushes: self.plug_flushes,
+                attempts: self.merge_attempts,
+                ..Default::default()
+            },
         }
     }
 }

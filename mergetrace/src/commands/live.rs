@@ -75,6 +75,8 @@ pub async fn run(args: LiveArgs) -> Result<()> {
         subtree: subtree.as_deref(),
         iocost: &iocost,
         wbt: &wbt,
+        wants: session.wants,
+        per_bio: session.per_bio,
     };
     stop.after(args.run.duration);
     let mut live = Live {

@@ -109,6 +109,8 @@ impl Exporter {
             subtree: self.subtree.as_deref(),
             iocost: &self.iocost,
             wbt: &self.session.wbt,
+            wants: self.session.wants,
+            per_bio: self.session.per_bio,
         };
         let s = snapshot::build(
             &total,

@@ -21,7 +21,7 @@ use super::{
     check_privileges,
     compat::{
         self,
-        hooks::{self, Attach, Hook, Needs, Program},
+        hooks::{self, Attach, Hook, Program, Wants},
         Kallsyms,
     },
     slots::Slots,
@@ -57,6 +57,9 @@ pub struct Options {
     /// How long a removed cgroup's counters stay its own before they are folded into the
     /// device's removed counters (`--reclaim-after`).
     pub reclaim_after: std::time::Duration,
+    /// What the run asks for beside its counting (its flags); the traced disks may add more
+    /// ([`Session::wants`]). A capture attaches everything whatever this says.
+    pub wants: Wants,
 }
 
 /// The object loaded (maps created, nothing attached) for this kernel, with what the programs
@@ -95,7 +98,11 @@ fn load_object(
     } else {
         MIN_RING_BYTES
     };
-    let ebpf = EbpfLoader::new()
+    let mut loader = EbpfLoader::new();
+    if verifier_log() {
+        loader.verifier_log_level(aya::VerifierLogLevel::STATS);
+    }
+    let ebpf = loader
         .btf(Some(&aya_btf))
         .override_global("OFFSETS", &offsets, true)
         .override_global("SYMBOLS", &symbols, true)
@@ -118,8 +125,17 @@ impl Loaded {
     fn attach_tracepoint(&mut self, hook: &Hook, p: &Program) -> Result<()> {
         let (prog, tp) = (&compat::program_variant(&self.btf, hook, p), hook.name);
         let t: &mut BtfTracePoint = program(&mut self.ebpf, prog)?.try_into()?;
-        t.load(tp, &self.aya_btf)
-            .with_context(|| format!("cannot load program {prog} for tracepoint {tp}"))?;
+        if let Err(e) = t.load(tp, &self.aya_btf) {
+            if let (true, ProgramError::LoadError { verifier_log, .. }) = (verifier_log(), &e) {
+                eprintln!("mergetrace: the verifier's log of {prog}:\n{verifier_log}");
+            }
+            return Err(e)
+                .with_context(|| format!("cannot load program {prog} for tracepoint {tp}"));
+        }
+        if verifier_log() {
+            let insns = t.info().ok().and_then(|i| i.verified_instruction_count());
+            eprintln!("mergetrace: {prog}: the verifier went through {insns:?} instructions");
+        }
         t.attach()
             .with_context(|| format!("cannot attach program {prog} to tracepoint {tp}"))?;
         Ok(())
@@ -143,14 +159,9 @@ impl Loaded {
 
     /// The tracepoint tier: every program of its hooks this run needs. A tracepoint the
     /// kernel lacks is noted and skipped; one that cannot attach is an error.
-    fn attach_tracepoints(&mut self, modes: Modes) -> Result<()> {
+    fn attach_tracepoints(&mut self, modes: Modes, wants: Wants) -> Result<()> {
         for (hook, p) in hooks::programs_of(TierKind::Tracepoint) {
-            let needed = match p.needs {
-                Needs::Nothing => true,
-                Needs::Events => modes.emit != 0,
-                Needs::Symbol(s) => self.kallsyms.address(s).is_some(),
-            };
-            if !needed {
+            if !self.wanted(p, modes, wants) {
                 continue;
             }
             if !self.btf.has_tracepoint(hook.name) {
@@ -165,14 +176,24 @@ impl Loaded {
         Ok(())
     }
 
-    /// The fentry tier's programs; the first failure is returned (and the caller falls back
-    /// or reports it). Functions missing from BTF are skipped with a note.
-    fn attach_fentry(&mut self) -> Result<()> {
+    /// Whether this run attaches `p`: its need met ([`Needs::met`]) and its symbol known.
+    fn wanted(&self, p: &Program, modes: Modes, wants: Wants) -> bool {
+        p.needs.met(modes.emit != 0, wants)
+            && p.symbol.is_none_or(|s| self.kallsyms.address(s).is_some())
+    }
+
+    /// The fentry tier's programs this run wants; the first failure is returned (and the
+    /// caller falls back or reports it). Functions missing from BTF are skipped with a note.
+    /// Wanting none, it still learns whether the kernel allows fentry: the tier's first
+    /// program is attached for an instant.
+    fn attach_fentry(&mut self, modes: Modes, wants: Wants) -> Result<()> {
         let mut done = std::collections::BTreeSet::new();
+        let mut attached = 0;
         for (_, p) in hooks::programs_of(TierKind::Fentry) {
-            if !done.insert(p.name) {
+            if !done.insert(p.name) || !self.wanted(p, modes, wants) {
                 continue;
             }
+            attached += 1;
             let hook = match hooks::function_for(&self.btf, p.name) {
                 Ok(hook) => hook,
                 Err(names) => {
@@ -195,6 +216,16 @@ impl Loaded {
                 )
             })?;
         }
+        if attached == 0 {
+            let (hook, p) = hooks::fentry_probe(&self.btf).map_err(anyhow::Error::msg)?;
+            self.attach_function(hook, p).with_context(|| {
+                format!(
+                    "cannot load/attach fentry program {} on {}",
+                    p.name, hook.name
+                )
+            })?;
+            self.unload_fentry();
+        }
         Ok(())
     }
 
@@ -215,7 +246,7 @@ impl Loaded {
     }
 
     /// Attaches the fentry tier as asked: forced, or tried and given up on with the reason.
-    fn choose_tier(&mut self, choice: TierChoice) -> Result<Tier> {
+    fn choose_tier(&mut self, choice: TierChoice, modes: Modes, wants: Wants) -> Result<Tier> {
         let tier = |kind, reason: &str| Tier {
             kind,
             reason: reason.to_string(),
@@ -223,11 +254,11 @@ impl Loaded {
         Ok(match choice {
             TierChoice::Tracepoint => tier(TierKind::Tracepoint, "chosen with --tier tracepoint"),
             TierChoice::Fentry => {
-                self.attach_fentry()
+                self.attach_fentry(modes, wants)
                     .context("the fentry tier was forced with --tier fentry")?;
                 tier(TierKind::Fentry, "chosen with --tier fentry")
             }
-            TierChoice::Auto => match self.attach_fentry() {
+            TierChoice::Auto => match self.attach_fentry(modes, wants) {
                 Ok(()) => tier(TierKind::Fentry, "fentry allowed"),
                 Err(e) => {
                     self.unload_fentry();
@@ -276,10 +307,42 @@ fn short_reason(e: &anyhow::Error) -> String {
     }
 }
 
+/// `MERGETRACE_VERIFIER_LOG=1`: the verifier's statistics for each tracepoint program it
+/// accepts (instructions it went through: the programs' loops must stay well under its
+/// limit on every kernel) and its log for one it refuses.
+fn verifier_log() -> bool {
+    std::env::var_os("MERGETRACE_VERIFIER_LOG").is_some_and(|v| v == "1")
+}
+
+/// What a run wants beside its per-request counting (see [`hooks::Want`]): what its flags ask
+/// for, and what the traced disks need — each bio where blk-throttle has rules on one (its
+/// charges, who waited) or one is bio-based, each bio merge where io.cost is on. The
+/// merge-path oracle (`MERGETRACE_MERGE_PATH_FROM_STACK`) wants each bio and each merge.
+fn run_wants(
+    devices: &[Device],
+    asked: Wants,
+    iocost: &BTreeMap<u32, crate::sys::iocost::Iocost>,
+    modes: Modes,
+) -> Wants {
+    let rules = crate::model::limits::rules_on(devices);
+    let oracle = modes.merge_path_from_stack != 0;
+    Wants {
+        bios: asked.bios || rules || oracle || devices.iter().any(|d| d.bio_based),
+        bio_merges: asked.bio_merges || oracle || !iocost.is_empty(),
+        throttle: asked.throttle || rules,
+        ..asked
+    }
+}
+
 /// Programs loaded and attached; dropping it detaches everything.
 pub struct Session {
     ebpf: Option<Ebpf>,
     pub tier: Tier,
+    /// What the run attached beside its per-request counting (a capture: everything).
+    pub wants: Wants,
+    /// The merge-path oracle runs (`MERGETRACE_MERGE_PATH_FROM_STACK`): bios and merge paths
+    /// are to be shown from the per-bio events.
+    pub per_bio: bool,
     /// Things the user should know (missing symbols, fallbacks).
     pub notes: Vec<String>,
     ring: Option<RingBuf<MapData>>,
@@ -343,22 +406,26 @@ impl Session {
                 wbt.insert(d.dev().0, w);
             }
             traced.devs[slot] = d.dev().0;
+            traced.bio_based[slot] = d.bio_based as u32;
             if let Some(c) = crate::sys::iocost::of(d) {
                 traced.iocost[slot] = c.rule_bits();
                 iocost.insert(d.dev().0, c);
             }
         }
         let mut modes = opts.modes;
-        // A testing knob: tell merge paths from the kernel stack, as before the plug check.
+        // A testing knob: tell each bio merge's path from the kernel stack, per bio (the
+        // oracle the per-request paths are tested against).
         modes.merge_path_from_stack =
             std::env::var("MERGETRACE_MERGE_PATH_FROM_STACK").is_ok_and(|v| v == "1") as u32;
+        let wants = run_wants(devices, opts.wants, &iocost, modes);
+        traced.any_iocost = !iocost.is_empty() as u32;
         modes.cgroup_hierarchy = std::fs::read_to_string("/proc/cgroups")
             .ok()
             .and_then(|t| crate::sys::cgroups::io_hierarchy_id(&t))
             .map_or(0, |h| h + 1);
         let mut loaded = load_object(modes, opts.ring_bytes, &opts.meter_units, &traced)?;
-        loaded.attach_tracepoints(opts.modes)?;
-        let tier = loaded.choose_tier(opts.tier)?;
+        loaded.attach_tracepoints(opts.modes, wants)?;
+        let tier = loaded.choose_tier(opts.tier, opts.modes, wants)?;
         let Loaded {
             mut ebpf, notes, ..
         } = loaded;
@@ -385,6 +452,8 @@ impl Session {
         Ok(Session {
             ebpf: Some(ebpf),
             tier,
+            wants: if modes.emit != 0 { Wants::ALL } else { wants },
+            per_bio: modes.merge_path_from_stack != 0,
             notes,
             ring: Some(ring),
             lost,

@@ -12,6 +12,7 @@ pub mod slots;
 
 use std::fmt;
 
+pub use compat::hooks::Wants;
 pub use load::{Options, Session};
 pub use privileges::check_privileges;
 

@@ -251,7 +251,7 @@ impl Aggregator {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use mergetrace_common::path;
+    use mergetrace_common::{path, rq_aux};
 
     pub fn ev(kind: u8, op: u8, cgroup_id: u64, bytes: u32) -> Event {
         Event {
@@ -277,8 +277,14 @@ pub(crate) mod tests {
                 v.push(m);
             }
         }
-        v.push(ev(kind::RQ_INSERT, 1, cgroup, 131072));
-        v.push(ev(kind::RQ_ISSUE, 1, cgroup, 131072));
+        // As the request programs pack them: 32 bios leave the plug at the insert (31 plug
+        // merges), none joined in the queue.
+        let mut insert = ev(kind::RQ_INSERT, 1, cgroup, 131072);
+        (insert.aux, insert.path) = (rq_aux::pack(32, 0, 0, 0), path::PLUG);
+        v.push(insert);
+        let mut issue = ev(kind::RQ_ISSUE, 1, cgroup, 131072);
+        (issue.aux, issue.path) = (rq_aux::pack(32, 0, 0, rq_aux::QUEUED), path::ELEVATOR);
+        v.push(issue);
         let mut c = ev(kind::RQ_COMPLETE, 1, cgroup, 131072);
         c.aux = 131072;
         v.push(c);

@@ -197,8 +197,11 @@ pub struct DirStats {
 
 impl DirStats {
     pub fn from_counts(c: &Counts, dir: Dir, opts: &Options) -> DirStats {
-        let back = c.back_merges_by_path;
-        let all = c.bio_merges_by_path;
+        let (bios, bytes, merged, merged_by_path) = if opts.per_bio {
+            Self::per_bio(c, dir)
+        } else {
+            Self::per_request(c)
+        };
         DirStats {
             charged_ios: c.charged_ios,
             charged_bytes: c.charged_bytes,
@@ -213,7 +216,7 @@ impl DirStats {
                 delay_ns_total: opts.fentry.then_some(c.throttle_delay_ns),
                 delay_estimated: !opts.fentry,
             },
-            merge_attempts: opts.fentry.then_some(MergeAttempts {
+            merge_attempts: (opts.fentry && opts.wants.attempts).then_some(MergeAttempts {
                 plug_attempts: c.plug_attempts,
                 plug_merged: c.plug_merged,
                 elevator_no_merge: c.elv_decisions[0],
@@ -222,7 +225,7 @@ impl DirStats {
                 elevator_discard: c.elv_decisions[3],
             }),
             meters: Meters {
-                per_bio: c.bios + c.splits,
+                per_bio: bios + c.splits,
                 per_request: c.requests(),
                 per_request_created: c.requests_created(),
                 cloud: opts
@@ -240,24 +243,60 @@ impl DirStats {
             histograms: Histograms::from_counts(c),
             limits: BTreeMap::new(),
             verdict: None,
-            bios: c.bios,
-            bytes: c.bytes,
-            merged: c.merged(dir.code()),
+            bios,
+            bytes,
+            merged,
             requests: c.requests(),
             request_bytes: c.issue_bytes,
             splits: c.splits,
             flush_only: c.flush_only,
             requeues: c.requeues,
-            merged_by_path: MergePaths {
-                plug: all[path::PLUG as usize],
-                elevator_back: back[path::ELEVATOR as usize],
-                elevator_front: all[path::ELEVATOR as usize] - back[path::ELEVATOR as usize],
-                sw_queue: all[path::SW_QUEUE as usize],
-                discard: c.discard_merges(dir.code()),
-                request: c.rq_merges,
-                unknown: all[path::UNKNOWN as usize],
-            },
+            merged_by_path,
         }
+    }
+
+    /// Bios, their bytes, merges and merges by path as counted per request (every run): the
+    /// bios that reached the device in requests (plus data-less flush writes, which never
+    /// become one), each merge where its request was at the time.
+    fn per_request(c: &Counts) -> (u64, u64, u64, MergePaths) {
+        let at = c.merges_at;
+        let elevator = at[path::ELEVATOR as usize];
+        let front = c.elevator_front_merges.min(elevator);
+        let paths = MergePaths {
+            plug: at[path::PLUG as usize],
+            elevator_back: elevator - front,
+            elevator_front: front,
+            sw_queue: at[path::SW_QUEUE as usize],
+            discard: at[path::DISCARD as usize],
+            request: c.rq_merges,
+            // Slots past the known places: none is ever written (values the programs never
+            // send), but their sum is shown rather than lost.
+            unknown: at[path::UNKNOWN as usize] + at[path::COUNT..].iter().sum::<u64>(),
+        };
+        (
+            c.rq_bios + c.flush_only,
+            c.rq_bio_bytes,
+            c.merged_per_request(),
+            paths,
+        )
+    }
+
+    /// The same from the per-bio events (each bio as it leaves blk-throttle, each bio merge
+    /// with its path): the oracle the per-request counts are tested against, and captures
+    /// of versions that did not count per request.
+    fn per_bio(c: &Counts, dir: Dir) -> (u64, u64, u64, MergePaths) {
+        let back = c.back_merges_by_path;
+        let all = c.bio_merges_by_path;
+        let paths = MergePaths {
+            plug: all[path::PLUG as usize],
+            elevator_back: back[path::ELEVATOR as usize],
+            elevator_front: all[path::ELEVATOR as usize] - back[path::ELEVATOR as usize],
+            sw_queue: all[path::SW_QUEUE as usize],
+            discard: c.discard_merges(dir.code()),
+            request: c.rq_merges,
+            unknown: all[path::UNKNOWN as usize],
+        };
+        (c.bios, c.bytes, c.merged(dir.code()), paths)
     }
 
     pub fn is_empty(&self) -> bool {

@@ -168,6 +168,23 @@ pub fn own_limits(hierarchy: Hierarchy, dir: &Path, major: u32, minor: u32) -> L
     }
 }
 
+/// Whether any cgroup of the io/blkio hierarchy sets a blk-throttle limit on any of
+/// `devices`: then blk-throttle charges their bios, and a run counts each bio (its charge,
+/// whether it waited). A walk of the hierarchy reading each cgroup's limit files; false where
+/// there is no hierarchy.
+pub fn rules_on(devices: &[crate::sys::device::Device]) -> bool {
+    let Ok(cgroups) = crate::sys::cgroups::Cgroups::discover() else {
+        return false;
+    };
+    let found = cgroups.all().any(|(_, path)| {
+        let dir = cgroups.mount.join(path.trim_start_matches('/'));
+        devices
+            .iter()
+            .any(|d| !own_limits(cgroups.hierarchy, &dir, d.major, d.minor).is_empty())
+    });
+    found
+}
+
 /// Combines a chain of (cgroup path, own limits), root first, into the limits in force for the
 /// last one: per limit, the smallest value along the chain (the tightest binds first).
 pub fn effective(chain: &[(String, Limits)]) -> Effective {

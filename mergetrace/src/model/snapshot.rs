@@ -10,6 +10,7 @@ pub use crate::model::dir_stats::{
     Throttled,
 };
 use crate::{
+    kernel::Wants,
     model::aggregate::{Counts, Dir, Window},
     model::iocost,
     model::limits::{self, Effective},
@@ -73,6 +74,13 @@ pub struct Options<'a> {
     pub iocost: &'a BTreeMap<u32, iocost::Model>,
     /// wbt on each traced disk that had it on, by `dev_t`.
     pub wbt: &'a BTreeMap<u32, Wbt>,
+    /// What the run counted beside its per-request counting: plug flushes, merge attempts
+    /// (a capture has everything).
+    pub wants: Wants,
+    /// Bios and merge paths from the per-bio events instead of per request: the merge-path
+    /// oracle (`MERGETRACE_MERGE_PATH_FROM_STACK`), and captures of versions that did not
+    /// count per request.
+    pub per_bio: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -118,8 +126,9 @@ pub struct DeviceSnapshot {
     pub cgroups: Vec<CgroupSnapshot>,
     /// Sum of the rows in `cgroups`.
     pub total: Directions,
-    /// Plug flushes: requests per flush → number of flushes.
-    pub unplug: UnplugSnapshot,
+    /// Plug flushes: requests per flush → number of flushes; `null` where the run did not
+    /// count them (`--plug-flushes`; captures always do).
+    pub unplug: Option<UnplugSnapshot>,
 }
 
 impl DeviceSnapshot {
@@ -237,14 +246,16 @@ fn device_snapshot(
         });
     }
     cgroups.sort_by(|a, b| a.cgroup.cmp(&b.cgroup).then(a.cgroup_id.cmp(&b.cgroup_id)));
-    let unplug = window
-        .unplugs
-        .get(&dev)
-        .map(|u| UnplugSnapshot {
-            explicit: u.explicit.clone(),
-            from_schedule: u.from_schedule.clone(),
-        })
-        .unwrap_or_default();
+    let unplug = opts.wants.plug_flushes.then(|| {
+        window
+            .unplugs
+            .get(&dev)
+            .map(|u| UnplugSnapshot {
+                explicit: u.explicit.clone(),
+                from_schedule: u.from_schedule.clone(),
+            })
+            .unwrap_or_default()
+    });
     DeviceSnapshot {
         device: d.name.clone(),
         major: d.major,
@@ -380,6 +391,8 @@ mod tests {
             subtree,
             iocost,
             wbt: &BTreeMap::new(),
+            wants: Wants::ALL,
+            per_bio: false,
         };
         build(
             &a.total(end_ns),

@@ -84,6 +84,9 @@ pub fn snapshot(loaded: &Loaded, subtree: Option<&str>) -> Snapshot {
         subtree,
         iocost: &iocost,
         wbt: &wbt,
+        // A capture has every program's events.
+        wants: crate::kernel::Wants::ALL,
+        per_bio: !h.per_request,
     };
     snapshot::build(
         &loaded.window,

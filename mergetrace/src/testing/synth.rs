@@ -1,6 +1,6 @@
 //! Synthetic event streams for unit tests: what the probes emit for plugged batches,
 //! elevator merges, splits, requeues and flushes, in the kernel's order.
-use mergetrace_common::{flags, kind, Event};
+use mergetrace_common::{flags, kind, path, rq_aux, Event};
 
 /// Capture start used by [`Synth`]: events begin 1 µs later.
 pub const START_NS: u64 = 1_000_000_000_000;
@@ -26,11 +26,46 @@ pub struct Rq {
     pub bios: u32,
     /// The request's address.
     pub rq: u64,
+    /// Its first bio and bios when it was inserted (None: still in the plug).
+    pub at_insert: Option<(u64, u32)>,
+    /// Since its insert: where bios merged into it ([`path`]), the front merges among them,
+    /// and the bios of requests it absorbed.
+    pub place: u8,
+    pub front_in_queue: u32,
+    pub absorbed: u32,
+    /// The driver handed it back: its next insert puts it back in the queue.
+    pub requeued: bool,
 }
 
 impl Rq {
     pub fn bytes(&self) -> u32 {
         ((self.end - self.start) * 512) as u32
+    }
+
+    /// What the request programs pack into an issue or absorption of this request
+    /// (`rq_aux`): its bios and, if it was inserted, what merged into it since.
+    pub fn packed(&self) -> (u32, u8) {
+        match self.at_insert {
+            None => (rq_aux::pack(self.bios, 0, 0, 0), path::PLUG),
+            Some((_, at)) => (
+                rq_aux::pack(
+                    self.bios,
+                    self.bios - at - self.absorbed,
+                    self.front_in_queue,
+                    rq_aux::QUEUED,
+                ),
+                self.place,
+            ),
+        }
+    }
+
+    /// A bio joined it on `path` (front or back).
+    fn grow(&mut self, path: u8, front: bool) {
+        self.bios += 1;
+        if self.at_insert.is_some() {
+            self.place = path;
+            self.front_in_queue += front as u32;
+        }
     }
 }
 
@@ -147,10 +182,17 @@ impl Synth {
 
     /// A request event of `r` (at address `rq`, which a requeue changes): from its first bio
     /// and sector, of all its bytes.
-    fn rq_event_of(&mut self, kind: u8, r: &Rq, rq: u64, aux: u32) {
+    fn rq_event_of(&mut self, kind: u8, r: &Rq, rq: u64, aux: u32) -> &mut Event {
         let (dev, cgroup, first_bio, start, bytes) =
             (r.dev, r.cgroup, r.first_bio, r.start, r.bytes());
         self.rq_event(kind, dev, cgroup, rq, first_bio, start, bytes, aux);
+        self.events.last_mut().unwrap()
+    }
+
+    /// `r`'s issue or absorption, packed as the request programs pack it.
+    fn rq_counted(&mut self, kind: u8, r: &Rq, rq: u64) {
+        let (aux, place) = r.packed();
+        self.rq_event_of(kind, r, rq, aux).path = place;
     }
 
     /// A request of one bio made outside [`Synth::open`] (of a split piece, say), at a fresh
@@ -165,6 +207,11 @@ impl Synth {
             first_bio: bio,
             bios: 1,
             rq: self.rq_addr(),
+            at_insert: None,
+            place: path::ELEVATOR,
+            front_in_queue: 0,
+            absorbed: 0,
+            requeued: false,
         }
     }
 
@@ -193,7 +240,7 @@ impl Synth {
         let bio = self.bio_queue(r.dev, r.cgroup, r.op, r.end, bytes, 0);
         self.raw(kind::BACK_MERGE, r.dev, r.cgroup, bio, r.end, bytes, path);
         r.end += bytes as u64 / 512;
-        r.bios += 1;
+        r.grow(path, false);
         bio
     }
 
@@ -204,29 +251,37 @@ impl Synth {
         self.raw(kind::FRONT_MERGE, r.dev, r.cgroup, bio, sector, bytes, path);
         r.start = sector;
         r.first_bio = bio;
-        r.bios += 1;
+        r.grow(path, true);
         bio
     }
 
-    pub fn insert(&mut self, r: &Rq) {
-        self.rq_event_of(kind::RQ_INSERT, r, r.rq, 0);
+    /// `r` leaves the plug for the queue. Inserted again (a requeued request put back), it
+    /// carries nothing new.
+    pub fn insert(&mut self, r: &mut Rq) {
+        let back = std::mem::take(&mut r.requeued);
+        let aux = rq_aux::pack(r.bios, 0, 0, if back { rq_aux::QUEUED } else { 0 });
+        self.rq_event_of(kind::RQ_INSERT, r, r.rq, aux).path = path::PLUG;
+        r.at_insert = Some((r.first_bio, r.bios));
+        (r.front_in_queue, r.absorbed) = (0, 0);
     }
 
     /// `b` merged into `a` (`rq_merge` of `b`); `b` must start where `a` ends.
     pub fn absorb(&mut self, a: &mut Rq, b: &Rq) {
         assert_eq!(a.end, b.start);
-        self.rq_event_of(kind::RQ_MERGE, b, b.rq, 0);
+        self.rq_counted(kind::RQ_MERGE, b, b.rq);
         a.end = b.end;
         a.bios += b.bios;
+        a.absorbed += b.bios;
     }
 
     pub fn issue(&mut self, r: &Rq) -> u64 {
-        self.rq_event_of(kind::RQ_ISSUE, r, r.rq, r.bios);
+        self.rq_counted(kind::RQ_ISSUE, r, r.rq);
         r.rq
     }
 
-    pub fn requeue(&mut self, r: &Rq, rq: u64) {
+    pub fn requeue(&mut self, r: &mut Rq, rq: u64) {
         self.rq_event_of(kind::RQ_REQUEUE, r, rq, 0);
+        r.requeued = true;
     }
 
     pub fn complete_rq(&mut self, r: &Rq, rq: u64) {

@@ -70,7 +70,7 @@ fn histograms_text(out: &mut String, device: &str, dir: Dir, h: &Histograms) {
 
 /// Plug flush depths of one device, or why there are none.
 fn plug_flushes_text(out: &mut String, dev: &DeviceSnapshot) {
-    let rows = unplug_rows(&dev.unplug);
+    let rows = unplug_rows(dev.unplug.as_ref());
     if !rows.is_empty() {
         let _ = writeln!(
             out,

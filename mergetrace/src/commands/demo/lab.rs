@@ -268,6 +268,12 @@ impl Lab {
                 stats: false,
                 ebpf_log: false,
                 reclaim_after: std::time::Duration::from_secs(5),
+                // The throttled arm sets its limit after the start: count its charges.
+                wants: kernel::Wants {
+                    bios: true,
+                    throttle: true,
+                    ..Default::default()
+                },
             },
         )?;
         eprintln!("mergetrace demo: tracing on the {}", session.tier);

@@ -29,16 +29,66 @@ pub enum Attach {
     Fexit,
 }
 
-/// When a run attaches a program besides its tier.
+/// When a run attaches a program besides its tier. A capture (events sent to user space)
+/// attaches every program of its tier; a counting run (live view, exporter, demo) counts every
+/// bio and merge per request and attaches a per-bio program only where it wants one
+/// ([`Want`]): the per-request programs run once per request, a per-bio one once per bio.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Needs {
     /// Always.
-    Nothing,
+    Always,
     /// Only when events are sent to user space (captures): it feeds latency and lineage
     /// only, and runs once per request.
     Events,
-    /// Only when kallsyms has this symbol: without it the program learns nothing.
-    Symbol(&'static str),
+    /// Captures, and counting runs that want it.
+    Want(Want),
+}
+
+/// What a counting run may want beside the per-request counting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// Each bio as it leaves blk-throttle: what blk-throttle charged where a traced disk has
+    /// rules, the bios of a bio-based disk (no requests carry them), the merge-path oracle.
+    Bios,
+    /// Each bio merge: io.cost's charge (its per-cgroup cursor), the merge-path oracle.
+    BioMerges,
+    /// blk-throttle's release work, and on the fentry tier its entry and exit: which bios
+    /// waited, and how long; where a traced disk has rules.
+    Throttle,
+    /// fentry tier: every merge attempt, failed ones included (`--merge-attempts`).
+    Attempts,
+    /// Plug flushes by depth (`--plug-flushes`).
+    PlugFlushes,
+}
+
+/// What one run wants ([`Want`]); a capture wants everything.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Wants {
+    pub bios: bool,
+    pub bio_merges: bool,
+    pub throttle: bool,
+    pub attempts: bool,
+    pub plug_flushes: bool,
+}
+
+impl Wants {
+    pub const ALL: Wants = Wants {
+        bios: true,
+        bio_merges: true,
+        throttle: true,
+        attempts: true,
+        plug_flushes: true,
+    };
+
+    pub fn has(self, w: Want) -> bool {
+        match w {
+            Want::Bios => self.bios,
+            Want::BioMerges => self.bio_merges,
+            Want::Throttle => self.throttle,
+            Want::Attempts => self.attempts,
+            Want::PlugFlushes => self.plug_flushes,
+        }
+    }
 }
 
 /// A second build of a program for an older prototype of its hook, named `<program><suffix>`
@@ -70,6 +120,19 @@ pub struct Program {
     pub attach: Attach,
     pub needs: Needs,
     pub variant: Variant,
+    /// Attached only where kallsyms has this symbol: without it the program learns nothing.
+    pub symbol: Option<&'static str>,
+}
+
+impl Needs {
+    /// Whether a run with these modes and wants attaches a program with this need.
+    pub fn met(self, emit: bool, wants: Wants) -> bool {
+        match self {
+            Needs::Always => true,
+            Needs::Events => emit,
+            Needs::Want(w) => emit || wants.has(w),
+        }
+    }
 }
 
 impl Program {
@@ -139,8 +202,17 @@ const fn program(name: &'static str, attach: Attach) -> Program {
     Program {
         name,
         attach,
-        needs: Needs::Nothing,
+        needs: Needs::Always,
         variant: Variant::None,
+        symbol: None,
+    }
+}
+
+/// A program a counting run attaches only when it wants `w`.
+const fn wanted(w: Want, p: Program) -> Program {
+    Program {
+        needs: Needs::Want(w),
+        ..p
     }
 }
 
@@ -183,18 +255,18 @@ pub const HOOKS: &[Hook] = &[
     tracepoint(
         "bio passed the throttle",
         "block_bio_queue",
-        &[bio_tp("block_bio_queue")],
+        &[wanted(Want::Bios, bio_tp("block_bio_queue"))],
     ),
     tracepoint("bio split", "block_split", &[bio_tp("block_split")]),
     tracepoint(
         "bio back merge",
         "block_bio_backmerge",
-        &[bio_tp("block_bio_backmerge")],
+        &[wanted(Want::BioMerges, bio_tp("block_bio_backmerge"))],
     ),
     tracepoint(
         "bio front merge",
         "block_bio_frontmerge",
-        &[bio_tp("block_bio_frontmerge")],
+        &[wanted(Want::BioMerges, bio_tp("block_bio_frontmerge"))],
     ),
     tracepoint("new request", "block_getrq", &[bio_tp("block_getrq")]),
     tracepoint(
@@ -223,7 +295,11 @@ pub const HOOKS: &[Hook] = &[
     ),
     Hook {
         optional: Some("unplug depths (6.1/6.6 fast path emits none)"),
-        ..tracepoint("plug flush", "block_unplug", &[tp("block_unplug")])
+        ..tracepoint(
+            "plug flush",
+            "block_unplug",
+            &[wanted(Want::PlugFlushes, tp("block_unplug"))],
+        )
     },
     Hook {
         optional: Some("throttled bios are not told apart"),
@@ -231,8 +307,8 @@ pub const HOOKS: &[Hook] = &[
             "throttle release context",
             "workqueue_execute_start",
             &[Program {
-                needs: Needs::Symbol(THROTTLE_WORK),
-                ..tp("workqueue_execute_start")
+                symbol: Some(THROTTLE_WORK),
+                ..wanted(Want::Throttle, tp("workqueue_execute_start"))
             }],
         )
     },
@@ -242,8 +318,8 @@ pub const HOOKS: &[Hook] = &[
             "throttle release context",
             "workqueue_execute_end",
             &[Program {
-                needs: Needs::Symbol(THROTTLE_WORK),
-                ..tp("workqueue_execute_end")
+                symbol: Some(THROTTLE_WORK),
+                ..wanted(Want::Throttle, tp("workqueue_execute_end"))
             }],
         )
     },
@@ -344,7 +420,7 @@ pub const HOOKS: &[Hook] = &[
             "blk_attempt_plug_merge",
             &[Program {
                 variant: Variant::FourParams,
-                ..program("plug_attempt_exit", Attach::Fexit)
+                ..wanted(Want::Attempts, program("plug_attempt_exit", Attach::Fexit))
             }],
         )
     },
@@ -353,7 +429,10 @@ pub const HOOKS: &[Hook] = &[
         ..function(
             "elevator decision (fexit)",
             "elv_merge",
-            &[program("elv_merge_exit", Attach::Fexit)],
+            &[wanted(
+                Want::Attempts,
+                program("elv_merge_exit", Attach::Fexit),
+            )],
         )
     },
     hook(
@@ -415,12 +494,15 @@ pub const HOOKS: &[Hook] = &[
 
 /// The programs of blk-throttle's entry, 5.10's and 6.x's.
 const THROTTLE_CHARGE: &[Program] = &[
-    program("throtl_bio_entry", Attach::Fentry),
-    program("throtl_bio_exit", Attach::Fexit),
+    wanted(Want::Throttle, program("throtl_bio_entry", Attach::Fentry)),
+    wanted(Want::Throttle, program("throtl_bio_exit", Attach::Fexit)),
 ];
 
 /// Where released bios go back into the block layer.
-const THROTTLE_RELEASE: &[Program] = &[program("throtl_release", Attach::Fentry)];
+const THROTTLE_RELEASE: &[Program] = &[wanted(
+    Want::Throttle,
+    program("throtl_release", Attach::Fentry),
+)];
 
 /// The programs of the hooks first used on `tier`, with their hook, in table order.
 pub fn programs_of(tier: TierKind) -> impl Iterator<Item = (&'static Hook, &'static Program)> {
@@ -565,11 +647,22 @@ fn program_cell(p: &Program) -> String {
         Attach::Fexit => " (fexit)",
     };
     let needs = match p.needs {
-        Needs::Nothing => String::new(),
-        Needs::Events => ", captures only".to_string(),
-        Needs::Symbol(s) => format!(", with `{s}` in kallsyms"),
+        Needs::Always => "",
+        Needs::Events => ", captures only",
+        Needs::Want(Want::Bios) => {
+            ", captures; live where a traced disk has blk-throttle rules or is bio-based"
+        }
+        Needs::Want(Want::BioMerges) => ", captures; live where a traced disk has io.cost on",
+        Needs::Want(Want::Throttle) => {
+            ", captures; live where a traced disk has blk-throttle rules"
+        }
+        Needs::Want(Want::Attempts) => ", captures; live with `--merge-attempts`",
+        Needs::Want(Want::PlugFlushes) => ", captures; live with `--plug-flushes`",
     };
-    format!("`{}`{attach}{needs}", p.name)
+    let symbol = p
+        .symbol
+        .map_or(String::new(), |s| format!(", with `{s}` in kallsyms"));
+    format!("`{}`{attach}{needs}{symbol}", p.name)
 }
 
 #[cfg(test)]
@@ -610,7 +703,7 @@ mod tests {
         tiers
             .into_iter()
             .flat_map(programs_of)
-            .filter(|(_, p)| emit || p.needs != Needs::Events)
+            .filter(|(_, p)| p.needs.met(emit, Wants::default()))
             .flat_map(|(_, p)| p.object_names().into_iter().map(|n| (n, p.attach)))
             .collect()
     }
@@ -631,15 +724,27 @@ mod tests {
             tracepoint.keys().collect::<BTreeSet<_>>(),
             object.keys().filter(|n| !fentry_only.contains(n)).collect()
         );
-        // Counting in the kernel (live view, serve, demo) skips the completion probe.
+        // Counting in the kernel (live view, serve, demo) wanting nothing more: the request
+        // programs, the bio programs that run once per request or rarely (new request,
+        // split), the cgroup names; no per-bio program, no completion, no plug flush.
         let counting = attached(TierKind::Tracepoint, false);
         assert_eq!(
-            tracepoint
-                .keys()
-                .filter(|n| !counting.contains_key(*n))
-                .collect::<Vec<_>>(),
-            ["block_rq_complete"]
+            counting.keys().collect::<Vec<_>>(),
+            [
+                "block_getrq",
+                "block_getrq_q",
+                "block_rq_insert",
+                "block_rq_issue",
+                "block_rq_merge",
+                "block_rq_requeue",
+                "block_split",
+                "block_split_q",
+                "cgroup_mkdir",
+                "cgroup_rmdir",
+            ]
         );
+        // Nor on the fentry tier.
+        assert_eq!(attached(TierKind::Fentry, false), counting);
         // Each program once, but for the spellings of one renamed function (same concept,
         // disjoint kernels); tracepoint programs are named after their tracepoint.
         let mut seen: BTreeMap<&str, &Hook> = BTreeMap::new();

@@ -55,7 +55,10 @@ pub fn resolve_offsets(btf: &Btf) -> Result<KernelOffsets> {
             rq_start_time_ns: "start_time_ns",
         }
         "work_struct" { work_func: "func" }
-        "request_queue" { q_td: "td", q_elevator: "elevator" }
+        "request_queue" {
+            q_td: "td", q_elevator: "elevator",
+            q_max_discard_segments: "limits.max_discard_segments",
+        }
         "throtl_grp" { tg_td: "td" }
         "task_struct" { task_plug: "plug" }
         "elevator_queue" { elv_type: "type" }
@@ -81,6 +84,7 @@ pub fn resolve_offsets(btf: &Btf) -> Result<KernelOffsets> {
         remainders_charged,
         // The helper list of this kernel, in BTF (5.11+ has it).
         current_task_btf: btf.enum_value("BPF_FUNC_get_current_task_btf").is_some() as u32,
+        _pad: 0,
     })
 }
 

@@ -93,8 +93,12 @@ fn dense(h: &BTreeMap<u64, u64>, bounds: &[u64]) -> Vec<(u64, u64)> {
     }
 }
 
-/// Plug flush depths of one device: (depth, explicit, from schedule), every depth seen.
-pub fn unplug_rows(u: &UnplugSnapshot) -> Vec<(u32, u64, u64)> {
+/// Plug flush depths of one device: (depth, explicit, from schedule), every depth seen
+/// (none where they were not counted).
+pub fn unplug_rows(u: Option<&UnplugSnapshot>) -> Vec<(u32, u64, u64)> {
+    let Some(u) = u else {
+        return Vec::new();
+    };
     let mut depths: Vec<u32> = u
         .explicit
         .keys()

@@ -346,6 +346,8 @@ mod tests {
                 subtree,
                 iocost: &std::collections::BTreeMap::new(),
                 wbt: &std::collections::BTreeMap::new(),
+                wants: crate::kernel::Wants::ALL,
+                per_bio: false,
             },
         )
     }
@@ -378,8 +380,8 @@ mod tests {
         // Direct issue (plugged batch): no insert → issue.
         s.batch(DEV, 1, 0, 4, 4096, false, path::PLUG);
         // Inserted, issued 5 µs later, completed 20 µs after that.
-        let r = s.open(DEV, 1, 1000, 4096);
-        s.insert(&r);
+        let mut r = s.open(DEV, 1, 1000, 4096);
+        s.insert(&mut r);
         s.sleep(4000);
         let rq = s.issue(&r);
         s.sleep(19_000);

@@ -125,10 +125,10 @@ fn lineage_request_merge_after_insert() {
     // touches the second: the second is absorbed (rq_merge) into the first.
     let mut a = s.open(DEV, 100, 0, 4096);
     s.add(&mut a, 4096, path::PLUG);
-    s.insert(&a);
+    s.insert(&mut a);
     let mut b = s.open(DEV, 100, 24, 4096);
     s.add(&mut b, 4096, path::PLUG);
-    s.insert(&b);
+    s.insert(&mut b);
     s.add(&mut a, 4096, path::ELEVATOR); // a now ends at sector 24, where b starts
     s.absorb(&mut a, &b);
     let rq = s.issue(&a);
@@ -154,13 +154,13 @@ fn lineage_front_merge_then_request_merge() {
     // a = [0, 8), b = [16, 24); a bio at [8, 16) front-merges into b, then b is absorbed
     // into a (attempt_front_merge: prev = a).
     let a = {
-        let a = s.open(DEV, 100, 0, 4096);
-        s.insert(&a);
+        let mut a = s.open(DEV, 100, 0, 4096);
+        s.insert(&mut a);
         a
     };
     let mut a = a;
     let mut b = s.open(DEV, 100, 16, 4096);
-    s.insert(&b);
+    s.insert(&mut b);
     s.add_front(&mut b, 4096, path::ELEVATOR);
     s.absorb(&mut a, &b);
     let rq = s.issue(&a);
@@ -184,10 +184,10 @@ fn lineage_front_merge_then_request_merge() {
 #[test]
 fn lineage_requeue_is_one_request_and_flush_has_no_bios() {
     let mut s = Synth::new();
-    let a = s.open(DEV, 100, 0, 4096);
+    let mut a = s.open(DEV, 100, 0, 4096);
     let rq = s.issue(&a);
-    s.requeue(&a, rq);
-    s.insert(&a);
+    s.requeue(&mut a, rq);
+    s.insert(&mut a);
     s.issue(&a);
     s.complete_rq(&a, rq);
     s.flush(DEV);

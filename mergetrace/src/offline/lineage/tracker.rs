@@ -1,7 +1,7 @@
 //! The replay: events in stream order, pending requests indexed by first bio, address and
 //! range, and the issued requests with their bios.
 use foldhash::HashMap;
-use mergetrace_common::{flags, kind, Event};
+use mergetrace_common::{flags, kind, rq_aux, Event};
 
 use super::types::{BioLink, Join, Lineage, Match, Request, Stats};
 
@@ -421,7 +421,7 @@ impl Tracker {
         self.stats.requests += 1;
         let m = match &pending {
             Some((_, m)) => *m,
-            None if ev.aux == 0 && ev.bytes == 0 => Match::NoBios,
+            None if rq_aux::chain(ev.aux) == 0 && ev.bytes == 0 => Match::NoBios,
             None => Match::Unmatched,
         };
         *self.stats.matched.entry(m.name()).or_default() += 1;
@@ -443,7 +443,7 @@ impl Tracker {
             sector: ev.sector,
             bytes: ev.bytes,
             first_bio: ev.aux64,
-            bio_count: ev.aux,
+            bio_count: rq_aux::chain(ev.aux),
             getrq_ts,
             insert_ts,
             issue_ts: ev.ts_ns,

@@ -362,7 +362,7 @@ fn request_charts(o: &mut String, dev: &DeviceSnapshot) -> Result<()> {
 
 /// Requests per plug flush, explicit and from schedule.
 fn plug_chart(o: &mut String, dev: &DeviceSnapshot) -> Result<()> {
-    let rows = unplug_depths(&unplug_rows(&dev.unplug));
+    let rows = unplug_depths(&unplug_rows(dev.unplug.as_ref()));
     if !rows.is_empty() {
         o.push_str("<h3>Plug flushes</h3>\n<div class=\"charts\">\n");
         o.push_str(&bar_chart(

@@ -211,10 +211,10 @@ mod tests {
         let mut s = Synth::new();
         s.batch(DEV, 100, 0, 4, 4096, false, path::PLUG);
         // two requests in flight at once: the second needs another request lane
-        let a = s.open(DEV, 200, 4096, 4096);
-        s.insert(&a);
-        let b = s.open(DEV, 200, 8192, 4096);
-        s.insert(&b);
+        let mut a = s.open(DEV, 200, 4096, 4096);
+        s.insert(&mut a);
+        let mut b = s.open(DEV, 200, 8192, 4096);
+        s.insert(&mut b);
         let ra = s.issue(&a);
         let rb = s.issue(&b);
         s.complete_rq(&a, ra);
