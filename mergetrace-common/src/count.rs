@@ -414,6 +414,13 @@ impl Counters {
         }
     }
 
+    /// Bios that reached the device, counted per request: those in the requests issued (a
+    /// split bio once), a bio-based disk's, and data-less flush writes, which never become a
+    /// request.
+    pub fn bios_per_request(&self) -> u64 {
+        self.rq_bios + self.flush_only
+    }
+
     /// Every merge counted per request: bio merges wherever they happened, and requests
     /// absorbed by others (what `/proc/diskstats` calls merges).
     pub fn merged_per_request(&self) -> u64 {
@@ -465,9 +472,10 @@ impl Counters {
         (self.bios + self.splits).saturating_sub(self.getrq + self.back_merges + self.front_merges)
     }
 
-    /// Every merge the kernel's `merges` counter (/proc/diskstats) counts: bio merges on all
-    /// paths, discard merges, and request-request merges.
-    pub fn merged(&self, dir: u32) -> u64 {
+    /// Every merge the kernel's `merges` counter (/proc/diskstats) counts, from the per-bio
+    /// events: bio merges on all paths, discard merges, and request-request merges. (What the
+    /// views show is [`Counters::merged_per_request`].)
+    pub fn merged_per_bio(&self, dir: u32) -> u64 {
         self.back_merges + self.front_merges + self.discard_merges(dir) + self.rq_merges
     }
 

@@ -11,7 +11,7 @@ use mergetrace_common::{
 };
 
 use crate::{
-    emit::{emit, now},
+    emit::{emit, emitting, now},
     maps::{frozen, off, CursorKey, IOCOST_CURSOR, SPLIT_PIECES, THROTTLE_POLICY},
     read::{
         bio_disk, blkg_cgroup_id, disk_dev, elevator_is_kyber, learn_queue, pending_add, read,
@@ -421,15 +421,18 @@ fn wbt_class(bio: u64, op: u8) -> bool {
 
 /// A bio starts a new request. Its request's bios and merges are counted by the request
 /// programs; here what only the bio tells: a data-less flush write (completed without a
-/// write request), wbt's class, io.cost's charge. A read tells none of it unless io.cost is
-/// on: one load and out.
+/// write request), wbt's class, io.cost's charge. Counting, a read tells none of it unless
+/// io.cost is on: one load and out (a capture sends it: lineage links bios to requests).
 #[inline(always)]
 fn getrq(bio: u64) {
     if bio == 0 || !ready() {
         return;
     }
     let op = (read::<u32>(bio, off!(bio_bi_opf)) & 0xff) as u8;
-    if dir_of_op(op) == mergetrace_common::count::dir::READ && frozen!(TRACED.any_iocost) == 0 {
+    if dir_of_op(op) == mergetrace_common::count::dir::READ
+        && frozen!(TRACED.any_iocost) == 0
+        && !emitting()
+    {
         return;
     }
     if let Some((mut ev, disk)) = bio_event(bio, kind::GETRQ) {

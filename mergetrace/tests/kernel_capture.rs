@@ -95,7 +95,8 @@ fn capture_run(ios: u64) -> Run {
     a.set_write_iops(&lo, 4000);
     let dir = tempfile::tempdir().unwrap();
     let capture = dir.path().join("run.mtr");
-    let live = Tracer::on(&lo);
+    // Plug flushes too: a capture always has them, and the report must equal the live view.
+    let live = Tracer::start(&["-d", lo.name.as_str(), "--plug-flushes"]);
     let rec = Recorder::start(&lo, &capture, None);
     let before = lo.diskstats();
     let ios_s = ios.to_string();

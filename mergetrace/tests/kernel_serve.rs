@@ -196,8 +196,9 @@ fn loaded_block_programs() -> BTreeSet<u32> {
 fn stop_and_check_detached(server: Server, sig: libc::c_int) {
     let pid = server.pid();
     let ours = block_programs_of(pid);
+    // A counting run's six: new request, split, request merge, insert, issue, requeue.
     assert!(
-        ours.len() >= 10,
+        ours.len() >= 6,
         "the server should hold its block_ tracepoint programs, holds {ours:?}"
     );
     let loaded_before = loaded_block_programs();

@@ -315,7 +315,7 @@ pub(crate) mod tests {
             (c.bios, c.bytes, c.requests(), c.issue_bytes),
             (32, 131072, 1, 131072)
         );
-        assert_eq!(c.merged(Dir::Write.code()), 31);
+        assert_eq!(c.merged_per_bio(Dir::Write.code()), 31);
         assert_eq!(c.bio_merges_by_path[path::PLUG as usize], 31);
         // identity: bios + splits = getrq + bio merges
         assert_eq!(c.bios + c.splits, c.getrq + c.back_merges + c.front_merges);
@@ -376,7 +376,7 @@ pub(crate) mod tests {
         assert_eq!(
             (
                 c.discard_merges(Dir::Discard.code()),
-                c.merged(Dir::Discard.code()),
+                c.merged_per_bio(Dir::Discard.code()),
                 c.requests()
             ),
             (3, 3, 1)
@@ -414,7 +414,7 @@ pub(crate) mod tests {
         assert_eq!(c.issue_bytes, 1 << 20);
         assert_eq!(c.request_size_hist.iter().sum::<u64>(), 2);
         assert_eq!(c.meter_units[0], 4, "two 512 KiB requests in 256 KiB units");
-        assert_eq!(c.merged(Dir::Write.code()), 0);
+        assert_eq!(c.merged_per_bio(Dir::Write.code()), 0);
     }
 
     #[test]
@@ -439,7 +439,7 @@ pub(crate) mod tests {
         // the identity: bios + splits = requests + merged + flush_only
         assert_eq!(
             c.bios + c.splits,
-            c.requests() + c.merged(Dir::Write.code()) + c.flush_only
+            c.requests() + c.merged_per_bio(Dir::Write.code()) + c.flush_only
         );
         assert_eq!(
             c.bios_to_requests(),
@@ -507,7 +507,7 @@ pub(crate) mod tests {
         assert_eq!(c.elv_decisions, [1, 0, 1, 0]);
         // fentry events are not bios: the bio counts stay untouched
         assert_eq!(
-            (c.bios, c.requests(), c.merged(Dir::Write.code())),
+            (c.bios, c.requests(), c.merged_per_bio(Dir::Write.code())),
             (0, 0, 0)
         );
     }

@@ -274,7 +274,7 @@ impl DirStats {
             unknown: at[path::UNKNOWN as usize] + at[path::COUNT..].iter().sum::<u64>(),
         };
         (
-            c.rq_bios + c.flush_only,
+            c.bios_per_request(),
             c.rq_bio_bytes,
             c.merged_per_request(),
             paths,
@@ -296,7 +296,7 @@ impl DirStats {
             request: c.rq_merges,
             unknown: all[path::UNKNOWN as usize],
         };
-        (c.bios, c.bytes, c.merged(dir.code()), paths)
+        (c.bios, c.bytes, c.merged_per_bio(dir.code()), paths)
     }
 
     pub fn is_empty(&self) -> bool {

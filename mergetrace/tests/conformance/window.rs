@@ -175,7 +175,8 @@ pub(crate) fn conformance_on(disk: &BlockDev, kind: Kind, opts: Opts) -> Measure
     let scratch = tempfile::tempdir().expect("a directory for the capture");
     let capture = scratch.path().join("window.mtr");
     let quiet = disk.diskstats();
-    let tracer = Tracer::on(disk);
+    // With plug flushes: their depths are checked against blktrace's U and UT.
+    let tracer = Tracer::start(&["-d", disk.name.as_str(), "--plug-flushes"]);
     let rec = opts
         .lineage
         .then(|| Recorder::start(disk, &capture, test_tier().as_deref()));

@@ -127,9 +127,10 @@ impl Tracer {
         Tracer::start(&["-d", dev.name.as_str()])
     }
 
-    /// `mergetrace --json -d <device> --tier <tier>`, whatever `MERGETRACE_TEST_TIER` says.
+    /// `mergetrace --json -d <device> --tier <tier> --merge-attempts`, whatever
+    /// `MERGETRACE_TEST_TIER` says: all a tier can count (the attempts are the fentry tier's).
     pub fn on_tier(dev: &BlockDev, tier: &str) -> Tracer {
-        Tracer::start(&["-d", dev.name.as_str(), "--tier", tier])
+        Tracer::start(&["-d", dev.name.as_str(), "--tier", tier, "--merge-attempts"])
     }
 
     /// The attach banner ("mergetrace: tracing loop3 (7:3) on the fentry tier (...)").

@@ -227,13 +227,9 @@ impl Arm {
             }
         };
         cmp("device requests", c.requests(), self.disk.writes);
-        cmp(
-            "merged",
-            c.merged(Dir::Write.code()),
-            self.disk.writes_merged,
-        );
+        cmp("merged", c.merged_per_request(), self.disk.writes_merged);
         cmp("sectors", c.issue_bytes / 512, self.disk.write_sectors);
-        cmp("bios", c.bios, self.ios);
+        cmp("bios", c.bios_per_request(), self.ios);
         if let Some(k) = self.kernel_charged {
             cmp("charged ios", c.charged_ios, k);
         }

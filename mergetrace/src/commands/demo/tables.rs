@@ -4,7 +4,6 @@ use super::lab::{Arm, Lab};
 use crate::{
     fmt,
     model::{
-        aggregate::Dir,
         limits::{Effective, Limit},
         meter,
     },
@@ -35,7 +34,7 @@ pub(super) fn print(lab: &Lab, mib: u64, nomerges: &[Arm], batch: &[Arm]) {
             "| {} | {} | {} | {:.1} KiB | {} |",
             a.label,
             fmt::thousands(a.counts.requests()),
-            fmt::thousands(a.counts.merged(Dir::Write.code())),
+            fmt::thousands(a.counts.merged_per_request()),
             a.avg_request_kib(),
             check_mark(a)
         );
@@ -49,7 +48,7 @@ pub(super) fn print(lab: &Lab, mib: u64, nomerges: &[Arm], batch: &[Arm]) {
             "| {} | {} | {:.1} | {:.1} KiB | {} |",
             a.label.trim_start_matches("batch "),
             fmt::thousands(a.counts.requests()),
-            a.counts.bios as f64 / r as f64,
+            a.counts.bios_per_request() as f64 / r as f64,
             a.avg_request_kib(),
             check_mark(a)
         );
@@ -68,11 +67,11 @@ pub(super) fn print_throttled(arms: &[Arm], wiops: u64, throttle_secs: u64, limi
             "| {} | {} | {} | {} | {} | {} | {:.0} | {} |",
             a.label,
             fmt::thousands(a.counts.requests()),
-            fmt::thousands(a.counts.merged(Dir::Write.code())),
-            fmt::thousands(a.counts.bios),
+            fmt::thousands(a.counts.merged_per_request()),
+            fmt::thousands(a.counts.bios_per_request()),
             fmt::thousands(a.counts.charged_ios),
             fmt::thousands(a.counts.throttled_bios),
-            a.counts.bios as f64 / a.secs,
+            a.counts.bios_per_request() as f64 / a.secs,
             check_mark(a)
         );
     }
@@ -94,7 +93,7 @@ pub(super) fn print_throttled(arms: &[Arm], wiops: u64, throttle_secs: u64, limi
         if let Some(v) = meter::verdict(
             &lu,
             &meter::Activity {
-                bios: a.counts.bios - a.counts.flush_only.min(a.counts.bios),
+                bios: a.counts.rq_bios,
                 splits: a.counts.splits,
                 requests: a.counts.requests(),
                 charged_ios: a.counts.charged_ios,

@@ -105,7 +105,7 @@ pub struct Series {
     pub cgroup: String,
     pub cgroup_id: u64,
     pub dir: &'static str,
-    /// Bios submitted (`bio_queue`), per second.
+    /// Bios that reached the device (counted per request, as `bios`), per second.
     pub bios: Vec<u64>,
     /// Requests issued (not counting re-issues), per second.
     pub requests: Vec<u64>,
@@ -272,9 +272,9 @@ impl Analysis {
                 cgroup: cgroup.to_string(),
                 cgroup_id: *cg,
                 dir: dir.name(),
-                bios: col(&|c| c.bios),
+                bios: col(&|c| c.bios_per_request()),
                 requests: col(&|c| c.issues.saturating_sub(c.requeues)),
-                merged: col(&|c| c.merged(dir.code())),
+                merged: col(&|c| c.merged_per_request()),
                 charged: col(&|c| c.charged_ios),
             };
             let busy = |x: &Vec<u64>| x.iter().any(|n| *n > 0);
