@@ -117,10 +117,9 @@ fn tui_fits_80_100_and_160_columns_switches_sorts_filters_selects_and_leaves_its
 
         // Sorted by bios, a (2,048) comes first; reversed, b (512).
         sort_by(&tmux, "BIOS ↓");
-        let (t, _) = whole_run_until(&tmux, "a above b", |t| {
-            t.position(&leaf_a) < t.position(&leaf_b)
+        whole_run_until(&tmux, "a above b", |t| {
+            t.position(&leaf_a).is_some() && t.position(&leaf_a) < t.position(&leaf_b)
         });
-        assert!(t.position(&leaf_b).is_some());
         tmux.keys("r");
         tmux.wait_for("sort: BIOS ↑", 10);
         whole_run_until(&tmux, "b above a", |t| {
