@@ -8,6 +8,11 @@ use mergetrace::{cli, commands};
     name = "mergetrace",
     version,
     about = "Per-cgroup view of what blk-throttle charged, what merged (and how), and what the device saw",
+    after_long_help = "On a terminal the live view is full-screen. Keys: t the last interval or the \
+        whole run so far; s sort by the next column shown, r reverse; / filter by cgroup (Enter \
+        keeps it, Esc clears it); Up/Down select a row: its counts, the blk-throttle limit that \
+        binds it and its verdict below the table; q, Esc or Ctrl-C stop (the whole-run table \
+        stays on the screen).",
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true
 )]

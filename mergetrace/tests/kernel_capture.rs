@@ -3,6 +3,7 @@
 //! --lineage` (every request's bios agree with the kernel's chain count and bytes), `export`
 //! (blkparse counts, Perfetto JSON structure, CSV lines), and captures cut short or damaged.
 //! Needs root (fails, never skips, without it). Asserts on counts, never on time.
+mod html;
 mod support;
 
 use std::{
@@ -142,6 +143,7 @@ fn capture_round_trip_report_lineage_and_exports() {
     let ctx = format!("{} on {}", cap, run.lo.name);
     let w = check_report_json(&run, cap, ios, &ctx);
     check_text_report(cap);
+    check_html_report(&run, cap, ios);
     check_lineage(cap, &w, &ctx);
     let kinds = check_csv_and_jsonl(&run, cap, &ctx);
     check_blktrace_export(&run, cap, (&kinds, &w), &ctx);
@@ -295,6 +297,34 @@ fn check_text_report(cap: &str) {
             "{want:?} not in the text report:\n{text}"
         );
     }
+}
+
+/// The round trip's HTML report: the table's counts are the kernel's, and a's chart draws
+/// each series on its own and its wiops limit, b's no limit (`html::check_series_charts`).
+fn check_html_report(run: &Run, cap: &str, ios: u64) {
+    let out = run._dir.path().join("report.html");
+    succeeded(
+        mergetrace(&["report", cap, "--html", out.to_str().unwrap()]),
+        "report --html",
+    );
+    let page = fs::read_to_string(&out).unwrap();
+    assert!(!page.contains("<script"));
+    let (a, b) = (run.a.path(), run.b.path());
+    let row = html::table_row(&page, &a, "write").expect("a's row in the table");
+    // DEVICE CGROUP NAME DIR BIOS MiB CHARGED
+    assert_eq!(row[4], ios.to_string(), "{row:?}");
+    assert_eq!(
+        row[6],
+        run.a.io_serviced(&run.lo).write.to_string(),
+        "{row:?}"
+    );
+    let row = html::table_row(&page, &b, "write").expect("b's row in the table");
+    assert_eq!(
+        (row[4].as_str(), row[6].as_str()),
+        (ios.to_string().as_str(), "0")
+    );
+    let title = |cg: &str| format!("{} {cg} write", run.lo.name);
+    html::check_series_charts(&page, &title(&a), &title(&b), "wiops limit 4,000");
 }
 
 /// The round trip's lineage: every request's bios are the kernel's (count and bytes), no

@@ -1,5 +1,6 @@
-//! `mergetrace demo --quick` in CI: the article's lab runs end to end on a real loop device and
-//! its own self-check (every count equal to /proc/diskstats and blk-throttle's counter) passes.
+//! `mergetrace demo --quick` in CI: the built-in merging lab runs end to end on a real loop
+//! device and its own self-check (every count equal to /proc/diskstats and blk-throttle's
+//! counter) passes.
 mod support;
 
 use std::{fs, process::Command};
@@ -48,7 +49,7 @@ impl Drop for PutBack {
 }
 
 #[test]
-fn quick_demo_reproduces_the_article_and_checks_itself() {
+fn quick_demo_runs_the_merging_lab_and_checks_itself() {
     require_root();
     // The loop device the demo will get (tests of this binary run alone): left by an earlier
     // user with other settings, which the demo must neither depend on nor change.

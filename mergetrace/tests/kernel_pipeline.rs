@@ -12,7 +12,7 @@ mod support;
 use serde_json::Value;
 use support::*;
 
-/// 64 MiB of 4 KiB I/Os = 16,384 bios per run (the article used 256 MiB; the counts scale);
+/// 64 MiB of 4 KiB I/Os = 16,384 bios per run (256 MiB gives the same ratios; the counts scale);
 /// 16 MiB = 4,096 bios in the lab's emulated guests.
 fn size() -> u64 {
     scaled(64 << 20, 16 << 20)
@@ -126,8 +126,9 @@ fn assert_bios_are_fios(x: &Value, ios: u64, ctx: &str) {
     assert_eq!(u(x, "splits"), 0, "{ctx}; {x}");
 }
 
-/// One arm of the article's first table: 4 KiB sequential O_DIRECT writes, libaio, iodepth 64,
-/// submit/complete batches of `batch`, under `nomerges` and scheduler `sched`.
+/// One arm of the merging table (nomerges × submit batch): 4 KiB sequential O_DIRECT writes,
+/// libaio, iodepth 64, submit/complete batches of `batch`, under `nomerges` and scheduler
+/// `sched`.
 fn write_arm(sched: &str, nomerges: u32, batch: u32) {
     let TracedFio { lo, report, out, d } = traced_fio("arm", "write", sched, nomerges, batch);
     let ctx = format!("{sched}, nomerges={nomerges}, batch {batch}");
@@ -153,7 +154,7 @@ fn write_arm(sched: &str, nomerges: u32, batch: u32) {
         "discard requests; {ctx}"
     );
 
-    // The shape (docs/scenarios.md): a batch of 32 under one plug becomes one 128 KiB
+    // The shape: a batch of 32 under one plug becomes one 128 KiB
     // request unless nomerges=2; nomerges=1 changes nothing on the plug path; batch 1 never merges.
     let bios = u(w, "bios");
     let (requests, merged) = (u(w, "requests"), u(w, "merged"));

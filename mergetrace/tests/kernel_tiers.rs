@@ -309,7 +309,7 @@ fn tiers_agree_sw_queue_none() {
     deep_unbatched("none", 0);
 }
 
-/// The article's throttle: 4 KiB sequential writes, iodepth 64, one at a time (fio keeps 64
+/// A throttled writer: 4 KiB sequential writes, iodepth 64, one at a time (fio keeps 64
 /// bios in flight), in a cgroup with a write-iops limit of 500 (v2 `io.max wiops=500`; v1
 /// `blkio.throttle.write_iops_device` on the host), both tiers at once. The limit is well below
 /// what the emulated guests sustain even on a loaded host (~900 IOPS seen at load average 7;

@@ -153,6 +153,10 @@ impl Live {
                 _ = ticker.tick() => {
                     let now = self.totals()?;
                     let interval = now.since(&previous);
+                    if view.wants_run_so_far() {
+                        let run = snapshot::build(&now, SnapshotKind::Total, &self.devices, &mut self.cgroups, opts);
+                        view.run_so_far(&run)?;
+                    }
                     previous = now;
                     let s = snapshot::build(&interval, SnapshotKind::Interval, &self.devices, &mut self.cgroups, opts);
                     view.interval(&s)?;

@@ -305,20 +305,34 @@ fn merge_aware_what_if(u: &LimitUse) -> String {
     }
 }
 
-/// The one-line verdict for a cgroup and direction; `None` when no limit is in force and
-/// nothing was throttled.
-pub fn verdict(limits: &BTreeMap<&'static str, LimitUse>, a: &Activity) -> Option<String> {
-    let mut parts = Vec::new();
-    // Bios that waited mean a limit bound at some point of the window, even if the average
-    // use over the window is low (the workload may have run for part of it): the most-used
-    // limit is the one that held them.
+/// The limits that held the cgroup back in the window, by name (`wiops`): those used at
+/// [`BINDING_PCT`] or more, and where bios waited, the most used one — waiting means a limit
+/// bound at some point of the window even if the average use is low (the workload may have
+/// run for part of it).
+pub fn binding(
+    limits: &BTreeMap<&'static str, LimitUse>,
+    throttled_bios: u64,
+) -> Vec<&'static str> {
     let most_used = limits
         .iter()
         .max_by(|a, b| a.1.used_pct.total_cmp(&b.1.used_pct))
         .map(|(n, _)| *n);
+    limits
+        .iter()
+        .filter(|(n, u)| {
+            u.used_pct >= BINDING_PCT || (throttled_bios > 0 && Some(**n) == most_used)
+        })
+        .map(|(n, _)| *n)
+        .collect()
+}
+
+/// The one-line verdict for a cgroup and direction; `None` when no limit is in force and
+/// nothing was throttled.
+pub fn verdict(limits: &BTreeMap<&'static str, LimitUse>, a: &Activity) -> Option<String> {
+    let mut parts = Vec::new();
+    let binds = binding(limits, a.throttled_bios);
     for (name, u) in limits {
-        let binding =
-            u.used_pct >= BINDING_PCT || (a.throttled_bios > 0 && Some(*name) == most_used);
+        let binding = binds.contains(name);
         let iops = name.ends_with("iops");
         let shown = if iops {
             u.limit.to_string()

@@ -15,6 +15,15 @@ use anyhow::Result;
 use crate::model::snapshot::Snapshot;
 
 pub trait View {
+    /// Whether the view shows the whole run so far between intervals (the terminal UI's
+    /// `t`): then [`View::run_so_far`] is given it before each interval.
+    fn wants_run_so_far(&self) -> bool {
+        false
+    }
+    /// The whole run so far, just before the interval that ends it.
+    fn run_so_far(&mut self, _s: &Snapshot) -> Result<()> {
+        Ok(())
+    }
     /// One interval's numbers.
     fn interval(&mut self, s: &Snapshot) -> Result<()>;
     /// The whole run, once, at the end.

@@ -22,9 +22,26 @@ pub const HEADER: [&str; 13] = [
     "AVG REQ",
 ];
 
+/// Column indices into [`HEADER`].
+pub mod col {
+    pub const DEVICE: usize = 0;
+    pub const CGROUP: usize = 1;
+    pub const NAME: usize = 2;
+    pub const DIR: usize = 3;
+    pub const BIOS: usize = 4;
+    pub const MIB: usize = 5;
+    pub const CHARGED: usize = 6;
+    pub const THROTTLED: usize = 7;
+    pub const MERGED: usize = 8;
+    pub const REQS: usize = 9;
+    pub const REQ_MIB: usize = 10;
+    pub const BIOS_PER_REQ: usize = 11;
+    pub const AVG_REQ: usize = 12;
+}
+
 /// Right-aligned columns (numbers).
 pub fn right_aligned(col: usize) -> bool {
-    col >= 4
+    col >= col::BIOS
 }
 
 /// The widest a CGROUP cell gets: a kubepods path of ~200 characters would widen every row
@@ -59,6 +76,46 @@ pub fn shorten_middle(s: &str, max: usize) -> String {
 pub struct Row {
     pub cells: Vec<String>,
     pub is_total: bool,
+    /// Where the row's numbers come from in its snapshot (for sorting and the TUI's detail).
+    pub at: RowAt,
+}
+
+/// A row's place in its snapshot: `devices[device]`, its `cgroups[cgroup]` (`None`: the
+/// disk's total), the direction (`None`: the line of a disk without I/O).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowAt {
+    pub device: usize,
+    pub cgroup: Option<usize>,
+    pub dir: Option<Dir>,
+}
+
+impl RowAt {
+    /// The row's counts in `s`, where it has any.
+    pub fn stats<'a>(&self, s: &'a Snapshot) -> Option<&'a DirStats> {
+        let d = s.devices.get(self.device)?;
+        let dirs = match self.cgroup {
+            Some(c) => &d.cgroups.get(c)?.dirs,
+            None => &d.total,
+        };
+        Some(dirs.get(self.dir?))
+    }
+}
+
+/// The number a numeric column shows, unrounded, to sort by (`None` for text columns and
+/// for ratios without requests).
+pub fn sort_value(column: usize, s: &DirStats) -> Option<f64> {
+    Some(match column {
+        col::BIOS => s.bios as f64,
+        col::MIB => s.bytes as f64,
+        col::CHARGED => s.charged_ios as f64,
+        col::THROTTLED => s.throttled.bios as f64,
+        col::MERGED => s.merged as f64,
+        col::REQS => s.requests as f64,
+        col::REQ_MIB => s.request_bytes as f64,
+        col::BIOS_PER_REQ => s.bios_per_request()?,
+        col::AVG_REQ => s.avg_request_bytes()?,
+        _ => return None,
+    })
 }
 
 fn cells(device: &str, cgroup: &str, name: &str, dir: Dir, s: &DirStats) -> Vec<String> {
@@ -84,6 +141,15 @@ fn cells(device: &str, cgroup: &str, name: &str, dir: Dir, s: &DirStats) -> Vec<
 /// write: wiops 2000 is …"), and a `note:` where flush-only writes or requeues make the
 /// table's columns differ from what /proc/diskstats shows.
 pub fn remarks(s: &Snapshot) -> Vec<String> {
+    remark_lines(s, true)
+}
+
+/// The `note:` lines alone (the terminal UI shows verdicts in its detail pane).
+pub fn notes(s: &Snapshot) -> Vec<String> {
+    remark_lines(s, false)
+}
+
+fn remark_lines(s: &Snapshot, verdicts: bool) -> Vec<String> {
     let mut out = Vec::new();
     for d in &s.devices {
         for c in &d.cgroups {
@@ -93,7 +159,7 @@ pub fn remarks(s: &Snapshot) -> Vec<String> {
                     Some(n) => format!("{} {} ({}) {}", d.device, c.cgroup, n.short, dir.name()),
                     None => format!("{} {} {}", d.device, c.cgroup, dir.name()),
                 };
-                if let Some(v) = &st.verdict {
+                if let Some(v) = st.verdict.as_ref().filter(|_| verdicts) {
                     out.push(format!("verdict: {at}: {v}"));
                 }
                 if st.flush_only > 0 {
@@ -119,8 +185,8 @@ pub fn remarks(s: &Snapshot) -> Vec<String> {
 
 pub fn rows(s: &Snapshot) -> Vec<Row> {
     let mut out = Vec::new();
-    for d in &s.devices {
-        for c in &d.cgroups {
+    for (di, d) in s.devices.iter().enumerate() {
+        for (ci, c) in d.cgroups.iter().enumerate() {
             let path = shorten_middle(&c.cgroup, PATH_WIDTH);
             let path = if c.gone {
                 format!("{path} (gone)")
@@ -137,6 +203,11 @@ pub fn rows(s: &Snapshot) -> Vec<Row> {
                     out.push(Row {
                         cells: cells(&d.device, &path, &name, dir, st),
                         is_total: false,
+                        at: RowAt {
+                            device: di,
+                            cgroup: Some(ci),
+                            dir: Some(dir),
+                        },
                     });
                 }
             }
@@ -149,6 +220,11 @@ pub fn rows(s: &Snapshot) -> Vec<Row> {
                 out.push(Row {
                     cells: cells(&d.device, "(total)", "", dir, st),
                     is_total: true,
+                    at: RowAt {
+                        device: di,
+                        cgroup: None,
+                        dir: Some(dir),
+                    },
                 });
             }
         }
@@ -162,6 +238,11 @@ pub fn rows(s: &Snapshot) -> Vec<Row> {
                     "0".into(),
                 ],
                 is_total: true,
+                at: RowAt {
+                    device: di,
+                    cgroup: None,
+                    dir: None,
+                },
             });
         }
     }
@@ -189,7 +270,7 @@ const KEEP_PRIORITY: [u8; 13] = [
 
 /// The narrowest a shortened cgroup column gets before columns are dropped instead.
 const MIN_CGROUP_WIDTH: usize = 16;
-const CGROUP: usize = 1;
+use col::CGROUP;
 
 /// The table as it fits a width: the columns kept (indices into [`HEADER`]), their widths, and
 /// the rows' cells of those columns. A number is shown whole or not at all; only the cgroup
@@ -353,6 +434,11 @@ mod tests {
         Row {
             cells,
             is_total: false,
+            at: RowAt {
+                device: 0,
+                cgroup: Some(0),
+                dir: Some(Dir::Write),
+            },
         }
     }
 

@@ -44,8 +44,9 @@ impl Fio {
         }
     }
 
-    /// The article's workload: 4 KiB sequential O_DIRECT libaio, iodepth 64, submit and
-    /// complete batches of `batch` (both options: see docs/scenarios.md), `rw` = write/read.
+    /// The merging workload: 4 KiB sequential O_DIRECT libaio, iodepth 64, submit and
+    /// complete batches of `batch` (both: without the complete one fio reaps and resubmits one
+    /// I/O at a time after the first fill, and almost nothing merges), `rw` = write/read.
     pub fn sequential(name: &str, dev: &BlockDev, rw: &str, size: u64, batch: u32) -> Fio {
         Fio::new(name, &dev.path)
             .opt("rw", rw)

@@ -9,7 +9,7 @@
 //! Portability (`cargo xtask lab` runs these binaries inside Debian's 6.1 and 6.12 kernels):
 //! - [`TestDisk`]: a fresh loop device over /dev/shm on the host; in the lab
 //!   (`MERGETRACE_LAB=1`) the scratch virtio disk `MERGETRACE_LAB_DISK` (/dev/vdb, mq-deadline),
-//!   the disk the article is about. /proc/diskstats is per disk, so tests of one binary that use
+//!   a disk like the virtio volumes of cloud VMs. /proc/diskstats is per disk, so tests of one binary that use
 //!   it take turns (a process-wide lock held for the `TestDisk`'s life); its queue settings are
 //!   put back on drop. [`LoopDevice`] stays a loop device everywhere (6.1's tmpfs has no
 //!   O_DIRECT for files, but O_DIRECT on the loop device itself works there: the loop driver

@@ -289,7 +289,8 @@ fn qemu_command(cfg: &VmConfig, disks: &Disks, logs: &Logs, sock_s: &str) -> Res
     .args(["-serial", &format!("file:{}", check_path(&logs.rc)?)])
     .args(["-chardev", &format!("socket,id=vfs,path={sock_s}")])
     .args(["-device", "vhost-user-fs-pci,chardev=vfs,tag=host"])
-    // vda: a small extra disk, so that the scratch disk is vdb (as in the article's lab).
+    // vda: a small extra disk, so that the scratch disk is vdb (the second disk, as a cloud VM's
+    // data volume usually is).
     .args(["-drive", &drive(&disks.aux, "d0")?])
     .args([
         "-device",

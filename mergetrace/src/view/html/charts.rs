@@ -11,7 +11,7 @@ use plotters::{
     style::text_anchor::{HPos, Pos, VPos},
 };
 
-pub(super) const BIOS_BAND: RGBColor = RGBColor(158, 202, 236);
+pub(super) const BIOS: RGBColor = RGBColor(31, 119, 180);
 /// Colours of cgroups in stacked bars (category10); the last stands for the rest.
 pub(super) const CGROUP_COLORS: [RGBColor; 8] = [
     RGBColor(31, 119, 180),
@@ -25,7 +25,9 @@ pub(super) const CGROUP_COLORS: [RGBColor; 8] = [
 ];
 pub(super) const REQUESTS: RGBColor = RGBColor(255, 127, 14);
 pub(super) const MERGED: RGBColor = RGBColor(44, 160, 44);
-pub(super) const CHARGED: RGBColor = RGBColor(214, 39, 40);
+pub(super) const CHARGED: RGBColor = RGBColor(148, 103, 189);
+/// A limit in force: the one red on the page.
+pub(super) const LIMIT: RGBColor = RGBColor(214, 39, 40);
 pub(super) const EXPLICIT: RGBColor = RGBColor(31, 119, 180);
 pub(super) const SCHEDULE: RGBColor = RGBColor(255, 187, 120);
 
@@ -91,67 +93,121 @@ fn legend<'a, 'b: 'a, X: Ranged, Y: Ranged>(
         .map_err(err)
 }
 
-/// One line of a [`line_chart`].
-pub(super) struct Line<'a> {
+/// One panel of a [`small_multiples`] row: one series alone, so that series with equal
+/// values (bios and charged ios under blk-throttle) each stay visible.
+pub(super) struct Panel<'a> {
     pub(super) name: &'a str,
     pub(super) values: &'a [u64],
     pub(super) color: RGBColor,
-    pub(super) width: u32,
-    pub(super) dashed: bool,
+    /// The limit line is drawn in this panel (the series it limits).
+    pub(super) limited: bool,
 }
 
-/// Lines over seconds, drawn as steps (a second's value across the whole second).
-pub(super) fn line_chart(
+/// A limit in force, drawn as a horizontal dashed line at `value` (per second).
+pub(super) struct LimitLine {
+    pub(super) label: String,
+    pub(super) value: u64,
+}
+
+/// Width of one panel of a [`small_multiples`] row.
+const PANEL_W: u32 = 280;
+const PANEL_H: u32 = 260;
+
+/// Series over seconds side by side, one panel each, on one y scale (the limit's included),
+/// drawn as steps (a second's value across the whole second) over a pale area.
+pub(super) fn small_multiples(
     title: &str,
     y_desc: &str,
     buckets: usize,
-    lines: &[Line],
+    panels: &[Panel],
+    limit: Option<&LimitLine>,
 ) -> Result<String> {
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, (560, 300)).into_drawing_area();
+        let width = PANEL_W * panels.len().max(1) as u32;
+        let root = SVGBackend::with_string(&mut svg, (width, PANEL_H + 30)).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
-        let max = lines
+        let root = root.titled(title, (FONT, 16)).map_err(err)?;
+        let max = panels
             .iter()
-            .flat_map(|l| l.values.iter())
+            .flat_map(|p| p.values.iter())
             .copied()
+            .chain(limit.map(|l| l.value))
             .max()
             .unwrap_or(0);
-        let x_end = buckets.max(1) as u64;
-        let mut chart = frame(&root, title)
-            .build_cartesian_2d(0u64..x_end, 0u64..y_max(max, true))
-            .map_err(err)?;
-        draw_mesh(
-            chart
-                .configure_mesh()
-                .x_desc("seconds since the capture's start")
-                .y_desc(y_desc)
-                .x_labels(x_end.min(12) as usize + 1),
-            12,
-        )?;
-        for l in lines {
-            let mut pts = Vec::with_capacity(l.values.len() * 2);
-            for (i, v) in l.values.iter().enumerate() {
-                pts.push((i as u64, *v));
-                pts.push((i as u64 + 1, *v));
-            }
-            let style = l.color.stroke_width(l.width);
-            let anno = if l.dashed {
-                chart
-                    .draw_series(DashedLineSeries::new(pts, 6, 4, style))
-                    .map_err(err)?
-            } else {
-                chart
-                    .draw_series(LineSeries::new(pts, style))
-                    .map_err(err)?
-            };
-            anno.label(l.name)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
+        let y_end = y_max(max, limit.is_some());
+        for (i, (p, area)) in panels
+            .iter()
+            .zip(root.split_evenly((1, panels.len().max(1))))
+            .enumerate()
+        {
+            let limit = limit.filter(|_| p.limited);
+            panel(
+                &area,
+                p,
+                buckets,
+                y_end,
+                if i == 0 { y_desc } else { "" },
+                limit,
+            )?;
         }
-        legend(&mut chart, 0.9)?;
         root.present().map_err(err)?;
     }
     Ok(svg)
+}
+
+/// One series of a [`small_multiples`] row, with the limit line where it applies.
+fn panel(
+    area: &DrawingArea<SVGBackend, plotters::coord::Shift>,
+    p: &Panel,
+    buckets: usize,
+    y_end: u64,
+    y_desc: &str,
+    limit: Option<&LimitLine>,
+) -> Result<()> {
+    let x_end = buckets.max(1) as u64;
+    let mut chart = ChartBuilder::on(area)
+        .caption(p.name, (FONT, 16))
+        .margin(8)
+        .x_label_area_size(36)
+        .y_label_area_size(if y_desc.is_empty() { 44 } else { 60 })
+        .build_cartesian_2d(0u64..x_end, 0u64..y_end)
+        .map_err(err)?;
+    draw_mesh(
+        chart
+            .configure_mesh()
+            .x_desc("seconds")
+            .y_desc(y_desc)
+            .x_labels(x_end.min(6) as usize + 1)
+            .y_labels(6),
+        13,
+    )?;
+    let mut pts = Vec::with_capacity(p.values.len() * 2);
+    for (i, v) in p.values.iter().enumerate() {
+        pts.push((i as u64, *v));
+        pts.push((i as u64 + 1, *v));
+    }
+    chart
+        .draw_series(
+            AreaSeries::new(pts, 0, p.color.mix(0.2).filled())
+                .border_style(p.color.stroke_width(2)),
+        )
+        .map_err(err)?;
+    if let Some(l) = limit {
+        let style = LIMIT.stroke_width(2);
+        chart
+            .draw_series(DashedLineSeries::new(
+                [(0, l.value), (x_end, l.value)],
+                8,
+                5,
+                style,
+            ))
+            .map_err(err)?
+            .label(l.label.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
+        legend(&mut chart, 0.9)?;
+    }
+    Ok(())
 }
 
 /// Bars over labelled buckets, stacked when several series are given.
@@ -286,17 +342,17 @@ mod tests {
         .unwrap();
         assert!(bars.starts_with("<svg"), "{bars}");
         assert!(bars.contains("≤ 4 KiB"));
-        let lines = line_chart(
+        let lines = small_multiples(
             "t",
             "per second",
             3,
-            &[Line {
+            &[Panel {
                 name: "bios",
                 values: &[1, 5, 2],
-                color: BIOS_BAND,
-                width: 2,
-                dashed: true,
+                color: BIOS,
+                limited: false,
             }],
+            None,
         )
         .unwrap();
         assert!(lines.contains("bios"));
@@ -305,5 +361,108 @@ mod tests {
             assert!(!svg.contains("<script"));
         }
         assert_eq!(esc("<a & 'b'>"), "&lt;a &amp; &#39;b&#39;&gt;");
+    }
+
+    /// Each `<polyline>` of `svg`: its stroke colour and its points.
+    fn polylines(svg: &str) -> Vec<(String, Vec<(i64, i64)>)> {
+        let attr = |tag: &str, name: &str| -> String {
+            let from = tag.find(&format!(" {name}=\"")).unwrap() + name.len() + 3;
+            tag[from..][..tag[from..].find('"').unwrap()].to_string()
+        };
+        svg.split("<polyline")
+            .skip(1)
+            .map(|t| {
+                let tag = &t[..t.find("/>").unwrap()];
+                let points = attr(tag, "points")
+                    .split_whitespace()
+                    .map(|p| {
+                        let (x, y) = p.split_once(',').unwrap();
+                        (x.parse().unwrap(), y.parse().unwrap())
+                    })
+                    .collect();
+                (attr(tag, "stroke"), points)
+            })
+            .collect()
+    }
+
+    /// The text of each `<text>` of `svg`.
+    fn texts(svg: &str) -> Vec<String> {
+        svg.split("<text")
+            .skip(1)
+            .map(|t| {
+                let body = &t[t.find('>').unwrap() + 1..t.find("</text>").unwrap()];
+                body.trim().to_string()
+            })
+            .collect()
+    }
+
+    fn hex(c: RGBColor) -> String {
+        format!("#{:02X}{:02X}{:02X}", c.0, c.1, c.2)
+    }
+
+    #[test]
+    fn coinciding_series_get_a_panel_each_and_the_limit_a_line_at_its_value() {
+        // bios and charged equal, at the limit for two seconds
+        let bios = [0, 1000, 1000, 0];
+        let merged = [0, 960, 970, 0];
+        let requests = [0, 40, 30, 0];
+        let panel = |name, values, color, limited| Panel {
+            name,
+            values,
+            color,
+            limited,
+        };
+        let panels = [
+            panel("bios submitted", &bios[..], BIOS, true),
+            panel("ios charged", &bios[..], CHARGED, true),
+            panel("merged", &merged[..], MERGED, false),
+            panel("requests", &requests[..], REQUESTS, false),
+        ];
+        let limit = LimitLine {
+            label: "wiops limit 1,000".into(),
+            value: 1000,
+        };
+        let svg =
+            small_multiples("loop0 /a write", "per second", 4, &panels, Some(&limit)).unwrap();
+        let lines = polylines(&svg);
+        // one line per series, each its own colour: four series, four panels
+        for (p, c) in panels.iter().map(|p| (p.name, hex(p.color))) {
+            assert_eq!(lines.iter().filter(|l| l.0 == c).count(), 1, "{p}: {svg}");
+            assert!(texts(&svg).contains(&p.to_string()), "{p} has no caption");
+        }
+        // the limit: horizontal dashes in the two limited panels, at the height bios reach
+        // when they are at the limit (one scale), and its legend
+        let dashes: Vec<_> = lines.iter().filter(|l| l.0 == hex(LIMIT)).collect();
+        assert!(dashes.len() > 10, "{svg}");
+        assert!(dashes.iter().all(|d| d.1.iter().all(|p| p.1 == d.1[0].1)));
+        let at_limit = |c: RGBColor| {
+            let line = &lines.iter().find(|l| l.0 == hex(c)).unwrap().1;
+            line.iter().map(|p| p.1).min().unwrap()
+        };
+        assert_eq!(at_limit(BIOS), at_limit(CHARGED));
+        let limit_y = at_limit(BIOS);
+        let on_limit = dashes.iter().filter(|d| d.1[0].1 == limit_y).count();
+        assert!(
+            on_limit >= dashes.len() - 2,
+            "{on_limit} of {}",
+            dashes.len()
+        );
+        let x_of = |c: RGBColor| lines.iter().find(|l| l.0 == hex(c)).unwrap().1[0].0;
+        let in_panel = |x0: i64| {
+            dashes
+                .iter()
+                .filter(|d| d.1[0].1 == limit_y && (x0..x0 + PANEL_W as i64).contains(&d.1[0].0))
+                .count()
+        };
+        assert!(in_panel(x_of(BIOS)) > 0 && in_panel(x_of(CHARGED)) > 0);
+        assert_eq!(in_panel(x_of(MERGED)), 0, "the limit is not the merges'");
+        let labels = texts(&svg);
+        assert_eq!(
+            labels.iter().filter(|t| *t == "wiops limit 1,000").count(),
+            2
+        );
+        // without a limit, no limit line
+        let svg = small_multiples("t", "per second", 4, &panels, None).unwrap();
+        assert!(!polylines(&svg).iter().any(|l| l.0 == hex(LIMIT)));
     }
 }

@@ -1,28 +1,24 @@
 //! `report run.mtr --html report.html`: one self-contained page (inline CSS and SVG, no
 //! scripts, no external resources) with the per-cgroup table, the verdicts, per-second
-//! bios vs requests per cgroup, the request size and bios-per-request histograms, plug flush
+//! bios, charged ios, merges and requests per cgroup with the blk-throttle limit in force,
+//! the request size and bios-per-request histograms, plug flush
 //! depths and request latencies. Charts are drawn by `plotters`' SVG backend.
 mod charts;
+mod series;
 
 use std::{collections::BTreeMap, fmt::Write as _, path::Path};
 
 use anyhow::Result;
 use plotters::style::RGBColor;
 
-use crate::offline::analysis::{unplug_rows, Distributions, Series, REQUEST_HISTOGRAMS};
+use crate::offline::analysis::{unplug_rows, Distributions, REQUEST_HISTOGRAMS};
 use crate::{
     capture::Header,
     model::aggregate::Dir,
     model::snapshot::{DeviceSnapshot, Histograms, Snapshot},
     view::table,
 };
-use charts::{
-    bar_chart, line_chart, Line, BIOS_BAND, CGROUP_COLORS, CHARGED, EXPLICIT, MERGED, REQUESTS,
-    SCHEDULE,
-};
-
-/// Series charts drawn at most (the rest are listed as omitted).
-const MAX_SERIES_CHARTS: usize = 24;
+use charts::{bar_chart, CGROUP_COLORS, EXPLICIT, SCHEDULE};
 
 pub(crate) fn esc(s: &str) -> String {
     let mut o = String::with_capacity(s.len());
@@ -127,48 +123,6 @@ fn latency_html(d: &Distributions, device: &str) -> String {
     o
 }
 
-fn series_svg(s: &Series, buckets: usize) -> Result<String> {
-    // bios as a wide pale band under the rest, so that equal lines stay visible
-    let mut lines = vec![
-        Line {
-            name: "bios",
-            values: &s.bios,
-            color: BIOS_BAND,
-            width: 7,
-            dashed: false,
-        },
-        Line {
-            name: "requests",
-            values: &s.requests,
-            color: REQUESTS,
-            width: 2,
-            dashed: false,
-        },
-        Line {
-            name: "merged",
-            values: &s.merged,
-            color: MERGED,
-            width: 2,
-            dashed: true,
-        },
-    ];
-    if s.charged.iter().any(|n| *n > 0) {
-        lines.push(Line {
-            name: "charged by blk-throttle",
-            values: &s.charged,
-            color: CHARGED,
-            width: 2,
-            dashed: true,
-        });
-    }
-    line_chart(
-        &format!("{} {} {}: bios vs requests", s.device, s.cgroup, s.dir),
-        "per second",
-        buckets,
-        &lines,
-    )
-}
-
 /// A histogram of the device's requests stacked by cgroup (the busiest first; past the
 /// palette, the rest as one "other cgroups" stack).
 fn by_cgroup(
@@ -225,7 +179,6 @@ fn unplug_depths(rows: &[(u32, u64, u64)]) -> Vec<(u32, u64, u64)> {
         .collect()
 }
 
-/// The page.
 /// The page.
 pub fn render(h: &Header, file: &Path, s: &Snapshot, d: &Distributions) -> Result<String> {
     let mut o = String::new();
@@ -298,36 +251,10 @@ fn device_section(o: &mut String, dev: &DeviceSnapshot, d: &Distributions) -> Re
         dev.major,
         dev.minor
     );
-    series_charts(o, dev, d)?;
+    series::charts(o, dev, d)?;
     request_charts(o, dev)?;
     plug_chart(o, dev)?;
     o.push_str(&latency_html(d, &dev.device));
-    Ok(())
-}
-
-/// Bios vs requests per second, per cgroup (at most [`MAX_SERIES_CHARTS`]).
-fn series_charts(o: &mut String, dev: &DeviceSnapshot, d: &Distributions) -> Result<()> {
-    let series: Vec<&Series> = d
-        .timeseries
-        .series
-        .iter()
-        .filter(|x| x.device == dev.device)
-        .collect();
-    if !series.is_empty() {
-        o.push_str("<h3>Bios vs requests over time, per cgroup</h3>\n<div class=\"charts\">\n");
-        for x in series.iter().take(MAX_SERIES_CHARTS) {
-            o.push_str(&series_svg(x, d.timeseries.buckets)?);
-            o.push('\n');
-        }
-        o.push_str("</div>\n");
-        if series.len() > MAX_SERIES_CHARTS {
-            let _ = writeln!(
-                o,
-                "<p class=\"note\">{} more series not drawn (see <code>report --json</code>).</p>",
-                series.len() - MAX_SERIES_CHARTS
-            );
-        }
-    }
     Ok(())
 }
 
