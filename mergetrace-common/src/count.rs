@@ -336,10 +336,15 @@ impl Counters {
             }
             kind::RQ_ISSUE if ev.flags & flags::REISSUE != 0 => {
                 self.reissues += 1;
-                // Bios that joined a requeued request while it waited again (software queue).
+                // Bios that joined a requeued request while it waited again (software queue),
+                // and their bytes (`aux64` of such an issue): the device sees them now.
                 let queued = rq_aux::queued_merges(ev.aux) as u64;
                 self.rq_bios += queued + rq_aux::third(ev.aux) as u64;
                 self.merges_at[p5(ev.path)] += queued;
+                if ev.aux & rq_aux::QUEUED != 0 {
+                    self.rq_bio_bytes += ev.aux64;
+                    self.issue_bytes += ev.aux64;
+                }
             }
             kind::RQ_ISSUE => {
                 self.issues += 1;

@@ -23,7 +23,9 @@ pub struct Event {
     /// Kernel address of the bio (bio kinds) or request (request kinds): a correlation key.
     pub id: u64,
     /// Kind-specific: for [`kind::SPLIT`] the address of the remainder bio (the parent that
-    /// keeps going); for request kinds the address of the request's first bio.
+    /// keeps going); for request kinds the address of the request's first bio, but for an
+    /// issue after a requeue that was put back in a queue ([`flags::REISSUE`] with
+    /// [`rq_aux::QUEUED`]) the bytes that joined it since.
     pub aux64: u64,
     /// Start sector (512 bytes) of the bio or request.
     pub sector: u64,

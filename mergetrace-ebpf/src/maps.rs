@@ -126,11 +126,12 @@ pub static INSERTED: LruHashMap<u64, Inserted> = LruHashMap::with_max_entries(16
 pub struct Inserted {
     /// Its first bio then: bios ahead of it at the issue merged at the front.
     pub first: u64,
-    /// Its bios then.
+    /// Its bios and bytes then.
     pub bios: u32,
+    pub bytes: u32,
     /// Where merges into it count from then on (`mergetrace_common::path`).
     pub place: u8,
-    pub _pad: [u8; 3],
+    pub _pad: [u8; 7],
 }
 
 /// Requests absorbed into others (`block_rq_merge`): first bio address → the absorbed

@@ -221,8 +221,12 @@ fn account(ev: &mut Event, rq: u64, at: Option<Inserted>, disk: Disk, reissue: b
         }
         Some(i) => {
             let queued = c.bios.saturating_sub(i.bios + c.absorbed);
-            // A requeued request: the bios of what it absorbed since are new bios too.
+            // A requeued request: the bios of what it absorbed since are new bios too, and
+            // the bytes of all that joined it since are new bytes (its first bio is known).
             let third = if reissue { c.absorbed } else { c.front };
+            if reissue {
+                ev.aux64 = ev.bytes.saturating_sub(i.bytes) as u64;
+            }
             ev.aux = rq_aux::pack(c.bios, queued, third, rq_aux::QUEUED);
             ev.path = i.place;
         }
@@ -262,8 +266,9 @@ pub fn block_rq_insert(ctx: BtfTracePointContext) -> u32 {
         let entry = Inserted {
             first: ev.aux64,
             bios: c.bios,
+            bytes: ev.bytes,
             place: queue_place(rq, ev.op),
-            _pad: [0; 3],
+            _pad: [0; 7],
         };
         let key = rq;
         if INSERTED.insert(&key, &entry, 0).is_ok() {

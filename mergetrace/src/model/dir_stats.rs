@@ -378,3 +378,6 @@ impl DirStats {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -7,6 +7,8 @@ pub const START_NS: u64 = 1_000_000_000_000;
 
 pub struct Synth {
     pub events: Vec<Event>,
+    /// Front pieces of splits not issued yet (what `SPLIT_PIECES` holds in the kernel).
+    pieces: std::collections::HashSet<u64>,
     ts: u64,
     next_bio: u64,
     next_rq: u64,
@@ -26,8 +28,8 @@ pub struct Rq {
     pub bios: u32,
     /// The request's address.
     pub rq: u64,
-    /// Its first bio and bios when it was inserted (None: still in the plug).
-    pub at_insert: Option<(u64, u32)>,
+    /// Its first bio, bios and bytes when it was inserted (None: still in the plug).
+    pub at_insert: Option<(u64, u32, u32)>,
     /// Since its insert: where bios merged into it ([`path`]), the front merges among them,
     /// and the bios of requests it absorbed.
     pub place: u8,
@@ -43,15 +45,20 @@ impl Rq {
     }
 
     /// What the request programs pack into an issue or absorption of this request
-    /// (`rq_aux`): its bios and, if it was inserted, what merged into it since.
-    pub fn packed(&self) -> (u32, u8) {
+    /// (`rq_aux`): its bios and, if it was inserted, what merged into it since (on an issue
+    /// after a requeue, the bios it absorbed in place of its front merges).
+    pub fn packed(&self, reissue: bool) -> (u32, u8) {
         match self.at_insert {
             None => (rq_aux::pack(self.bios, 0, 0, 0), path::PLUG),
-            Some((_, at)) => (
+            Some((_, at, _)) => (
                 rq_aux::pack(
                     self.bios,
                     self.bios - at - self.absorbed,
-                    self.front_in_queue,
+                    if reissue {
+                        self.absorbed
+                    } else {
+                        self.front_in_queue
+                    },
                     rq_aux::QUEUED,
                 ),
                 self.place,
@@ -79,6 +86,7 @@ impl Synth {
     pub fn new() -> Synth {
         Synth {
             events: Vec::new(),
+            pieces: Default::default(),
             ts: START_NS,
             next_bio: 0xffff_8880_0100_0000,
             next_rq: 0xffff_8881_0200_0000,
@@ -156,6 +164,7 @@ impl Synth {
         let rest = sector + bytes as u64 / 512;
         let ev = self.raw(kind::SPLIT, dev, cgroup, piece, sector, bytes, 0);
         (ev.aux64, ev.aux) = (parent, rest as u32);
+        self.pieces.insert(piece);
         piece
     }
 
@@ -190,9 +199,19 @@ impl Synth {
     }
 
     /// `r`'s issue or absorption, packed as the request programs pack it.
-    fn rq_counted(&mut self, kind: u8, r: &Rq, rq: u64) {
-        let (aux, place) = r.packed();
-        self.rq_event_of(kind, r, rq, aux).path = place;
+    fn rq_counted(&mut self, kind: u8, r: &Rq, rq: u64, reissue: bool) {
+        let (mut aux, place) = r.packed(reissue);
+        if kind == kind::RQ_ISSUE && !reissue && r.bios == 1 && self.pieces.remove(&r.first_bio) {
+            aux |= rq_aux::SPLIT_PIECE;
+        }
+        let ev = self.rq_event_of(kind, r, rq, aux);
+        ev.path = place;
+        if reissue {
+            ev.flags |= flags::REISSUE;
+            if let Some((_, _, bytes)) = r.at_insert {
+                ev.aux64 = (ev.bytes - bytes) as u64;
+            }
+        }
     }
 
     /// A request of one bio made outside [`Synth::open`] (of a split piece, say), at a fresh
@@ -261,21 +280,27 @@ impl Synth {
         let back = std::mem::take(&mut r.requeued);
         let aux = rq_aux::pack(r.bios, 0, 0, if back { rq_aux::QUEUED } else { 0 });
         self.rq_event_of(kind::RQ_INSERT, r, r.rq, aux).path = path::PLUG;
-        r.at_insert = Some((r.first_bio, r.bios));
+        r.at_insert = Some((r.first_bio, r.bios, r.bytes()));
         (r.front_in_queue, r.absorbed) = (0, 0);
     }
 
     /// `b` merged into `a` (`rq_merge` of `b`); `b` must start where `a` ends.
     pub fn absorb(&mut self, a: &mut Rq, b: &Rq) {
         assert_eq!(a.end, b.start);
-        self.rq_counted(kind::RQ_MERGE, b, b.rq);
+        self.rq_counted(kind::RQ_MERGE, b, b.rq, false);
         a.end = b.end;
         a.bios += b.bios;
         a.absorbed += b.bios;
     }
 
     pub fn issue(&mut self, r: &Rq) -> u64 {
-        self.rq_counted(kind::RQ_ISSUE, r, r.rq);
+        self.rq_counted(kind::RQ_ISSUE, r, r.rq, false);
+        r.rq
+    }
+
+    /// `r` issued again after a requeue (and put back: [`Synth::insert`]).
+    pub fn reissue(&mut self, r: &Rq) -> u64 {
+        self.rq_counted(kind::RQ_ISSUE, r, r.rq, true);
         r.rq
     }
 
