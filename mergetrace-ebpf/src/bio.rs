@@ -433,6 +433,15 @@ fn getrq(bio: u64) {
         && frozen!(TRACED.any_iocost) == 0
         && !emitting()
     {
+        // Where a queue does not name its disk (up to 5.15), a plug flush is told by the
+        // queue learned from the disk's bios: a new request is the first a counting run sees
+        // of a plugged one, before its flush.
+        if off!(q_disk) == NONE {
+            let disk_ptr = bio_disk(bio);
+            if let Some(disk) = traced(disk_dev(disk_ptr)) {
+                learn_queue(&disk, disk_ptr);
+            }
+        }
         return;
     }
     if let Some((mut ev, disk)) = bio_event(bio, kind::GETRQ) {
