@@ -143,6 +143,7 @@ impl Live {
     ) -> Result<()> {
         let mut ticker = tokio::time::interval(every);
         ticker.tick().await; // the first tick is immediate
+        let mut adopt = tokio::time::interval(kernel::load::ADOPT_EVERY);
         let mut previous = Window {
             start_ns: self.start,
             end_ns: self.start,
@@ -161,6 +162,7 @@ impl Live {
                     let s = snapshot::build(&interval, SnapshotKind::Interval, &self.devices, &mut self.cgroups, opts);
                     view.interval(&s)?;
                 }
+                _ = adopt.tick() => self.session.adopt_new_keys()?,
                 _ = stop.wait() => return Ok(()),
                 _ = quit.notified() => return Ok(()),
             }

@@ -266,6 +266,10 @@ fn spawn_poller(ex: Shared, every: Duration) -> tokio::task::JoinHandle<()> {
                     }
                 } else {
                     ex.learn_names();
+                    // New cgroups' counters into their slots (no counters read).
+                    if let Err(e) = ex.session.adopt_new_keys() {
+                        eprintln!("mergetrace: cannot give new cgroups their counters: {e:#}");
+                    }
                 }
             })
             .await;

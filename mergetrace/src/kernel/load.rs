@@ -36,6 +36,10 @@ use crate::{
 pub(crate) static OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/mergetrace"));
 
+/// How often a counting run gives new (cgroup, disk, direction) keys their counter slot
+/// ([`Session::adopt_new_keys`]): until then their events take two hash lookups each.
+pub const ADOPT_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Births and removals kept for a caller that does not take them, at most.
 const MAX_PENDING_CHANGES: usize = 1 << 16;
 
@@ -529,6 +533,13 @@ impl Session {
             }
         }
         Ok(w)
+    }
+
+    /// Gives the keys counted since the last read a counter slot, without reading counters
+    /// (see `Slots::adopt`): call it often (every [`ADOPT_EVERY`]), reads as often as the
+    /// views want.
+    pub fn adopt_new_keys(&mut self) -> Result<()> {
+        self.slots.adopt()
     }
 
     /// Reads the cgroup births and removals the programs reported since the last call.

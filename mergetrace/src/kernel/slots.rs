@@ -49,8 +49,11 @@ pub struct Slots {
     free: Vec<u32>,
     gens: Vec<u32>,
     draining: Vec<Draining>,
-    /// Keys given a slot at the last read, whose hash entry is moved at the next.
+    /// Keys given a slot at the last read (or adopted before it), whose hash entry is moved
+    /// at the next: by then no program counts in it any more.
     moving: Vec<CountKey>,
+    /// Keys given a slot between reads ([`Slots::adopt`]), moved at the read after next.
+    adopted: Vec<CountKey>,
     /// What keys with a slot counted in the hash map before they had it.
     base: HashMap<CountKey, Counters>,
     /// What the reclaimed keys counted in their own slots and hash entries, per (disk, dir).
@@ -86,6 +89,7 @@ impl Slots {
             gens: vec![0; MAX_SLOTS as usize],
             draining: Vec::new(),
             moving: Vec::new(),
+            adopted: Vec::new(),
             base: HashMap::new(),
             removed: HashMap::new(),
             reported: HashSet::new(),
@@ -126,6 +130,8 @@ impl Slots {
         for k in retire {
             self.retire(k)?;
         }
+        // Adopted since the last read, or given a slot now: moved at the next read.
+        self.moving = std::mem::take(&mut self.adopted);
         for k in assign {
             if !self.assign(k)? {
                 break;
@@ -150,6 +156,31 @@ impl Slots {
         }
         self.reported = sum.keys().copied().collect();
         Ok(sum.into_iter().collect())
+    }
+
+    /// Gives the keys the programs count in the hash map a slot now, without reading any
+    /// counters: between reads, so that a new cgroup's events take the cheap path (an array
+    /// slot instead of two hash lookups) within moments, whatever the report interval. Their
+    /// hash entries are moved at the read after next, when nothing counts in them any more.
+    pub fn adopt(&mut self) -> Result<()> {
+        if self.free.is_empty() {
+            return Ok(());
+        }
+        let new: Vec<CountKey> = self
+            .hashed
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| !self.by_key.contains_key(k))
+            .filter(|k| !self.draining.iter().any(|d| d.key == *k))
+            .filter(|k| !self.moving.contains(k))
+            .collect();
+        for k in new {
+            if !self.assign(k)? {
+                break;
+            }
+            self.adopted.push(k);
+        }
+        Ok(())
     }
 
     /// Gives `key` a slot if it has none and one is free; whether it has one now.
