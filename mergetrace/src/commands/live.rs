@@ -17,6 +17,7 @@ use crate::{
     kernel::{self, monotonic_ns},
     model::aggregate::Window,
     model::snapshot::{self, SnapshotKind},
+    model::timeline::Timeline,
     sys::{cgroups::Cgroups, device::Device},
     view::{banner, json::JsonView, text::TextView, tui::TuiView, View},
 };
@@ -75,12 +76,19 @@ pub async fn run(args: LiveArgs) -> Result<()> {
         subtree: subtree.as_deref(),
         iocost: &iocost,
         wbt: &wbt,
+        timeline: None,
     };
     stop.after(args.run.duration);
     let mut live = Live {
         session,
         devices,
         cgroups,
+        previous: Window {
+            start_ns: start,
+            end_ns: start,
+            ..Window::default()
+        },
+        timeline: Timeline::default(),
         start,
     };
     live.intervals(&mut *view, &opts, args.run.interval, &mut stop, &quit)
@@ -101,11 +109,14 @@ fn view_for(args: &LiveArgs, banner: Vec<String>, quit: &Arc<Notify>) -> Result<
     })
 }
 
-/// A run being traced: what is traced and since when.
+/// A run being traced: what is traced and since when, the totals at the last interval, and
+/// what each interval showed (the whole run's verdict is judged over them).
 struct Live {
     session: kernel::Session,
     devices: Vec<Device>,
     cgroups: Cgroups,
+    previous: Window,
+    timeline: Timeline,
     start: u64,
 }
 
@@ -141,24 +152,37 @@ impl Live {
     ) -> Result<()> {
         let mut ticker = tokio::time::interval(every);
         ticker.tick().await; // the first tick is immediate
-        let mut previous = Window {
-            start_ns: self.start,
-            end_ns: self.start,
-            ..Window::default()
-        };
         loop {
             tokio::select! {
                 _ = ticker.tick() => {
-                    let now = self.totals()?;
-                    let interval = now.since(&previous);
-                    previous = now;
-                    let s = snapshot::build(&interval, SnapshotKind::Interval, &self.devices, &mut self.cgroups, opts);
+                    let s = self.next_interval(opts)?;
                     view.interval(&s)?;
                 }
                 _ = stop.wait() => return Ok(()),
                 _ = quit.notified() => return Ok(()),
             }
         }
+    }
+
+    /// The interval since the last one, judged knowing the intervals before it, and added to
+    /// the timeline.
+    fn next_interval(&mut self, opts: &snapshot::Options<'_>) -> Result<snapshot::Snapshot> {
+        let now = self.totals()?;
+        let interval = now.since(&self.previous);
+        self.previous = now;
+        let opts = snapshot::Options {
+            timeline: Some(&self.timeline),
+            ..*opts
+        };
+        let s = snapshot::build(
+            &interval,
+            SnapshotKind::Interval,
+            &self.devices,
+            &mut self.cgroups,
+            &opts,
+        );
+        self.timeline.observe(&s);
+        Ok(s)
     }
 
     /// Detaches first so the counters stop moving, then shows the whole run.
@@ -169,13 +193,19 @@ impl Live {
             Vec::new()
         };
         self.session.detach();
-        let total = self.totals()?;
+        // The interval in progress is not shown, but the whole run is judged over it too.
+        self.next_interval(opts)?;
+        let total = self.previous.clone();
+        let opts = snapshot::Options {
+            timeline: Some(&self.timeline),
+            ..*opts
+        };
         let mut s = snapshot::build(
             &total,
             SnapshotKind::Total,
             &self.devices,
             &mut self.cgroups,
-            opts,
+            &opts,
         );
         s.program_stats = program_stats;
         view.total(&s)?;

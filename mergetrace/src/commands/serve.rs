@@ -109,6 +109,7 @@ impl Exporter {
             subtree: self.subtree.as_deref(),
             iocost: &self.iocost,
             wbt: &self.session.wbt,
+            timeline: None,
         };
         let s = snapshot::build(
             &total,

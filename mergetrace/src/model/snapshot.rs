@@ -12,8 +12,10 @@ pub use crate::model::dir_stats::{
 use crate::{
     model::aggregate::{Counts, Dir, Window},
     model::iocost,
+    model::judge::{self, Row},
     model::limits::{self, Effective},
-    model::meter::{self, SplitLimits},
+    model::meter::SplitLimits,
+    model::timeline::Timeline,
     model::wbt::WbtCount,
     sys::cgroups::{in_subtree, CgroupName},
     sys::container::{self, ReadableName},
@@ -59,6 +61,7 @@ impl Lookup for crate::sys::cgroups::Cgroups {
 }
 
 /// How to build a snapshot.
+#[derive(Clone, Copy)]
 pub struct Options<'a> {
     /// "tracepoint" or "fentry".
     pub tier: &'a str,
@@ -73,6 +76,9 @@ pub struct Options<'a> {
     pub iocost: &'a BTreeMap<u32, iocost::Model>,
     /// wbt on each traced disk that had it on, by `dev_t`.
     pub wbt: &'a BTreeMap<u32, Wbt>,
+    /// The run's intervals so far (the live view): a whole run's verdict is judged over them,
+    /// an interval's knows the bios still waiting from before.
+    pub timeline: Option<&'a Timeline>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -172,7 +178,7 @@ pub fn build(
             .collect(),
         devices: devices
             .iter()
-            .map(|d| device_snapshot(window, d, lookup, opts, secs))
+            .map(|d| device_snapshot(window, d, lookup, opts, secs, kind))
             .collect(),
         program_stats: Vec::new(),
     }
@@ -185,6 +191,7 @@ fn device_snapshot(
     lookup: &mut dyn Lookup,
     opts: &Options,
     secs: f64,
+    kind: SnapshotKind,
 ) -> DeviceSnapshot {
     let dev = d.dev().0;
     // cgroup id → directions
@@ -222,7 +229,16 @@ fn device_snapshot(
         } else {
             lookup.limits(&name.path, d)
         };
-        judge(&mut dirs, &eff, secs, wbt, &mut || {
+        let row = Row {
+            eff: &eff,
+            secs,
+            wbt,
+            dev,
+            cgroup_id: id,
+            timeline: opts.timeline,
+            whole: kind == SnapshotKind::Total,
+        };
+        judge::judge(&mut dirs, &row, &mut || {
             *split_limits.get_or_insert_with(|| lookup.split_limits(d))
         });
         for dir in Dir::ALL {
@@ -279,58 +295,6 @@ fn wbt_count(dir: Dir, c: &Counts) -> Option<WbtCount> {
     matches!(dir, Dir::Write | Dir::Discard).then(|| WbtCount::of(c.getrq, c.wbt_class_requests))
 }
 
-/// Each direction with I/O: the limits in force with this window's use, and the verdict
-/// (`split_limits` is asked only where bios were split).
-fn judge(
-    dirs: &mut Directions,
-    eff: &Effective,
-    secs: f64,
-    wbt: Option<&Wbt>,
-    split_limits: &mut dyn FnMut() -> SplitLimits,
-) {
-    for dir in Dir::ALL {
-        let st = dirs.get_mut(dir);
-        if st.is_empty() {
-            continue;
-        }
-        let write = dir != Dir::Read && dir != Dir::Flush;
-        let charged = meter::Charged {
-            ios: st.charged_ios,
-            bytes: st.charged_bytes,
-            requests_created: st.meters.per_request_created,
-        };
-        st.limits = meter::limit_use(eff, write, charged, secs);
-        let split_cause = (st.splits > 0).then(|| {
-            meter::split_cause(
-                &split_limits(),
-                dir == Dir::Discard,
-                st.avg_request_bytes().unwrap_or(0.0),
-            )
-        });
-        let throttle = meter::verdict(
-            &st.limits,
-            &meter::Activity {
-                bios: st.bios - st.flush_only.min(st.bios),
-                splits: st.splits,
-                requests: st.requests,
-                charged_ios: st.charged_ios,
-                throttled_bios: st.throttled.bios,
-                throttle_delay_ns: st.throttled.delay_ns_total,
-                split_cause,
-            },
-        );
-        let iocost = st.meters.iocost.as_ref().and_then(|c| c.verdict("it"));
-        let merged_bios = st.merged.saturating_sub(st.merged_by_path.request);
-        let wbt = st
-            .meters
-            .wbt
-            .zip(wbt)
-            .and_then(|(n, w)| n.verdict(&w.target(), merged_bios));
-        let parts: Vec<String> = [throttle, iocost, wbt].into_iter().flatten().collect();
-        st.verdict = (!parts.is_empty()).then(|| parts.join("; "));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -380,6 +344,7 @@ mod tests {
             subtree,
             iocost,
             wbt: &BTreeMap::new(),
+            timeline: None,
         };
         build(
             &a.total(end_ns),

@@ -84,6 +84,7 @@ pub fn snapshot(loaded: &Loaded, subtree: Option<&str>) -> Snapshot {
         subtree,
         iocost: &iocost,
         wbt: &wbt,
+        timeline: None,
     };
     snapshot::build(
         &loaded.window,

@@ -6,7 +6,7 @@ use crate::{
     model::{
         aggregate::Dir,
         limits::{Effective, Limit},
-        meter,
+        meter, verdict,
     },
 };
 
@@ -90,17 +90,17 @@ pub(super) fn print_throttled(arms: &[Arm], wiops: u64, throttle_secs: u64, limi
             bytes: a.counts.charged_bytes,
             requests_created: a.counts.requests_created(),
         };
-        let lu = meter::limit_use(&eff, true, charged, a.secs);
-        if let Some(v) = meter::verdict(
+        let mut lu = meter::limit_use(&eff, true, charged, a.secs);
+        verdict::mark_held(&mut lu, a.counts.throttled_bios > 0);
+        if let Some(v) = verdict::verdict(
             &lu,
-            &meter::Activity {
+            &verdict::Activity {
                 bios: a.counts.bios - a.counts.flush_only.min(a.counts.bios),
                 splits: a.counts.splits,
                 requests: a.counts.requests(),
                 charged_ios: a.counts.charged_ios,
                 throttled_bios: a.counts.throttled_bios,
-                throttle_delay_ns: None,
-                split_cause: None,
+                ..verdict::Activity::default()
             },
         ) {
             println!("verdict, {}: {v}", a.label);
