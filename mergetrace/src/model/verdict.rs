@@ -98,16 +98,18 @@ fn seconds(s: f64) -> String {
 /// Above 100 % the window was charged for bios that had waited before it (a bio is charged as
 /// it is released), which is a sign of binding, not an error. `by`: " by bios", or empty.
 fn use_phrase(u: &LimitUse, a: &Activity, by: &str) -> String {
-    let (pct, over) = match (u.used_pct_active, a.over_time) {
+    let (pct, over, busy) = match (u.used_pct_active, a.over_time) {
         (Some(p), Some(t)) => (
             p,
             format!(" over the {} it did I/O", seconds(t.active_secs)),
+            // What it charged in seconds at its rate: how long it held the cgroup, at least.
+            format!(", {} at its rate", seconds(p / 100.0 * t.active_secs)),
         ),
-        _ => (u.used_pct, String::new()),
+        _ => (u.used_pct, String::new(), String::new()),
     };
     if pct > 105.0 {
         format!(
-            "it was charged {pct:.0} % of its rate{by}{over} (bios held back earlier are \
+            "it was charged {pct:.0} % of its rate{by}{over}{busy} (bios held back earlier are \
              charged as they are released)"
         )
     } else {
@@ -180,12 +182,18 @@ fn merge_aware_what_if(u: &LimitUse) -> String {
 
 /// The sentence of a limit that held the cgroup back: when, what waited, the use, and what
 /// merging can do under it.
-fn held_sentence(name: &str, u: &LimitUse, a: &Activity) -> String {
+/// `first`: the first limit of the direction that held, which says what waited (the others
+/// held the same bios back, and blk-throttle does not say which bio waited for which).
+fn held_sentence(name: &str, u: &LimitUse, a: &Activity, first: bool) -> String {
     let when = match (a.over_time, u.intervals_held) {
         (Some(t), Some(n)) => format!(" in {n} of the {} intervals with I/O", t.active_intervals),
         _ => String::new(),
     };
-    let lead = format!("{} held it back{when}: {}", head(name, u), waited_phrase(a));
+    let lead = if first {
+        format!("{} held it back{when}: {}", head(name, u), waited_phrase(a))
+    } else {
+        format!("{} held it back{when} too", head(name, u))
+    };
     if !name.ends_with("iops") {
         return format!(
             "{lead}; {}; merging does not change bytes, so it cannot raise your throughput",
@@ -258,11 +266,14 @@ fn other_sentence(a: &Activity, has_limits: bool) -> Option<String> {
 /// waited, and nothing held the other direction back. `limits` are judged ([`mark_held`],
 /// [`judge_over_time`]).
 pub fn verdict(limits: &Limits, a: &Activity) -> Option<String> {
+    let mut first = true;
     let mut parts: Vec<String> = limits
         .iter()
         .map(|(name, u)| {
             if u.held {
-                held_sentence(name, u, a)
+                let s = held_sentence(name, u, a, first);
+                first = false;
+                s
             } else {
                 free_sentence(name, u, a)
             }

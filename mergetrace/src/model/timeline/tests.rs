@@ -171,7 +171,8 @@ fn each_limit_is_named_for_the_intervals_it_held() {
         v.starts_with(
             "wbps 1.0 MiB/s (set on /cg1) held it back in 3 of the 5 intervals with I/O: all 403 \
              bios waited;"
-        ) && v.contains("wiops 200 (set on /cg1) held it back in 2 of the 5 intervals with I/O")
+        ) && v
+            .contains("wiops 200 (set on /cg1) held it back in 2 of the 5 intervals with I/O too;")
             && !v.contains("not binding"),
         "{v}"
     );
@@ -215,6 +216,16 @@ fn a_large_bio_charged_when_released() {
     assert_eq!(
         row(&r.total, Dir::Write).limits["wbps"].intervals_held,
         Some(1)
+    );
+    // The whole run: the tier saw one busy second, and says how long the charge took at the
+    // limit's rate.
+    assert!(
+        verdict(&r.total, Dir::Write).contains(
+            "it was charged 200 % of its rate over the 1.0 s it did I/O, 2.0 s at its rate (bios \
+             held back earlier are charged as they are released)"
+        ),
+        "{}",
+        verdict(&r.total, Dir::Write)
     );
 
     let f = replay(
