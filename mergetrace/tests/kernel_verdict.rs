@@ -150,25 +150,73 @@ fn assert_adds_up(out: &TraceOutput, lo: &BlockDev, cg: &Cgroup, dir: &str, serv
     }
 }
 
-/// `fio` in `cg`, with the tracer idle for [`IDLE`] before and after it. Returns the tracer's
-/// output, fio's reports and blk-cgroup's (write, read) deltas (ios, bytes).
-fn idle_around(
-    lo: &BlockDev,
-    cg: &Cgroup,
-    jobs: &[Fio],
-) -> (TraceOutput, Vec<Value>, [(u64, u64); 2]) {
+/// A run of fio in `cg`: the live tracer's output, the report of a capture of the same run,
+/// fio's reports and blk-cgroup's (write, read) deltas (ios, bytes).
+struct Run {
+    out: TraceOutput,
+    report: Value,
+    fio: Vec<Value>,
+    wrote: (u64, u64),
+    read: (u64, u64),
+}
+
+/// `jobs` in `cg`, one after the other, with the tracer (and a recorder) idle for [`IDLE`]
+/// before and after them.
+fn idle_around(lo: &BlockDev, cg: &Cgroup, jobs: &[Fio]) -> Run {
+    let capture = std::path::PathBuf::from(format!("/dev/shm/{}.mtr", unique_name()));
     let t = tracer(lo);
+    let recorder = Recorder::start(lo, &capture, None);
     thread::sleep(IDLE);
     let before = cg.throttle_stats(lo);
-    let reports = jobs.iter().map(|j| j.run()).collect();
+    let fio = jobs.iter().map(|j| j.run()).collect();
     let after = cg.throttle_stats(lo);
     thread::sleep(IDLE);
+    recorder.stop();
     let out = t.stop();
-    (
+    let (report, _) = succeeded(
+        mergetrace(&["report", capture.to_str().unwrap(), "--json"]),
+        "report --json",
+    );
+    let _ = std::fs::remove_file(&capture);
+    Run {
         out,
-        reports,
-        [after.write_since(&before), after.read_since(&before)],
-    )
+        report: serde_json::from_str(report.trim()).expect("report --json is one object"),
+        fio,
+        wrote: after.write_since(&before),
+        read: after.read_since(&before),
+    }
+}
+
+/// The capture's report, judged over its own 1 s intervals, names the limits the live view
+/// named as holding the cgroup back, direction by direction.
+fn assert_report_agrees(run: &Run, lo: &BlockDev, cg: &Cgroup) {
+    let live = run.out.cgroup_row(lo, &cg.path()).expect("no live row");
+    let offline = run.report["devices"]
+        .as_array()
+        .and_then(|ds| ds.iter().find(|d| d["device"] == lo.name.as_str()))
+        .and_then(|d| d["cgroups"].as_array())
+        .and_then(|rows| rows.iter().find(|r| r["cgroup"] == cg.path().as_str()))
+        .unwrap_or_else(|| panic!("{} not in the report", cg.path()));
+    let held = |dir: &Value| -> Vec<String> {
+        dir["limits"]
+            .as_object()
+            .map(|l| {
+                l.iter()
+                    .filter(|(_, u)| u["held"] == true)
+                    .map(|(n, _)| n.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for dir in ["read", "write"] {
+        let (l, r) = (&live[dir], &offline[dir]);
+        assert_eq!(held(l), held(r), "{dir}: live {l}\nreport {r}");
+        for name in held(r) {
+            assert!(u(&r["limits"][&name], "intervals_held") >= 1, "{r}");
+            assert!(verdict(r).contains(" held it back in "), "{r}");
+        }
+        assert_eq!(l["verdict"].is_null(), r["verdict"].is_null(), "{dir}");
+    }
 }
 
 fn disk() -> TestDisk {
@@ -202,18 +250,19 @@ fn idle_time_does_not_average_away_a_limit_that_held() {
     let cg = Cgroup::new();
     cg.set_write_bps(&lo, 2 * MIB);
     let job = writes(&lo, "bps", "64k", 4, "2").in_cgroup(&cg);
-    let (out, reports, [serviced, _]) = idle_around(&lo, &cg, &[job]);
+    let run = idle_around(&lo, &cg, &[job]);
+    let (out, reports, serviced) = (&run.out, &run.fio, run.wrote);
     let w = &out.cgroup_row(&lo, &cg.path()).expect("no row")["write"];
     eprintln!("wbps 2 MiB/s between idle seconds: io_serviced {serviced:?}; mergetrace {w}");
     assert_eq!(u(w, "bios"), fio_total_ios(&reports[0], "write"), "{w}");
     assert_eq!(u(w, "bios"), serviced.0, "bios vs io_serviced; {w}");
-    assert_adds_up(&out, &lo, &cg, "write", serviced);
+    assert_adds_up(out, &lo, &cg, "write", serviced);
     assert!(
         u(&w["throttled"], "bios") > 0,
         "the limit held no bio back; {w}"
     );
     let head = format!("wbps 2.0 MiB/s (set on {})", cg.path());
-    assert_held_over_the_run(&out, &lo, &cg, "wbps", &head);
+    assert_held_over_the_run(out, &lo, &cg, "wbps", &head);
     let v = verdict(w);
     assert!(
         v.contains(&waited_words(w)),
@@ -225,6 +274,7 @@ fn idle_time_does_not_average_away_a_limit_that_held() {
         u(&w["over_time"], "active_intervals") + 2 <= u(&w["over_time"], "intervals"),
         "the idle intervals before and after count as active; {w}"
     );
+    assert_report_agrees(&run, &lo, &cg);
 }
 
 /// wiops 100 and wbps 1 MiB/s: 4 KiB writes wait for wiops (at 400 KiB/s, 39 % of wbps), then
@@ -241,23 +291,24 @@ fn two_limits_each_named_for_the_intervals_it_held() {
         writes(&lo, "small", "4k", 4, "2").in_cgroup(&cg),
         writes(&lo, "large", "256k", 2, "2").in_cgroup(&cg),
     ];
-    let (out, reports, [serviced, _]) = idle_around(&lo, &cg, &jobs);
+    let run = idle_around(&lo, &cg, &jobs);
+    let (out, reports, serviced) = (&run.out, &run.fio, run.wrote);
     let w = &out.cgroup_row(&lo, &cg.path()).expect("no row")["write"];
     eprintln!("wiops 100 + wbps 1 MiB/s, two phases: io_serviced {serviced:?}; mergetrace {w}");
     let ios: u64 = reports.iter().map(|r| fio_total_ios(r, "write")).sum();
     assert_eq!(u(w, "bios"), ios, "{w}");
     assert_eq!(u(w, "bios"), serviced.0, "{w}");
-    assert_adds_up(&out, &lo, &cg, "write", serviced);
+    assert_adds_up(out, &lo, &cg, "write", serviced);
     let path = cg.path();
     assert_held_over_the_run(
-        &out,
+        out,
         &lo,
         &cg,
         "wiops",
         &format!("wiops 100 (set on {path})"),
     );
     assert_held_over_the_run(
-        &out,
+        out,
         &lo,
         &cg,
         "wbps",
@@ -270,6 +321,7 @@ fn two_limits_each_named_for_the_intervals_it_held() {
         "want {:?} in {v:?}",
         waited_words(w)
     );
+    assert_report_agrees(&run, &lo, &cg);
 }
 
 /// wbps 128 KiB/s and 256 KiB writes one at a time: each waits about 2 s and is charged when
@@ -290,15 +342,16 @@ fn a_large_bio_is_charged_when_released() {
         .opt("iodepth", "1")
         .opt("size", &(512u64 << 10).to_string())
         .in_cgroup(&cg);
-    let (out, _, [serviced, _]) = idle_around(&lo, &cg, &[job]);
+    let run = idle_around(&lo, &cg, &[job]);
+    let (out, serviced) = (&run.out, run.wrote);
     let w = &out.cgroup_row(&lo, &cg.path()).expect("no row")["write"];
     eprintln!("wbps 128 KiB/s, 2 bios of 256 KiB: io_serviced {serviced:?}; mergetrace {w}");
     assert_eq!((u(w, "bios"), u(w, "splits")), (2, 0), "{w}");
     assert_eq!(serviced, (2, 512 << 10), "io_serviced, io_service_bytes");
-    assert_adds_up(&out, &lo, &cg, "write", serviced);
+    assert_adds_up(out, &lo, &cg, "write", serviced);
     assert!(u(&w["throttled"], "bios") >= 1, "{w}");
     let mut over = 0;
-    for d in interval_dirs(&out, &lo, &cg, "write") {
+    for d in interval_dirs(out, &lo, &cg, "write") {
         let v = verdict(d);
         if u(&d["throttled"], "bios") > 0 {
             assert!(
@@ -317,7 +370,8 @@ fn a_large_bio_is_charged_when_released() {
     }
     assert!(over >= 1, "no interval was charged above the rate; {w}");
     let head = format!("wbps 128 KiB/s (set on {})", cg.path());
-    assert_held_over_the_run(&out, &lo, &cg, "wbps", &head);
+    assert_held_over_the_run(out, &lo, &cg, "wbps", &head);
+    assert_report_agrees(&run, &lo, &cg);
 }
 
 /// Reads and writes of one fio job sharing its queue depth: wiops 200 holds the writes, the
@@ -344,15 +398,16 @@ fn reads_held_back_by_the_write_limit_name_it() {
             .opt("time_based", "1")
             .opt("runtime", "2")
             .in_cgroup(&cg);
-        let (out, reports, [wrote, read]) = idle_around(&lo, &cg, &[job]);
+        let run = idle_around(&lo, &cg, &[job]);
+        let (out, reports, wrote, read) = (&run.out, &run.fio, run.wrote, run.read);
         let row = out.cgroup_row(&lo, &cg.path()).expect("no row");
         let (r, w) = (&row["read"], &row["write"]);
         eprintln!("read limit {read_limit}: io_serviced w {wrote:?} r {read:?}; mergetrace {row}");
         assert_eq!(u(r, "bios"), fio_total_ios(&reports[0], "read"), "{r}");
         assert_eq!(u(r, "bios"), read.0, "reads vs io_serviced; {r}");
         assert_eq!(u(w, "bios"), wrote.0, "writes vs io_serviced; {w}");
-        assert_adds_up(&out, &lo, &cg, "read", read);
-        assert_adds_up(&out, &lo, &cg, "write", wrote);
+        assert_adds_up(out, &lo, &cg, "read", read);
+        assert_adds_up(out, &lo, &cg, "write", wrote);
         assert_eq!(
             u(&r["throttled"], "bios"),
             0,
@@ -361,7 +416,7 @@ fn reads_held_back_by_the_write_limit_name_it() {
         assert!(u(&w["throttled"], "bios") > 0, "no write waited; {w}");
         let path = cg.path();
         assert_held_over_the_run(
-            &out,
+            out,
             &lo,
             &cg,
             "wiops",
@@ -380,5 +435,6 @@ fn reads_held_back_by_the_write_limit_name_it() {
             assert!(v.starts_with(&format!("no read limit; {named}")), "{v}");
             assert_eq!(u(r, "charged_ios"), 0, "no read rule, nothing charged; {r}");
         }
+        assert_report_agrees(&run, &lo, &cg);
     }
 }

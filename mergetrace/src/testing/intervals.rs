@@ -9,8 +9,8 @@ use crate::{
     model::{
         aggregate::Aggregator,
         limits::Effective,
-        snapshot::{self, Lookup, Options, Snapshot, SnapshotKind},
-        timeline::Timeline,
+        snapshot::{Lookup, Options, Snapshot},
+        timeline::{self, Cuts},
     },
     sys::{cgroups::CgroupName, device::Device},
 };
@@ -56,56 +56,23 @@ pub fn replay(
     lookup: &mut dyn Lookup,
     fentry: bool,
 ) -> Replayed {
-    let devices = [loop7()];
-    let empty = BTreeMap::new();
     let opts = Options {
         tier: if fentry { "fentry" } else { "tracepoint" },
         fentry,
         meter_units: &[],
         subtree: None,
         iocost: &BTreeMap::new(),
-        wbt: &empty,
+        wbt: &BTreeMap::new(),
         timeline: None,
     };
     let mut agg = Aggregator::new(start_ns);
-    let mut timeline = Timeline::default();
-    let mut previous = agg.total(start_ns);
-    let mut intervals = Vec::new();
-    let mut cut = |agg: &Aggregator, at: u64, timeline: &mut Timeline| {
-        let now = agg.total(at);
-        let w = now.since(&previous);
-        previous = now;
-        let opts = Options {
-            timeline: Some(timeline),
-            ..opts
-        };
-        let s = snapshot::build(&w, SnapshotKind::Interval, &devices, lookup, &opts);
-        timeline.observe(&s);
-        intervals.push(s);
-    };
-    let mut boundary = start_ns + every_ns;
+    let mut cuts = Cuts::new(&agg, start_ns, every_ns);
     for ev in events {
-        while ev.ts_ns >= boundary && boundary < end_ns {
-            cut(&agg, boundary, &mut timeline);
-            boundary += every_ns;
-        }
+        cuts.up_to(&agg, ev.ts_ns);
         agg.apply(ev);
     }
-    while boundary < end_ns {
-        cut(&agg, boundary, &mut timeline);
-        boundary += every_ns;
-    }
-    cut(&agg, end_ns, &mut timeline);
-    let opts = Options {
-        timeline: Some(&timeline),
-        ..opts
-    };
-    let total = snapshot::build(
-        &agg.total(end_ns),
-        SnapshotKind::Total,
-        &devices,
-        lookup,
-        &opts,
-    );
+    let windows = cuts.finish(&agg, end_ns);
+    let (intervals, total) =
+        timeline::judged(&windows, &agg.total(end_ns), &[loop7()], lookup, &opts);
     Replayed { intervals, total }
 }

@@ -6,7 +6,13 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 
-use crate::model::{aggregate::Dir, snapshot::Snapshot};
+use crate::{
+    model::{
+        aggregate::{Aggregator, Dir, Window},
+        snapshot::{self, Lookup, Options, Snapshot, SnapshotKind},
+    },
+    sys::device::Device,
+};
 
 /// How one (cgroup, device, direction) went over the intervals of a run (JSON `over_time`, in
 /// the live view's total object).
@@ -132,6 +138,78 @@ impl Timeline {
             active_secs: t.active_secs(),
             waited_intervals: t.waited_intervals,
         }
+    }
+}
+
+/// A run judged over its `intervals` (in order, together `total`): each interval's snapshot
+/// judged knowing the ones before it, and the whole run's judged over all of them.
+pub fn judged(
+    intervals: &[Window],
+    total: &Window,
+    devices: &[Device],
+    lookup: &mut dyn Lookup,
+    opts: &Options,
+) -> (Vec<Snapshot>, Snapshot) {
+    let mut timeline = Timeline::default();
+    let mut shown = Vec::with_capacity(intervals.len());
+    for w in intervals {
+        let opts = Options {
+            timeline: Some(&timeline),
+            ..*opts
+        };
+        let s = snapshot::build(w, SnapshotKind::Interval, devices, lookup, &opts);
+        timeline.observe(&s);
+        shown.push(s);
+    }
+    let opts = Options {
+        timeline: Some(&timeline),
+        ..*opts
+    };
+    let whole = snapshot::build(total, SnapshotKind::Total, devices, lookup, &opts);
+    (shown, whole)
+}
+
+/// An aggregator's running totals cut into intervals of `every_ns` as events are applied
+/// (a capture read back, a synthetic run).
+pub struct Cuts {
+    done: Vec<Window>,
+    previous: Window,
+    next_ns: u64,
+    every_ns: u64,
+}
+
+impl Cuts {
+    pub fn new(agg: &Aggregator, start_ns: u64, every_ns: u64) -> Cuts {
+        Cuts {
+            done: Vec::new(),
+            previous: agg.total(start_ns),
+            next_ns: start_ns + every_ns,
+            every_ns,
+        }
+    }
+
+    /// Cuts every interval that ends at or before `ts_ns` (call it before applying an event
+    /// of that time).
+    pub fn up_to(&mut self, agg: &Aggregator, ts_ns: u64) {
+        while ts_ns >= self.next_ns {
+            self.cut(agg, self.next_ns);
+            self.next_ns += self.every_ns;
+        }
+    }
+
+    fn cut(&mut self, agg: &Aggregator, at: u64) {
+        let now = agg.total(at);
+        self.done.push(now.since(&self.previous));
+        self.previous = now;
+    }
+
+    /// The intervals, the last one ending at `end_ns`.
+    pub fn finish(mut self, agg: &Aggregator, end_ns: u64) -> Vec<Window> {
+        self.up_to(agg, end_ns);
+        if end_ns > self.previous.end_ns {
+            self.cut(agg, end_ns);
+        }
+        self.done
     }
 }
 
