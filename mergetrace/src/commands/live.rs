@@ -18,7 +18,7 @@ use crate::{
     model::aggregate::Window,
     model::snapshot::{self, SnapshotKind},
     model::timeline::Timeline,
-    sys::{cgroups::Cgroups, device::Device},
+    sys::{cgroups::Cgroups, device::Device, iolatency},
     view::{banner, json::JsonView, text::TextView, tui::TuiView, View},
 };
 
@@ -60,7 +60,8 @@ pub async fn run(args: LiveArgs) -> Result<()> {
     )?;
     let start = monotonic_ns();
     let tier = session.tier.clone();
-    let banner = banner::lines(&devices, &session, &cgroups);
+    let iolatency = iolatency::targets_on(&devices, &cgroups);
+    let banner = banner::lines(&devices, &session, &cgroups, &iolatency);
     // The first line on stderr says the probes are attached (scripts and tests wait for it).
     for line in &banner {
         eprintln!("mergetrace: {line}");
@@ -76,6 +77,7 @@ pub async fn run(args: LiveArgs) -> Result<()> {
         subtree: subtree.as_deref(),
         iocost: &iocost,
         wbt: &wbt,
+        iolatency: &iolatency,
         timeline: None,
     };
     stop.after(args.run.duration);

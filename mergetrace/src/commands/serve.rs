@@ -78,6 +78,8 @@ struct Exporter {
     model: Model,
     /// io.cost's model of the traced disks that have it on.
     iocost: std::collections::BTreeMap<u32, crate::model::iocost::Model>,
+    /// io.latency's targets on the traced disks that have any.
+    iolatency: std::collections::BTreeMap<u32, crate::sys::iolatency::IoLatency>,
 }
 
 impl Exporter {
@@ -109,6 +111,7 @@ impl Exporter {
             subtree: self.subtree.as_deref(),
             iocost: &self.iocost,
             wbt: &self.session.wbt,
+            iolatency: &self.iolatency,
             timeline: None,
         };
         let s = snapshot::build(
@@ -191,7 +194,8 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         &args.trace.kernel_options(Modes::COUNTING, 4096, false),
     )?;
     let start_ns = monotonic_ns();
-    for line in banner::lines(&targets.devices, &session, &targets.cgroups) {
+    let iolatency = crate::sys::iolatency::targets_on(&targets.devices, &targets.cgroups);
+    for line in banner::lines(&targets.devices, &session, &targets.cgroups, &iolatency) {
         eprintln!("mergetrace: {line}");
     }
     let tier = session.tier.kind;
@@ -210,6 +214,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             args.label_stale_after,
         ),
         iocost,
+        iolatency,
     }));
     let poller = spawn_poller(exporter.clone(), args.read_every);
     let app = Router::new()

@@ -246,6 +246,7 @@ impl DirStats {
                     .collect(),
                 iocost: None,
                 wbt: None,
+                iolatency: None,
             },
             histograms: Histograms::from_counts(c),
             limits: BTreeMap::new(),
@@ -348,6 +349,15 @@ impl DirStats {
         match (&mut self.meters.wbt, &o.meters.wbt) {
             (Some(a), Some(b)) => a.add(b),
             (a @ None, Some(b)) => *a = Some(*b),
+            _ => {}
+        }
+        match (&mut self.meters.iolatency, &o.meters.iolatency) {
+            (Some(a), Some(b)) => a.add(b),
+            (a @ None, Some(b)) => {
+                let mut b = *b;
+                b.target_us = None;
+                *a = Some(b);
+            }
             _ => {}
         }
         if self.meters.cloud.is_empty() {

@@ -1,6 +1,6 @@
 //! Each cgroup row's judgement: the blk-throttle limits in force with their use, which of them
 //! held the cgroup back — in the window, or over the run's intervals for a whole run — and
-//! the verdict of every meter (blk-throttle, io.cost, wbt), a direction held back by the other
+//! the verdict of every meter (blk-throttle, io.cost, wbt, io.latency), a direction held back by the other
 //! direction's limit included.
 use crate::{
     model::{
@@ -11,7 +11,7 @@ use crate::{
         timeline::Timeline,
         verdict::{self, Activity},
     },
-    sys::wbt::Wbt,
+    sys::{iolatency::IoLatency, wbt::Wbt},
 };
 
 /// What judging a row needs besides its counts.
@@ -20,6 +20,8 @@ pub struct Row<'a> {
     /// The window's length.
     pub secs: f64,
     pub wbt: Option<&'a Wbt>,
+    /// io.latency's targets on the disk, where it has any.
+    pub iolatency: Option<&'a IoLatency>,
     /// The row's device (`dev_t`) and cgroup id.
     pub dev: u32,
     pub cgroup_id: u64,
@@ -71,7 +73,15 @@ pub fn judge(dirs: &mut Directions, row: &Row, split_limits: &mut dyn FnMut() ->
             .wbt
             .zip(row.wbt)
             .and_then(|(n, w)| n.verdict(&w.target(), merged_bios));
-        let parts: Vec<String> = [throttle, iocost, wbt].into_iter().flatten().collect();
+        let iolatency = st
+            .meters
+            .iolatency
+            .zip(row.iolatency)
+            .and_then(|(n, t)| n.verdict(t, merged_bios));
+        let parts: Vec<String> = [throttle, iocost, wbt, iolatency]
+            .into_iter()
+            .flatten()
+            .collect();
         st.verdict = (!parts.is_empty()).then(|| parts.join("; "));
     }
 }

@@ -30,6 +30,10 @@ pub struct Meters {
     /// What wbt counted, where the disk has wbt on (writes and discards).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wbt: Option<crate::model::wbt::WbtCount>,
+    /// What io.latency counted, where the disk has io.latency targets (reads, writes and
+    /// discards of cgroups other than the root).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub iolatency: Option<crate::model::iolatency::IolatencyCount>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -1,6 +1,7 @@
 pub mod aggregate;
 pub mod dir_stats;
 pub mod iocost;
+pub mod iolatency;
 pub mod judge;
 pub mod limits;
 pub mod meter;

@@ -12,6 +12,7 @@ pub use crate::model::dir_stats::{
 use crate::{
     model::aggregate::{Counts, Dir, Window},
     model::iocost,
+    model::iolatency::IolatencyCount,
     model::judge::{self, Row},
     model::limits::{self, Effective},
     model::meter::SplitLimits,
@@ -20,6 +21,7 @@ use crate::{
     sys::cgroups::{in_subtree, CgroupName},
     sys::container::{self, ReadableName},
     sys::device::Device,
+    sys::iolatency::IoLatency,
     sys::wbt::Wbt,
 };
 
@@ -76,6 +78,8 @@ pub struct Options<'a> {
     pub iocost: &'a BTreeMap<u32, iocost::Model>,
     /// wbt on each traced disk that had it on, by `dev_t`.
     pub wbt: &'a BTreeMap<u32, Wbt>,
+    /// io.latency's targets on each traced disk that had any, by `dev_t`.
+    pub iolatency: &'a BTreeMap<u32, IoLatency>,
     /// The run's intervals so far (the live view): a whole run's verdict is judged over them,
     /// an interval's knows the bios still waiting from before.
     pub timeline: Option<&'a Timeline>,
@@ -199,10 +203,12 @@ fn device_snapshot(
     // The disk's meters besides blk-throttle, where they are on.
     let iocost = opts.iocost.get(&dev);
     let wbt = opts.wbt.get(&dev).filter(|w| w.on());
+    let iolatency = opts.iolatency.get(&dev);
     for (k, c) in window.counts.iter().filter(|(k, _)| k.dev == dev) {
         let mut st = DirStats::from_counts(c, k.dir, opts);
         st.meters.iocost = iocost.and_then(|model| iocost_charge(model, k.dir, c));
         st.meters.wbt = wbt.and(wbt_count(k.dir, c));
+        st.meters.iolatency = iolatency.and(iolatency_count(k.dir, c));
         *rows
             .entry(k.cgroup_id)
             .or_insert_with(|| Directions::empty(opts))
@@ -219,9 +225,18 @@ fn device_snapshot(
         if opts.subtree.is_some_and(|sub| !in_subtree(&name.path, sub)) {
             continue;
         }
-        if name.path == "/" {
-            for dir in Dir::ALL {
-                dirs.get_mut(dir).meters.iocost = None;
+        // io.cost and io.latency never hold the root, nor bios without a cgroup.
+        let below_root = name.path.starts_with('/') && name.path != "/";
+        for dir in Dir::ALL {
+            let m = &mut dirs.get_mut(dir).meters;
+            if name.path == "/" {
+                m.iocost = None;
+            }
+            if let Some(count) = m.iolatency.as_mut() {
+                count.target_us = iolatency.and_then(|t| t.own(&name.path));
+            }
+            if !below_root {
+                m.iolatency = None;
             }
         }
         let eff = if name.gone {
@@ -233,6 +248,7 @@ fn device_snapshot(
             eff: &eff,
             secs,
             wbt,
+            iolatency,
             dev,
             cgroup_id: id,
             timeline: opts.timeline,
@@ -287,6 +303,15 @@ fn iocost_charge(model: &iocost::Model, dir: Dir, c: &Counts) -> Option<iocost::
         pages: c.iocost_pages,
     };
     Some(iocost::Charge::of(counts, coefs))
+}
+
+/// What io.latency counted of a cgroup's reads, writes or discards: the requests its bios
+/// started (none for flush requests, which no bio starts).
+fn iolatency_count(dir: Dir, c: &Counts) -> Option<IolatencyCount> {
+    (dir != Dir::Flush).then_some(IolatencyCount {
+        requests: c.getrq,
+        target_us: None,
+    })
 }
 
 /// What wbt counted of a cgroup's writes or discards on a disk with wbt on (none for reads
@@ -344,6 +369,7 @@ mod tests {
             subtree,
             iocost,
             wbt: &BTreeMap::new(),
+            iolatency: &BTreeMap::new(),
             timeline: None,
         };
         build(
@@ -525,6 +551,62 @@ mod tests {
             .as_deref()
             .unwrap()
             .contains("io.cost charged it"));
+    }
+
+    #[test]
+    fn iolatency_counts_new_requests_of_cgroups_below_the_root() {
+        use crate::sys::iolatency::Target;
+        let mut a = Aggregator::new(100);
+        a.apply_all(&batch_of_32(21));
+        a.apply_all(&batch_of_32(1));
+        let targets = BTreeMap::from([(
+            loop3().dev().0,
+            IoLatency {
+                targets: vec![Target {
+                    cgroup: "/mt".into(),
+                    target_us: 5000,
+                }],
+            },
+        )]);
+        let opts = Options {
+            tier: "tracepoint",
+            fentry: false,
+            meter_units: &[],
+            subtree: None,
+            iocost: &BTreeMap::new(),
+            wbt: &BTreeMap::new(),
+            iolatency: &targets,
+            timeline: None,
+        };
+        let s = build(
+            &a.total(1_000_000_100),
+            SnapshotKind::Total,
+            &[loop3()],
+            &mut Root,
+            &opts,
+        );
+        let d = &s.devices[0];
+        let mt = d.cgroups.iter().find(|c| c.cgroup == "/mt").unwrap();
+        let w = mt.dirs.get(Dir::Write);
+        let c = w.meters.iolatency.unwrap();
+        assert_eq!((c.requests, c.target_us), (1, Some(5000)));
+        assert!(w.verdict.as_deref().unwrap().starts_with(
+            "io.latency (targets: /mt 5 ms): its own target, 5 ms, protects it; it \
+                          counted 1 new request, a slot in flight each at every level of its \
+                          path; 31 bios merged and took none"
+        ));
+        let root = d.cgroups.iter().find(|c| c.cgroup == "/").unwrap();
+        assert_eq!(
+            root.dirs.get(Dir::Write).meters.iolatency,
+            None,
+            "never the root"
+        );
+        assert_eq!(mt.dirs.get(Dir::Read).meters.iolatency, None, "no reads");
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(
+            v["devices"][0]["total"]["write"]["meters"]["iolatency"],
+            serde_json::json!({ "requests": 1 })
+        );
     }
 
     /// Cgroup 1 is the root, every other id /mt; no limits.

@@ -87,6 +87,7 @@ pub fn snapshot(loaded: &Loaded, subtree: Option<&str>) -> Snapshot {
     let h = &loaded.header;
     let iocost = iocost_models(h);
     let wbt = wbt_settings(h);
+    let iolatency = iolatency_targets(h);
     let opts = snapshot::Options {
         tier: &h.tier,
         fentry: h.tier == "fentry",
@@ -94,6 +95,7 @@ pub fn snapshot(loaded: &Loaded, subtree: Option<&str>) -> Snapshot {
         subtree,
         iocost: &iocost,
         wbt: &wbt,
+        iolatency: &iolatency,
         timeline: None,
     };
     let devices: Vec<Device> = h.devices.iter().map(Device::from).collect();
@@ -128,6 +130,16 @@ pub fn wbt_settings(h: &Header) -> std::collections::BTreeMap<u32, crate::sys::w
     h.devices
         .iter()
         .filter_map(|d| Some((Device::from(d).dev().0, d.wbt?)))
+        .collect()
+}
+
+/// io.latency's targets on each recorded disk that had any, by `dev_t`.
+pub fn iolatency_targets(
+    h: &Header,
+) -> std::collections::BTreeMap<u32, crate::sys::iolatency::IoLatency> {
+    h.devices
+        .iter()
+        .filter_map(|d| Some((Device::from(d).dev().0, d.iolatency.clone()?)))
         .collect()
 }
 

@@ -63,6 +63,7 @@ pub fn replay(
         subtree: None,
         iocost: &BTreeMap::new(),
         wbt: &BTreeMap::new(),
+        iolatency: &BTreeMap::new(),
         timeline: None,
     };
     let mut agg = Aggregator::new(start_ns);

@@ -346,6 +346,7 @@ mod tests {
                 subtree,
                 iocost: &std::collections::BTreeMap::new(),
                 wbt: &std::collections::BTreeMap::new(),
+                iolatency: &std::collections::BTreeMap::new(),
                 timeline: None,
             },
         )
