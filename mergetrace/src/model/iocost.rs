@@ -66,6 +66,18 @@ pub struct Counts {
     pub pages: u64,
 }
 
+impl Counts {
+    /// The io.cost counts among a (cgroup, device, direction)'s counters.
+    pub fn of(c: &crate::model::aggregate::Counts) -> Counts {
+        Counts {
+            requests: c.iocost_requests,
+            random: c.iocost_random,
+            merged: c.iocost_merged,
+            pages: c.iocost_pages,
+        }
+    }
+}
+
 /// What io.cost charged one cgroup in one direction, in µs as io.stat's `cost.usage` counts
 /// them at vrate 100 %.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]

@@ -296,13 +296,7 @@ fn iocost_charge(model: &iocost::Model, dir: Dir, c: &Counts) -> Option<iocost::
         Dir::Write => model.write,
         _ => return None,
     };
-    let counts = iocost::Counts {
-        requests: c.iocost_requests,
-        random: c.iocost_random,
-        merged: c.iocost_merged,
-        pages: c.iocost_pages,
-    };
-    Some(iocost::Charge::of(counts, coefs))
+    Some(iocost::Charge::of(iocost::Counts::of(c), coefs))
 }
 
 /// What io.latency counted of a cgroup's reads, writes or discards: the requests its bios
