@@ -29,19 +29,6 @@ fn tracer(lo: &BlockDev) -> Tracer {
     Tracer::start(&["-d", lo.name.as_str(), "-i", INTERVAL])
 }
 
-/// "12,345"
-fn thousands(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 /// What the verdict says waited, from the direction object's own counts:
 /// "584 of the 6,000 bios waited", "all 64 bios waited", "its one bio waited".
 fn waited_words(dir: &Value) -> String {
@@ -57,6 +44,15 @@ fn waited_words(dir: &Value) -> String {
             thousands(bios)
         )
     }
+}
+
+/// The direction's verdict says what waited, with the JSON's counts, and calls no limit "not
+/// binding" (every limit of the direction held).
+fn assert_says_what_waited(dir: &Value) {
+    let v = verdict(dir);
+    let want = waited_words(dir);
+    assert!(v.contains(&want), "want {want:?} in {v:?}");
+    assert!(!v.contains("not binding"), "{v}");
 }
 
 fn verdict(dir: &Value) -> &str {
@@ -88,7 +84,7 @@ fn assert_held_over_the_run(
     lo: &BlockDev,
     cg: &Cgroup,
     limit: &str,
-    head: &str,
+    shown: &str,
 ) {
     let w = &out
         .cgroup_row(lo, &cg.path())
@@ -111,6 +107,7 @@ fn assert_held_over_the_run(
     }
     assert_eq!(u(t, "intervals"), out.intervals.len() as u64 + 1, "{w}");
     assert!(n >= 1 && n <= m && m <= u(t, "intervals"), "{w}");
+    let head = format!("{limit} {shown} (set on {})", cg.path());
     let want = format!("{head} held it back in {n} of the {m} intervals with I/O");
     assert!(
         verdict(w).contains(&want),
@@ -261,15 +258,8 @@ fn idle_time_does_not_average_away_a_limit_that_held() {
         u(&w["throttled"], "bios") > 0,
         "the limit held no bio back; {w}"
     );
-    let head = format!("wbps 2.0 MiB/s (set on {})", cg.path());
-    assert_held_over_the_run(out, &lo, &cg, "wbps", &head);
-    let v = verdict(w);
-    assert!(
-        v.contains(&waited_words(w)),
-        "want {:?} in {v:?}",
-        waited_words(w)
-    );
-    assert!(!v.contains("not binding"), "{v}");
+    assert_held_over_the_run(out, &lo, &cg, "wbps", "2.0 MiB/s");
+    assert_says_what_waited(w);
     assert!(
         u(&w["over_time"], "active_intervals") + 2 <= u(&w["over_time"], "intervals"),
         "the idle intervals before and after count as active; {w}"
@@ -299,28 +289,9 @@ fn two_limits_each_named_for_the_intervals_it_held() {
     assert_eq!(u(w, "bios"), ios, "{w}");
     assert_eq!(u(w, "bios"), serviced.0, "{w}");
     assert_adds_up(out, &lo, &cg, "write", serviced);
-    let path = cg.path();
-    assert_held_over_the_run(
-        out,
-        &lo,
-        &cg,
-        "wiops",
-        &format!("wiops 100 (set on {path})"),
-    );
-    assert_held_over_the_run(
-        out,
-        &lo,
-        &cg,
-        "wbps",
-        &format!("wbps 1.0 MiB/s (set on {path})"),
-    );
-    let v = verdict(w);
-    assert!(!v.contains("not binding"), "{v}");
-    assert!(
-        v.contains(&waited_words(w)),
-        "want {:?} in {v:?}",
-        waited_words(w)
-    );
+    assert_held_over_the_run(out, &lo, &cg, "wiops", "100");
+    assert_held_over_the_run(out, &lo, &cg, "wbps", "1.0 MiB/s");
+    assert_says_what_waited(w);
     assert_report_agrees(&run, &lo, &cg);
 }
 
@@ -369,8 +340,7 @@ fn a_large_bio_is_charged_when_released() {
         }
     }
     assert!(over >= 1, "no interval was charged above the rate; {w}");
-    let head = format!("wbps 128 KiB/s (set on {})", cg.path());
-    assert_held_over_the_run(out, &lo, &cg, "wbps", &head);
+    assert_held_over_the_run(out, &lo, &cg, "wbps", "128 KiB/s");
     assert_report_agrees(&run, &lo, &cg);
 }
 
@@ -415,13 +385,7 @@ fn reads_held_back_by_the_write_limit_name_it() {
         );
         assert!(u(&w["throttled"], "bios") > 0, "no write waited; {w}");
         let path = cg.path();
-        assert_held_over_the_run(
-            out,
-            &lo,
-            &cg,
-            "wiops",
-            &format!("wiops 200 (set on {path})"),
-        );
+        assert_held_over_the_run(out, &lo, &cg, "wiops", "200");
         let named = format!("its writes were held back by wiops 200 (set on {path}): ");
         let v = verdict(r);
         if read_limit {

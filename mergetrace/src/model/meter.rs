@@ -296,16 +296,21 @@ pub(crate) mod tests {
         assert_eq!(lu["wbps"].used_pct_merge_aware, None);
     }
 
-    #[test]
-    fn why_bios_were_split() {
-        let limits = SplitLimits {
+    /// A loop device's queue with max_sectors_kb lowered to 8.
+    pub(crate) fn max_sectors_8() -> SplitLimits {
+        SplitLimits {
             max_sectors_kb: Some(8),
             max_hw_sectors_kb: Some(1280),
             max_segments: Some(128),
             max_segment_size: Some(65536),
             chunk_sectors: Some(0),
             discard_max_bytes: Some(0),
-        };
+        }
+    }
+
+    #[test]
+    fn why_bios_were_split() {
+        let limits = max_sectors_8();
         assert_eq!(
             split_cause(&limits, false, 8192.0),
             "max_sectors_kb (8 KiB) caps each request; raise max_sectors_kb (the device allows \

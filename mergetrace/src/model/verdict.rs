@@ -298,8 +298,8 @@ mod tests {
         limits::{Effective, Limit},
         meter::{
             limit_use, split_cause,
-            tests::{ch, eff_wiops},
-            Charged, SplitLimits,
+            tests::{ch, eff_wiops, max_sectors_8},
+            Charged,
         },
     };
 
@@ -459,14 +459,7 @@ mod tests {
         // max_sectors_kb 8, 64 KiB direct writes, wiops 1000: 512 bios, 3,584 split pieces,
         // 4,096 requests of 8 KiB, 4,096 ios charged.
         let lu = limit_use(&eff_wiops(1000), true, ch(4096, 512 * 65536), 4.096);
-        let limits = SplitLimits {
-            max_sectors_kb: Some(8),
-            max_hw_sectors_kb: Some(1280),
-            max_segments: Some(128),
-            max_segment_size: Some(65536),
-            chunk_sectors: Some(0),
-            discard_max_bytes: Some(0),
-        };
+        let limits = max_sectors_8();
         let a = Activity {
             bios: 512,
             splits: 3584,

@@ -253,14 +253,10 @@ impl Synth {
     /// (`flags::RULES_*`), as its own request, issued and completed. `waited`: blk-throttle
     /// released it after it waited this long (the tracepoint tier's mark on the bio, and the
     /// fentry tier's release event carrying the wait).
-    #[allow(clippy::too_many_arguments)]
     pub fn through_throttle(
         &mut self,
-        dev: u32,
-        cgroup: u64,
-        op: u8,
-        sector: u64,
-        bytes: u32,
+        (dev, cgroup, op): (u32, u64, u8),
+        (sector, bytes): (u64, u32),
         rules: u8,
         waited: Option<u64>,
     ) {

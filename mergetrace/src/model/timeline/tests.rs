@@ -43,7 +43,7 @@ fn at(s: &mut Synth, secs: f64) {
 /// `n` bios of `bytes` from the cgroup through blk-throttle, each its own request.
 fn bios(s: &mut Synth, op: u8, n: u64, bytes: u32, rules: u8, waited: Option<u64>) {
     for i in 0..n {
-        s.through_throttle(LOOP7, CG, op, i * 8, bytes, rules, waited);
+        s.through_throttle((LOOP7, CG, op), (i * 8, bytes), rules, waited);
     }
 }
 
@@ -201,7 +201,7 @@ fn a_large_bio_charged_when_released() {
     at(&mut s, 1.01);
     s.throttle_queue(LOOP7, CG, WRITE);
     at(&mut s, 3.01);
-    s.through_throttle(LOOP7, CG, WRITE, 0, 2 << 20, RULES_BPS, Some(2 * SEC));
+    s.through_throttle((LOOP7, CG, WRITE), (0, 2 << 20), RULES_BPS, Some(2 * SEC));
 
     let r = run(&s, 5, &mut lookup);
     let released = &r.intervals[3];
