@@ -99,6 +99,7 @@ pub(super) fn arms(lab: &mut Lab, ios: u64, cg: &Cgroups) -> Result<Vec<Arm>> {
         let before = cgroup.io_stat(&dev, "cost.usage")?;
         let mut arm = lab.run(label, (ios, 32, 0), Some(&cgroup))?;
         let iops = arm.ios as f64 / arm.secs;
+        let busy_pct = Charge::of(Counts::of(&arm.counts), model.write).cost_us / arm.secs / 1e4;
         // io.stat shows what was flushed at each period's end; a charge after the last flush
         // of a cgroup that goes idle is flushed only when it is active again: one more write
         // makes it active, and two periods later its charge is all in cost.usage.
@@ -116,6 +117,7 @@ pub(super) fn arms(lab: &mut Lab, ios: u64, cg: &Cgroups) -> Result<Vec<Arm>> {
             kernel_us,
             periods: started.elapsed().as_secs_f64() / PERIOD.as_secs_f64(),
             iops,
+            busy_pct,
         });
         arms.push(arm);
     }

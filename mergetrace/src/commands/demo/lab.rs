@@ -235,6 +235,10 @@ pub(super) struct IocostCheck {
     pub(super) periods: f64,
     /// The arm's writes per second (its last write left out).
     pub(super) iops: f64,
+    /// The share of io.cost's budget the arm's writes used: device time charged per second
+    /// (one cgroup alone at vrate 100 % may use a second a second). Near 100 %, io.cost held
+    /// the arm; well below, the machine did.
+    pub(super) busy_pct: f64,
 }
 
 impl IocostCheck {

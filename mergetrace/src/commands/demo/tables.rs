@@ -133,21 +133,24 @@ pub(super) fn print_iocost(arms: &Result<Vec<Arm>, &str>, mib: u64) {
     );
     println!(
         "\"=\": mergetrace's io.cost charge equals io.stat cost.usage, less than 1 µs per period \
-         above it (the kernel floors each period's sum)"
+         above it (the kernel floors each period's sum); io.cost busy: device time charged per \
+         second of the arm — one cgroup alone may use about a second a second (a little more at \
+         first: an idle cgroup starts with some budget)"
     );
     println!(
-        "| Arm | Device requests | Merged bios | IOPS | io.cost charged (mergetrace) | io.stat \
-         cost.usage | check |"
+        "| Arm | Device requests | Merged bios | IOPS | io.cost busy | io.cost charged \
+         (mergetrace) | io.stat cost.usage | check |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for a in arms {
         let Some(i) = a.iocost else { continue };
         println!(
-            "| {} | {} | {} | {:.0} | {} µs | {} µs | {} |",
+            "| {} | {} | {} | {:.0} | {:.0} % | {} µs | {} µs | {} |",
             a.label,
             fmt::thousands(a.counts.requests()),
             fmt::thousands(a.counts.merged(Dir::Write.code())),
             i.iops,
+            i.busy_pct,
             fmt::thousands(i.ours_us.round() as u64),
             fmt::thousands(i.kernel_us),
             check_mark(a)
@@ -159,13 +162,24 @@ pub(super) fn print_iocost(arms: &Result<Vec<Arm>, &str>, mib: u64) {
     ) else {
         return;
     };
+    let cost_ratio = off.ours_us / on.ours_us.max(1.0);
+    let bought = on.iops / off.iops.max(1e-9);
+    // Below ~90 % busy the merged arm did not reach io.cost's budget: the machine held it.
+    let held_by = if on.busy_pct < 90.0 {
+        format!(
+            " — the merged arm kept io.cost {:.0} % busy, so this machine, not io.cost, held \
+             it; io.cost alone would allow {cost_ratio:.1}×",
+            on.busy_pct
+        )
+    } else {
+        String::new()
+    };
     println!(
         "\nWhere the meter sits: io.cost charges a bio that starts a request a base cost and one \
          that merges its pages only, so the same {mib} MiB cost {} µs of device time merged and \
-         {} µs unmerged ({:.1}×); merging bought {:.1}× the IOPS here.",
+         {} µs unmerged ({cost_ratio:.1}×): under io.cost the meter sits after merging, and \
+         merging bought {bought:.1}× the IOPS here{held_by}.",
         fmt::thousands(on.ours_us.round() as u64),
         fmt::thousands(off.ours_us.round() as u64),
-        off.ours_us / on.ours_us.max(1.0),
-        on.iops / off.iops.max(1e-9)
     );
 }
