@@ -140,6 +140,7 @@ impl Live {
             }
         }
         self.cgroups.forget_removed(|id| counted.contains(&id));
+        self.timeline.retain(|id| counted.contains(&id));
         Ok(now)
     }
 

@@ -125,6 +125,12 @@ impl Timeline {
         }
     }
 
+    /// Forgets the cgroups the run no longer counts under their own id (removed and reclaimed
+    /// into `(removed)`): under churn the timeline follows the living cgroups.
+    pub fn retain(&mut self, counted: impl Fn(u64) -> bool) {
+        self.tracks.retain(|(_, id, _), _| counted(*id));
+    }
+
     /// How (cgroup `id`, device `dev`, `dir`) went, if it was active in any interval.
     pub fn track(&self, dev: u32, id: u64, dir: Dir) -> Option<&Track> {
         self.tracks.get(&(dev, id, dir))

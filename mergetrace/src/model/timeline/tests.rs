@@ -354,3 +354,21 @@ fn the_whole_runs_json_has_over_time_and_intervals_held() {
     assert!(w["limits"]["wiops"].get("intervals_held").is_none());
     assert_eq!(w["limits"]["wiops"]["held"], true);
 }
+
+/// A cgroup reclaimed into `(removed)` is forgotten; the others are kept.
+#[test]
+fn the_timeline_follows_the_living_cgroups() {
+    let mut s = Synth::new();
+    at(&mut s, 0.01);
+    bios(&mut s, WRITE, 2, 4096, RULES_IOPS, None);
+    s.through_throttle((LOOP7, 2, WRITE), (64, 4096), RULES_IOPS, None);
+    let mut lookup = limited(Effective::default());
+    let mut timeline = super::Timeline::default();
+    for i in run(&s, 1, &mut lookup).intervals {
+        timeline.observe(&i);
+    }
+    assert!(timeline.track(LOOP7, 2, Dir::Write).is_some());
+    timeline.retain(|id| id == CG);
+    assert!(timeline.track(LOOP7, 2, Dir::Write).is_none());
+    assert!(timeline.track(LOOP7, CG, Dir::Write).is_some());
+}
