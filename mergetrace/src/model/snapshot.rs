@@ -35,6 +35,11 @@ pub trait Lookup {
     fn split_limits(&mut self, _dev: &Device) -> SplitLimits {
         SplitLimits::default()
     }
+    /// The cgroup's `io.weight` for the disk (io.cost's weight); unknown by default (a capture
+    /// does not record it).
+    fn iocost_weight(&mut self, _cgroup: &str, _dev: &Device) -> Option<u64> {
+        None
+    }
     /// The readable name of a cgroup path: from the path alone by default (a capture read
     /// elsewhere has no runtime state to ask).
     fn readable(&mut self, path: &str) -> Option<ReadableName> {
@@ -48,6 +53,14 @@ impl Lookup for crate::sys::cgroups::Cgroups {
     }
     fn readable(&mut self, path: &str) -> Option<ReadableName> {
         crate::sys::cgroups::Cgroups::readable(self, path)
+    }
+    fn iocost_weight(&mut self, cgroup: &str, dev: &Device) -> Option<u64> {
+        let file = self
+            .mount
+            .join(cgroup.trim_start_matches('/'))
+            .join("io.weight");
+        let text = std::fs::read_to_string(file).ok()?;
+        crate::sys::iocost::parse_weight(&text, dev.major, dev.minor)
     }
     fn split_limits(&mut self, dev: &Device) -> SplitLimits {
         crate::sys::queue::QueueSettings::read(dev)
@@ -217,28 +230,26 @@ fn device_snapshot(
     let mut cgroups = Vec::new();
     let mut total = Directions::empty(opts);
     let mut split_limits: Option<SplitLimits> = None;
-    for (id, mut dirs) in rows {
-        if dirs.is_empty() {
-            continue;
-        }
-        let name = lookup.cgroup_name(id);
+    // Every row named first: io.cost's shares are among all the cgroups it charged.
+    let named: Vec<(u64, CgroupName, Directions)> = rows
+        .into_iter()
+        .filter(|(_, dirs)| !dirs.is_empty())
+        .map(|(id, dirs)| (id, lookup.cgroup_name(id), dirs))
+        .collect();
+    let shares = match iocost {
+        Some(_) => iocost_shares(&named, d, lookup),
+        None => BTreeMap::new(),
+    };
+    for (id, name, mut dirs) in named {
         if opts.subtree.is_some_and(|sub| !in_subtree(&name.path, sub)) {
             continue;
         }
-        // io.cost and io.latency never hold the root, nor bios without a cgroup.
-        let below_root = name.path.starts_with('/') && name.path != "/";
-        for dir in Dir::ALL {
-            let m = &mut dirs.get_mut(dir).meters;
-            if name.path == "/" {
-                m.iocost = None;
-            }
-            if let Some(count) = m.iolatency.as_mut() {
-                count.target_us = iolatency.and_then(|t| t.own(&name.path));
-            }
-            if !below_root {
-                m.iolatency = None;
-            }
-        }
+        own_meters(
+            &mut dirs,
+            &name.path,
+            iolatency,
+            shares.get(&name.path).copied(),
+        );
         let eff = if name.gone {
             Effective::default()
         } else {
@@ -285,6 +296,72 @@ fn device_snapshot(
         total,
         unplug,
     }
+}
+
+/// The meters that depend on whose row it is: io.cost and io.latency never hold the root (nor
+/// bios without a cgroup); io.latency's target of the cgroup's own; io.cost's weight and share
+/// (`share`: the cgroup's io.weight and its share in percent).
+fn own_meters(
+    dirs: &mut Directions,
+    path: &str,
+    iolatency: Option<&IoLatency>,
+    share: Option<(u64, f64)>,
+) {
+    let below_root = path.starts_with('/') && path != "/";
+    for dir in Dir::ALL {
+        let m = &mut dirs.get_mut(dir).meters;
+        if path == "/" {
+            m.iocost = None;
+        }
+        if let (Some(c), Some((weight, pct))) = (m.iocost.as_mut(), share) {
+            (c.weight, c.share_pct) = (Some(weight), Some(pct));
+        }
+        if let Some(count) = m.iolatency.as_mut() {
+            count.target_us = iolatency.and_then(|t| t.own(path));
+        }
+        if !below_root {
+            m.iolatency = None;
+        }
+    }
+}
+
+/// The io.weight and share of the device of each cgroup io.cost charged in the window (never
+/// the root, nor a removed cgroup), where the weights can be read.
+fn iocost_shares(
+    named: &[(u64, CgroupName, Directions)],
+    d: &Device,
+    lookup: &mut dyn Lookup,
+) -> BTreeMap<String, (u64, f64)> {
+    let active: Vec<String> = named
+        .iter()
+        .filter(|(_, name, dirs)| {
+            name.path.starts_with('/')
+                && name.path != "/"
+                && !name.gone
+                && [Dir::Read, Dir::Write].iter().any(|dir| {
+                    dirs.get(*dir)
+                        .meters
+                        .iocost
+                        .as_ref()
+                        .is_some_and(|c| c.requests + c.merged > 0)
+                })
+        })
+        .map(|(_, name, _)| name.path.clone())
+        .collect();
+    let mut weights = BTreeMap::new();
+    let mut known = true;
+    let shares = iocost::shares(&active, &mut |p| {
+        let w = lookup.iocost_weight(p, d);
+        known &= w.is_some();
+        *weights.entry(p.to_string()).or_insert(w.unwrap_or(100))
+    });
+    if !known {
+        return BTreeMap::new();
+    }
+    shares
+        .into_iter()
+        .map(|(p, pct)| (p.clone(), (weights[&p], pct)))
+        .collect()
 }
 
 /// io.cost's charge of a cgroup's reads or writes on a disk with io.cost on (none for the
@@ -601,6 +678,76 @@ mod tests {
             v["devices"][0]["total"]["write"]["meters"]["iolatency"],
             serde_json::json!({ "requests": 1 })
         );
+    }
+
+    /// Cgroups 21 and 22 are /a and /b with io.weight 100 and 300; no limits.
+    struct Weighted;
+    impl Lookup for Weighted {
+        fn limits(&mut self, _cgroup: &str, _dev: &Device) -> Effective {
+            Effective::default()
+        }
+        fn cgroup_name(&mut self, id: u64) -> CgroupName {
+            CgroupName {
+                path: if id == 21 { "/a".into() } else { "/b".into() },
+                gone: false,
+            }
+        }
+        fn iocost_weight(&mut self, cgroup: &str, _dev: &Device) -> Option<u64> {
+            Some(if cgroup == "/b" { 300 } else { 100 })
+        }
+    }
+
+    #[test]
+    fn iocost_shares_the_device_by_weight_among_the_cgroups_it_charged() {
+        use mergetrace_common::{flags, kind};
+        let mut a = Aggregator::new(100);
+        for cgroup in [21, 22] {
+            a.apply_all(
+                &batch_of_32(cgroup)
+                    .into_iter()
+                    .map(|mut e| {
+                        if matches!(e.kind, kind::GETRQ | kind::BACK_MERGE) {
+                            e.flags |= flags::IOCOST;
+                        }
+                        e
+                    })
+                    .collect::<Vec<_>>(),
+            );
+        }
+        let coefs = iocost::Coefs::of(iocost::Linear {
+            bps: 100_000_000,
+            seqiops: 1000,
+            randiops: 1000,
+        });
+        let models = BTreeMap::from([(
+            loop3().dev().0,
+            iocost::Model {
+                read: coefs,
+                write: coefs,
+            },
+        )]);
+        let s = total(&a, 1_000_000_100, &mut Weighted, &[], None, &models);
+        let charge = |path: &str| {
+            let row = s.devices[0]
+                .cgroups
+                .iter()
+                .find(|c| c.cgroup == path)
+                .unwrap();
+            row.dirs.get(Dir::Write).meters.iocost.clone().unwrap()
+        };
+        let (ca, cb) = (charge("/a"), charge("/b"));
+        assert_eq!((ca.weight, ca.share_pct), (Some(100), Some(25.0)));
+        assert_eq!((cb.weight, cb.share_pct), (Some(300), Some(75.0)));
+        let v = s.devices[0].cgroups[1].dirs.write.verdict.clone().unwrap();
+        assert!(
+            v.contains(
+                "merging raises what its io.weight 300, a 75 % share of the device among \
+                        the cgroups io.cost charged here, buys"
+            ),
+            "{v}"
+        );
+        let total = s.devices[0].total.write.meters.iocost.clone().unwrap();
+        assert_eq!((total.weight, total.share_pct), (None, None));
     }
 
     /// Cgroup 1 is the root, every other id /mt; no limits.
