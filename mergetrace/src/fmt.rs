@@ -107,6 +107,17 @@ pub fn span(secs: f64) -> String {
     }
 }
 
+/// A latency target in µs as people say it: "2 ms", "1.5 ms", "500 µs".
+pub fn latency_us(us: u64) -> String {
+    if us.is_multiple_of(1000) {
+        format!("{} ms", us / 1000)
+    } else if us >= 1000 {
+        format!("{:.1} ms", us as f64 / 1000.0)
+    } else {
+        format!("{us} µs")
+    }
+}
+
 /// Microseconds in a table cell: whole from 100 up, else one decimal.
 pub fn micros(v: f64) -> String {
     if v >= 100.0 {

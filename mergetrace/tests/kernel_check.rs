@@ -63,21 +63,9 @@ fn lever<'a>(v: &'a Value, topic: &str) -> Option<&'a str> {
     findings(v, topic)[0]["lever"].as_str()
 }
 
-fn group(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 /// "1,016 KiB" for 1016 (KiB), as check prints sizes.
 fn kib(k: u64) -> String {
-    format!("{} KiB", group(k))
+    format!("{} KiB", thousands(k))
 }
 
 /// On a disk that offers mq-deadline ([`scheduler_disk`]: on the host a loop device, in the
@@ -301,9 +289,9 @@ fn diskstats_arithmetic_matches_the_kernel_counters() {
     assert!(
         w.contains(&format!(
             ": {rate:.1} % ({} of {} write bios merged into {} device requests",
-            group(wmerged),
-            group(writes + wmerged),
-            group(writes)
+            thousands(wmerged),
+            thousands(writes + wmerged),
+            thousands(writes)
         )),
         "{w}"
     );
@@ -315,8 +303,8 @@ fn diskstats_arithmetic_matches_the_kernel_counters() {
         s.starts_with(&format!(
             "average write request reaching the device: {:.2} KiB ({} sectors over {} requests; merging can build up to 512 KiB)",
             wsectors as f64 / writes as f64 / 2.0,
-            group(wsectors),
-            group(writes)
+            thousands(wsectors),
+            thousands(writes)
         )),
         "{s}"
     );

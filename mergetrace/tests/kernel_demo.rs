@@ -1,11 +1,13 @@
 //! `mergetrace demo --quick` in CI: the built-in merging lab runs end to end on a real loop
 //! device and its own self-check (every count equal to /proc/diskstats and blk-throttle's
-//! counter) passes.
+//! counter, and under io.cost every charge equal to io.stat's `cost.usage`) passes. The io.cost
+//! arm runs where cgroup v2 has io.cost (the lab's guests: `./mt lab --kernel 6.12 --test
+//! kernel_demo`); elsewhere the demo must say in one line why it is skipped.
 mod support;
 
 use std::{fs, process::Command};
 
-use support::{mergetrace_bin, require_root};
+use support::{cgroup_hierarchy, mergetrace_bin, require_root, CgroupVersion};
 
 /// The queue settings the demo changes, of /sys/block/NAME/queue.
 fn queue_settings(name: &str) -> Vec<String> {
@@ -97,8 +99,23 @@ fn quick_demo_runs_the_merging_lab_and_checks_itself() {
         stdout.contains("this limit counts before merging"),
         "{stdout}"
     );
+    let arms = if iocost_here() {
+        assert_iocost_arm(&stdout);
+        11
+    } else {
+        assert!(
+            stdout.contains(&format!(
+                "\n4. Under io.cost: skipped — {}",
+                why_no_iocost()
+            )),
+            "{stdout}"
+        );
+        9
+    };
     assert!(
-        stdout.contains("self-check: all 9 arms equal the kernel's counters"),
+        stdout.contains(&format!(
+            "self-check: all {arms} arms equal the kernel's counters"
+        )),
         "{stdout}"
     );
     assert!(!stdout.contains('≠'), "{stdout}");
@@ -125,4 +142,70 @@ fn quick_demo_runs_the_merging_lab_and_checks_itself() {
             "the demo did not put {next}'s queue settings back"
         );
     }
+}
+
+/// cgroup v2 with io.cost: the root has `io.cost.qos`.
+fn iocost_here() -> bool {
+    cgroup_hierarchy().0 == CgroupVersion::V2 && cgroup_hierarchy().1.join("io.cost.qos").exists()
+}
+
+/// What the demo must say where io.cost cannot be on.
+fn why_no_iocost() -> &'static str {
+    match cgroup_hierarchy().0 {
+        CgroupVersion::V1 => {
+            "io.cost is a cgroup v2 controller, and this machine's io controller is blkio on \
+             cgroup v1"
+        }
+        CgroupVersion::V2 => "this kernel has no io.cost (CONFIG_BLK_CGROUP_IOCOST)",
+    }
+}
+
+/// Table 4: both arms checked against io.stat ("="), merging cutting the requests io.cost
+/// charged a base for by more than 8× (counts: batches of 32 merge into one request), and
+/// io.cost off again for the scratch disk afterwards.
+fn assert_iocost_arm(stdout: &str) {
+    let table = stdout
+        .split("\n4. Under io.cost (cgroup v2; ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no io.cost table: {stdout}"));
+    let requests = |arm: &str| -> u64 {
+        let row = table
+            .lines()
+            .find(|l| l.starts_with(&format!("| {arm} |")))
+            .unwrap_or_else(|| panic!("no row {arm}: {table}"));
+        assert!(row.ends_with("| = |"), "{row}");
+        row.split('|')
+            .nth(2)
+            .unwrap()
+            .trim()
+            .replace(',', "")
+            .parse()
+            .unwrap()
+    };
+    let (on, off) = (
+        requests("nomerges=0 (merging on)"),
+        requests("nomerges=2 (merging off)"),
+    );
+    assert_eq!(
+        off, 4097,
+        "one request per bio with merging off, the last write included"
+    );
+    assert!(on * 8 < off, "merging on: {on} requests, off: {off}");
+    assert!(table.contains("Where the meter sits: io.cost charges a bio that starts a request"));
+    // The scratch disk (named in the title) has io.cost off again.
+    let disk = stdout
+        .split(" O_DIRECT writes on ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .expect("the demo names its disk");
+    let qos = fs::read_to_string(cgroup_hierarchy().1.join("io.cost.qos")).unwrap();
+    let maj_min = fs::read_to_string(format!("/sys/block/{disk}/dev")).unwrap_or_default();
+    let maj_min = maj_min.trim();
+    assert!(
+        maj_min.is_empty()
+            || !qos
+                .lines()
+                .any(|l| l.starts_with(&format!("{maj_min} enable=1"))),
+        "io.cost left on for {disk}: {qos}"
+    );
 }

@@ -30,6 +30,8 @@ const MODEL: &str = "ctrl=user model=linear rbps=100000000 rseqiops=1000 rrandio
                      wbps=100000000 wseqiops=1000 wrandiops=500";
 /// vrate pinned at 100 %: io.stat's µs are the model's (no vrate adjustment).
 const QOS: &str = "enable=1 ctrl=user rpct=0 rlat=250000 wpct=0 wlat=250000 min=100.00 max=100.00";
+/// The test cgroup's io.weight for the disk.
+const WEIGHT: u64 = 300;
 /// io.cost's period with the qos above: 2 × max(rlat, wlat).
 const PERIOD: Duration = Duration::from_millis(500);
 
@@ -82,8 +84,14 @@ fn charged(nomerges: u32, random: bool) {
     lo.set_nomerges(nomerges);
     udev_settle();
     let _on = IocostOn::new(&lo);
-    // A new cgroup: its io.cost cursor starts at 0, as mergetrace's does.
+    // A new cgroup: its io.cost cursor starts at 0, as mergetrace's does. Its weight for the
+    // disk, 300, is read back; alone on the disk it has all of it.
     let cg = Cgroup::new();
+    std::fs::write(
+        cg.dir.join("io.weight"),
+        format!("{} {WEIGHT}", lo.maj_min()),
+    )
+    .expect("cannot write io.weight");
     let tracer = Tracer::on(&lo);
     // A capture of the same I/O: its report must charge the same.
     let capture = std::path::PathBuf::from(format!("/dev/shm/{}.mtr", unique_name()));
@@ -166,15 +174,26 @@ fn charged(nomerges: u32, random: bool) {
         .and_then(|d| d["cgroups"].as_array())
         .and_then(|rows| rows.iter().find(|r| r["cgroup"] == cg.path().as_str()))
         .unwrap_or_else(|| panic!("{} not in the report; {ctx}", cg.path()));
+    assert_eq!(u(c, "weight"), WEIGHT, "io.weight read back; {ctx}; {c}");
+    assert_eq!(c["share_pct"], 100.0, "alone on the disk; {ctx}; {c}");
+    // The report charges as the live view did; a capture records no weights.
+    let mut charge = c.clone();
+    charge
+        .as_object_mut()
+        .unwrap()
+        .retain(|k, _| k != "weight" && k != "share_pct");
     assert_eq!(
-        offline["write"]["meters"]["iocost"], *c,
+        offline["write"]["meters"]["iocost"], charge,
         "the capture's report charges otherwise than the live view; {ctx}"
     );
     let verdict = w["verdict"].as_str().unwrap_or_default();
     assert!(verdict.contains("io.cost charged it"), "{ctx}: {verdict}");
     if nomerges == 0 && !random {
         assert!(
-            verdict.contains("merging raises what the cgroup's io.weight buys"),
+            verdict.contains(&format!(
+                "merging raises what its io.weight {WEIGHT}, a 100 % share of the device among \
+                 the cgroups io.cost charged here, buys"
+            )),
             "{ctx}: {verdict}"
         );
     }

@@ -68,6 +68,10 @@ pub struct RecordedDevice {
     /// wbt on the disk at the start, where its queue has it (absent before mergetrace 0.2).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wbt: Option<crate::sys::wbt::Wbt>,
+    /// io.latency's targets for the disk at the start, where any were set (absent before
+    /// mergetrace 0.2).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub iolatency: Option<crate::sys::iolatency::IoLatency>,
 }
 
 /// io.cost's settings of a disk: the lines as the kernel printed them and the model.
@@ -212,6 +216,7 @@ impl From<&crate::sys::device::Device> for RecordedDevice {
             queue: RecordedQueue::default(),
             iocost: None,
             wbt: None,
+            iolatency: None,
         }
     }
 }
@@ -274,6 +279,7 @@ mod tests {
             },
             iocost: None,
             wbt: None,
+            iolatency: None,
         });
         h.cgroups.push(RecordedCgroup {
             id: u64::MAX,

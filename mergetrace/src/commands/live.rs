@@ -17,7 +17,8 @@ use crate::{
     kernel::{self, monotonic_ns},
     model::aggregate::Window,
     model::snapshot::{self, SnapshotKind},
-    sys::{cgroups::Cgroups, device::Device},
+    model::timeline::Timeline,
+    sys::{cgroups::Cgroups, device::Device, iolatency},
     view::{banner, json::JsonView, text::TextView, tui::TuiView, View},
 };
 
@@ -59,7 +60,8 @@ pub async fn run(args: LiveArgs) -> Result<()> {
     )?;
     let start = monotonic_ns();
     let tier = session.tier.clone();
-    let banner = banner::lines(&devices, &session, &cgroups);
+    let iolatency = iolatency::targets_on(&devices, &cgroups);
+    let banner = banner::lines(&devices, &session, &cgroups, &iolatency);
     // The first line on stderr says the probes are attached (scripts and tests wait for it).
     for line in &banner {
         eprintln!("mergetrace: {line}");
@@ -77,12 +79,20 @@ pub async fn run(args: LiveArgs) -> Result<()> {
         wbt: &wbt,
         wants: session.wants,
         per_bio: session.per_bio,
+        iolatency: &iolatency,
+        timeline: None,
     };
     stop.after(args.run.duration);
     let mut live = Live {
         session,
         devices,
         cgroups,
+        previous: Window {
+            start_ns: start,
+            end_ns: start,
+            ..Window::default()
+        },
+        timeline: Timeline::default(),
         start,
     };
     live.intervals(&mut *view, &opts, args.run.interval, &mut stop, &quit)
@@ -103,11 +113,14 @@ fn view_for(args: &LiveArgs, banner: Vec<String>, quit: &Arc<Notify>) -> Result<
     })
 }
 
-/// A run being traced: what is traced and since when.
+/// A run being traced: what is traced and since when, the totals at the last interval, and
+/// what each interval showed (the whole run's verdict is judged over them).
 struct Live {
     session: kernel::Session,
     devices: Vec<Device>,
     cgroups: Cgroups,
+    previous: Window,
+    timeline: Timeline,
     start: u64,
 }
 
@@ -129,6 +142,7 @@ impl Live {
             }
         }
         self.cgroups.forget_removed(|id| counted.contains(&id));
+        self.timeline.retain(|id| counted.contains(&id));
         Ok(now)
     }
 
@@ -144,22 +158,18 @@ impl Live {
         let mut ticker = tokio::time::interval(every);
         ticker.tick().await; // the first tick is immediate
         let mut adopt = tokio::time::interval(kernel::load::ADOPT_EVERY);
-        let mut previous = Window {
-            start_ns: self.start,
-            end_ns: self.start,
-            ..Window::default()
-        };
         loop {
             tokio::select! {
                 _ = ticker.tick() => {
-                    let now = self.totals()?;
-                    let interval = now.since(&previous);
+                    let s = self.next_interval(opts)?;
                     if view.wants_run_so_far() {
-                        let run = snapshot::build(&now, SnapshotKind::Total, &self.devices, &mut self.cgroups, opts);
+                        let opts = snapshot::Options {
+                            timeline: Some(&self.timeline),
+                            ..*opts
+                        };
+                        let run = snapshot::build(&self.previous, SnapshotKind::Total, &self.devices, &mut self.cgroups, &opts);
                         view.run_so_far(&run)?;
                     }
-                    previous = now;
-                    let s = snapshot::build(&interval, SnapshotKind::Interval, &self.devices, &mut self.cgroups, opts);
                     view.interval(&s)?;
                 }
                 _ = adopt.tick() => self.session.adopt_new_keys()?,
@@ -167,6 +177,27 @@ impl Live {
                 _ = quit.notified() => return Ok(()),
             }
         }
+    }
+
+    /// The interval since the last one, judged knowing the intervals before it, and added to
+    /// the timeline.
+    fn next_interval(&mut self, opts: &snapshot::Options<'_>) -> Result<snapshot::Snapshot> {
+        let now = self.totals()?;
+        let interval = now.since(&self.previous);
+        self.previous = now;
+        let opts = snapshot::Options {
+            timeline: Some(&self.timeline),
+            ..*opts
+        };
+        let s = snapshot::build(
+            &interval,
+            SnapshotKind::Interval,
+            &self.devices,
+            &mut self.cgroups,
+            &opts,
+        );
+        self.timeline.observe(&s);
+        Ok(s)
     }
 
     /// Detaches first so the counters stop moving, then shows the whole run.
@@ -177,13 +208,19 @@ impl Live {
             Vec::new()
         };
         self.session.detach();
-        let total = self.totals()?;
+        // The interval in progress is not shown, but the whole run is judged over it too.
+        self.next_interval(opts)?;
+        let total = self.previous.clone();
+        let opts = snapshot::Options {
+            timeline: Some(&self.timeline),
+            ..*opts
+        };
         let mut s = snapshot::build(
             &total,
             SnapshotKind::Total,
             &self.devices,
             &mut self.cgroups,
-            opts,
+            &opts,
         );
         s.program_stats = program_stats;
         view.total(&s)?;

@@ -207,10 +207,12 @@ pub async fn run(args: RecordArgs) -> Result<()> {
     )?;
     let mut h = probe_header;
     h.tier = session.tier.kind.name().to_string();
+    let iolatency = crate::sys::iolatency::targets_on(&devices, &cgroups);
     for d in &mut h.devices {
         let dev = crate::sys::device::Device::from(&*d).dev().0;
         d.iocost = session.iocost.get(&dev).map(|c| c.recorded());
         d.wbt = session.wbt.get(&dev).copied();
+        d.iolatency = iolatency.get(&dev).cloned();
     }
     let writer = CaptureWriter::create_with(
         &args.output,
@@ -220,7 +222,7 @@ pub async fn run(args: RecordArgs) -> Result<()> {
             ..WriterOptions::default()
         },
     )?;
-    for line in banner::lines(&devices, &session, &cgroups) {
+    for line in banner::lines(&devices, &session, &cgroups, &iolatency) {
         eprintln!("mergetrace: {line}");
     }
     eprintln!("mergetrace: recording to {}", args.output.display());

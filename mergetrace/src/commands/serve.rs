@@ -78,6 +78,8 @@ struct Exporter {
     model: Model,
     /// io.cost's model of the traced disks that have it on.
     iocost: std::collections::BTreeMap<u32, crate::model::iocost::Model>,
+    /// io.latency's targets on the traced disks that have any.
+    iolatency: std::collections::BTreeMap<u32, crate::sys::iolatency::IoLatency>,
 }
 
 impl Exporter {
@@ -111,6 +113,8 @@ impl Exporter {
             wbt: &self.session.wbt,
             wants: self.session.wants,
             per_bio: self.session.per_bio,
+            iolatency: &self.iolatency,
+            timeline: None,
         };
         let s = snapshot::build(
             &total,
@@ -192,7 +196,8 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         &args.trace.kernel_options(Modes::COUNTING, 4096, false),
     )?;
     let start_ns = monotonic_ns();
-    for line in banner::lines(&targets.devices, &session, &targets.cgroups) {
+    let iolatency = crate::sys::iolatency::targets_on(&targets.devices, &targets.cgroups);
+    for line in banner::lines(&targets.devices, &session, &targets.cgroups, &iolatency) {
         eprintln!("mergetrace: {line}");
     }
     let tier = session.tier.kind;
@@ -211,6 +216,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             args.label_stale_after,
         ),
         iocost,
+        iolatency,
     }));
     let poller = spawn_poller(exporter.clone(), args.read_every);
     let app = Router::new()

@@ -12,6 +12,7 @@ use crate::model::{
     aggregate::{Counts, Dir},
     meter::{CloudMeter, LimitUse, Meters},
     snapshot::Options,
+    timeline::OverTime,
 };
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -148,6 +149,10 @@ pub struct MergeAttempts {
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Throttled {
     pub bios: u64,
+    /// fentry tier: bios blk-throttle queued in the window (they are in `bios` when released,
+    /// maybe in a later window); `null` on the tracepoint tier, which sees a throttled bio only
+    /// when it is released.
+    pub queued: Option<u64>,
     /// Total time they waited (fentry tier); `null` when it cannot be known: always on the
     /// tracepoint tier, which sees a throttled bio only when blk-throttle releases it.
     pub delay_ns_total: Option<u64>,
@@ -193,6 +198,10 @@ pub struct DirStats {
     pub limits: BTreeMap<&'static str, LimitUse>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verdict: Option<String>,
+    /// The live view's total: how the direction went over the run's intervals (what the
+    /// verdict's use over active time and intervals held rest on).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub over_time: Option<OverTime>,
 }
 
 impl DirStats {
@@ -213,6 +222,7 @@ impl DirStats {
                 } else {
                     c.throttled_bios
                 },
+                queued: opts.fentry.then_some(c.throttle_queued),
                 delay_ns_total: opts.fentry.then_some(c.throttle_delay_ns),
                 delay_estimated: !opts.fentry,
             },
@@ -239,10 +249,12 @@ impl DirStats {
                     .collect(),
                 iocost: None,
                 wbt: None,
+                iolatency: None,
             },
             histograms: Histograms::from_counts(c),
             limits: BTreeMap::new(),
             verdict: None,
+            over_time: None,
             bios,
             bytes,
             merged,
@@ -299,8 +311,19 @@ impl DirStats {
         (c.bios, c.bytes, c.merged_per_bio(dir.code()), paths)
     }
 
+    /// Nothing happened: no bio, request, merge or split, and no bio entered blk-throttle's
+    /// queue (fentry tier: a bio queued now may be released in a later window).
     pub fn is_empty(&self) -> bool {
-        self.bios == 0 && self.requests == 0 && self.merged == 0 && self.splits == 0
+        self.bios == 0
+            && self.requests == 0
+            && self.merged == 0
+            && self.splits == 0
+            && self.throttled.queued.unwrap_or(0) == 0
+    }
+
+    /// Bios waited in blk-throttle in the window: released after waiting, or (fentry) queued.
+    pub fn waited(&self) -> bool {
+        self.throttled.bios > 0 || self.throttled.queued.unwrap_or(0) > 0
     }
 
     /// Bios (and split pieces) that reached a request: what merging compressed. Flush-only
@@ -339,6 +362,7 @@ impl DirStats {
         self.charged_ios += o.charged_ios;
         self.charged_bytes += o.charged_bytes;
         self.throttled.bios += o.throttled.bios;
+        self.throttled.queued = add_known(self.throttled.queued, o.throttled.queued);
         if let (Some(a), Some(b)) = (&mut self.merge_attempts, &o.merge_attempts) {
             a.plug_attempts += b.plug_attempts;
             a.plug_merged += b.plug_merged;
@@ -351,10 +375,7 @@ impl DirStats {
         }
         self.throttled.delay_estimated = o.throttled.delay_estimated;
         self.throttled.delay_ns_total =
-            match (self.throttled.delay_ns_total, o.throttled.delay_ns_total) {
-                (Some(a), Some(b)) => Some(a + b),
-                (a, b) => a.or(b),
-            };
+            add_known(self.throttled.delay_ns_total, o.throttled.delay_ns_total);
         self.histograms.add(&o.histograms);
         self.meters.per_bio += o.meters.per_bio;
         self.meters.per_request += o.meters.per_request;
@@ -369,6 +390,15 @@ impl DirStats {
             (a @ None, Some(b)) => *a = Some(*b),
             _ => {}
         }
+        match (&mut self.meters.iolatency, &o.meters.iolatency) {
+            (Some(a), Some(b)) => a.add(b),
+            (a @ None, Some(b)) => {
+                let mut b = *b;
+                b.target_us = None;
+                *a = Some(b);
+            }
+            _ => {}
+        }
         if self.meters.cloud.is_empty() {
             self.meters.cloud = o.meters.cloud.clone();
         } else {
@@ -376,6 +406,14 @@ impl DirStats {
                 a.units += b.units;
             }
         }
+    }
+}
+
+/// The sum of two counts a tier may not know (`None`): what is known of them.
+fn add_known(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a + b),
+        (a, b) => a.or(b),
     }
 }
 

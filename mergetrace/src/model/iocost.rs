@@ -66,6 +66,18 @@ pub struct Counts {
     pub pages: u64,
 }
 
+impl Counts {
+    /// The io.cost counts among a (cgroup, device, direction)'s counters.
+    pub fn of(c: &crate::model::aggregate::Counts) -> Counts {
+        Counts {
+            requests: c.iocost_requests,
+            random: c.iocost_random,
+            merged: c.iocost_merged,
+            pages: c.iocost_pages,
+        }
+    }
+}
+
 /// What io.cost charged one cgroup in one direction, in µs as io.stat's `cost.usage` counts
 /// them at vrate 100 %.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -86,6 +98,14 @@ pub struct Charge {
     pub cost_us: f64,
     /// A what-if: the same bios unmerged, each merged bio paying a sequential base too.
     pub unmerged_cost_us: f64,
+    /// The cgroup's `io.weight` for the disk, where known (absent in a device's total and in
+    /// reports of captures).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u64>,
+    /// Its share of the device among the cgroups io.cost charged in the window ([`shares`]),
+    /// in percent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub share_pct: Option<f64>,
 }
 
 impl Charge {
@@ -102,6 +122,8 @@ impl Charge {
             size_us: us(size),
             cost_us: us(base + size),
             unmerged_cost_us: us(base + size + c.merged * coefs.seqio),
+            weight: None,
+            share_pct: None,
         }
     }
 
@@ -114,6 +136,7 @@ impl Charge {
         self.size_us += o.size_us;
         self.cost_us += o.cost_us;
         self.unmerged_cost_us += o.unmerged_cost_us;
+        (self.weight, self.share_pct) = (None, None);
     }
 
     /// One line: what io.cost charged and what merging saved.
@@ -133,9 +156,16 @@ impl Charge {
              pay fewer base costs"
                 .to_string()
         } else {
+            let share = match (self.weight, self.share_pct) {
+                (Some(w), Some(p)) => format!(
+                    "its io.weight {w}, a {p:.0} % share of the device among the cgroups io.cost \
+                     charged here,"
+                ),
+                _ => "the cgroup's io.weight".to_string(),
+            };
             format!(
                 "the {} bios that merged paid no base cost: unmerged the same I/O would cost {} \
-                 ({:.1}×), so here merging raises what the cgroup's io.weight buys",
+                 ({:.1}×), so here merging raises what {share} buys",
                 fmt::thousands(self.merged),
                 s(self.unmerged_cost_us),
                 self.unmerged_cost_us / self.cost_us.max(f64::MIN_POSITIVE)
@@ -154,9 +184,71 @@ impl Charge {
     }
 }
 
+/// Each of the `active` cgroups' share of the device under io.cost, in percent: at each level
+/// of its path, its weight over the sum of the weights of its active siblings (those with an
+/// active cgroup at or below them), multiplied down from the root — io.cost's hierarchical
+/// weight (`hweight`) with every active cgroup using its whole share. `weight` is a cgroup's
+/// `io.weight` for the disk (100 by default).
+pub fn shares(
+    active: &[String],
+    weight: &mut dyn FnMut(&str) -> u64,
+) -> std::collections::BTreeMap<String, f64> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let parent = |p: &str| match p.rfind('/') {
+        Some(0) | None => "/".to_string(),
+        Some(i) => p[..i].to_string(),
+    };
+    // Every cgroup at or above an active one, the root left out.
+    let mut levels = BTreeSet::new();
+    for p in active {
+        let mut q = p.clone();
+        while q != "/" && !q.is_empty() {
+            levels.insert(q.clone());
+            q = parent(&q);
+        }
+    }
+    let weights: BTreeMap<String, u64> = levels
+        .iter()
+        .map(|c| (c.clone(), weight(c).max(1)))
+        .collect();
+    let mut out = BTreeMap::new();
+    for p in active {
+        let mut share = 1.0;
+        let mut c = p.clone();
+        while c != "/" && !c.is_empty() {
+            let up = parent(&c);
+            let siblings: u64 = weights
+                .iter()
+                .filter(|(s, _)| parent(s) == up)
+                .map(|(_, w)| w)
+                .sum();
+            share *= weights[&c] as f64 / siblings as f64;
+            c = up;
+        }
+        out.insert(p.clone(), share * 100.0);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shares_multiply_down_the_active_tree() {
+        // /a (100) beside /b (300), whose /b/c (100) and /b/d (300) are both active.
+        let active = ["/a", "/b/c", "/b/d"].map(String::from);
+        let mut w = |p: &str| match p {
+            "/b" | "/b/d" => 300,
+            _ => 100,
+        };
+        let s = shares(&active, &mut w);
+        assert_eq!(s["/a"], 25.0);
+        assert_eq!(s["/b/c"], 75.0 * 0.25);
+        assert_eq!(s["/b/d"], 75.0 * 0.75);
+        // Alone, a cgroup has the whole device, whatever its weight.
+        assert_eq!(shares(&["/x/y".to_string()], &mut w)["/x/y"], 100.0);
+    }
 
     /// The lab's model: 100 MB/s, 1,000 iops either way.
     fn lab() -> Coefs {

@@ -30,6 +30,10 @@ pub struct Meters {
     /// What wbt counted, where the disk has wbt on (writes and discards).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wbt: Option<crate::model::wbt::WbtCount>,
+    /// What io.latency counted, where the disk has io.latency targets (reads, writes and
+    /// discards of cgroups other than the root).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub iolatency: Option<crate::model::iolatency::IolatencyCount>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -96,8 +100,9 @@ pub fn cloud_preset(name: &str) -> Option<&'static CloudPreset> {
     CLOUD_PRESETS.iter().find(|p| p.name == name)
 }
 
-/// A limit in force and how much of it this cgroup used in the window.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// A limit in force, how much of it this cgroup used in the window, and whether it held the
+/// cgroup back.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct LimitUse {
     pub limit: u64,
     /// The cgroup whose file sets the limit (this one or an ancestor).
@@ -108,6 +113,17 @@ pub struct LimitUse {
     /// bios (the merge-aware what-if).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub used_pct_merge_aware: Option<f64>,
+    /// It held the cgroup back in the window: bios of the direction waited in blk-throttle and
+    /// this limit was the most used of the direction's (in a whole run with intervals: it did
+    /// so in at least one interval, `intervals_held`).
+    pub held: bool,
+    /// The live view's total: the use over the intervals in which the cgroup did I/O in the
+    /// direction (`over_time.active_secs`), not over the whole run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub used_pct_active: Option<f64>,
+    /// The live view's total: the intervals in which this limit held the cgroup back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub intervals_held: Option<u64>,
 }
 
 /// Throttle limits that apply to a direction (`bio_data_dir`: discards count as writes).
@@ -160,15 +176,13 @@ pub fn limit_use(
                     cgroup: l.cgroup.clone(),
                     used_pct,
                     used_pct_merge_aware,
+                    ..LimitUse::default()
                 },
             );
         }
     }
     out
 }
-
-/// Above this share of a limit, the limit is what binds.
-pub const BINDING_PCT: f64 = 80.0;
 
 /// Queue limits that split bios (`/sys/block/NAME/queue`); `None` where unknown (a capture
 /// from an older mergetrace, a file that could not be read).
@@ -226,185 +240,12 @@ pub fn split_cause(limits: &SplitLimits, discard: bool, avg_request_bytes: f64) 
     }
 }
 
-/// What one cgroup and direction did, as the verdict needs it.
-#[derive(Debug, Clone, Default)]
-pub struct Activity {
-    /// Bios submitted, flush-only writes left out (they never reach a request).
-    pub bios: u64,
-    /// Split remainders: each a piece of its own.
-    pub splits: u64,
-    pub requests: u64,
-    pub charged_ios: u64,
-    pub throttled_bios: u64,
-    /// The time they waited in all, where measured (fentry tier).
-    pub throttle_delay_ns: Option<u64>,
-    /// Why bios were split, when they were ([`split_cause`]).
-    pub split_cause: Option<String>,
-}
-
-/// The limit's use in the window. Above 100 % the window was charged for bios that had waited
-/// before it (a bio is charged as it is released), which is a sign of binding, not an error.
-fn use_phrase(u: &LimitUse) -> String {
-    if u.used_pct > 105.0 {
-        format!(
-            "was charged {:.0} % of its rate (bios held back earlier are charged as they are \
-             released)",
-            u.used_pct
-        )
-    } else {
-        format!("is {:.0} % used", u.used_pct)
-    }
-}
-
-/// What waited in the window, when bios did: ", 640 of them waited (11.3 s in all)".
-fn held_phrase(a: &Activity, of_them: bool) -> String {
-    if a.throttled_bios == 0 {
-        return String::new();
-    }
-    let n = fmt::thousands(a.throttled_bios);
-    let waited = if of_them {
-        format!(", {n} of them waited")
-    } else {
-        format!(", {n} bios waited")
-    };
-    match a.throttle_delay_ns {
-        Some(ns) if ns > 0 => format!("{waited} ({} in all)", fmt::span(ns as f64 / 1e9)),
-        _ => waited,
-    }
-}
-
-/// How the device's requests compare with the bios: merged, split, or one for one.
-fn requests_vs_bios(a: &Activity) -> String {
-    if a.requests == 0 {
-        return "the device saw no requests".to_string();
-    }
-    let per_bio = a.requests as f64 / a.bios.max(1) as f64;
-    if a.splits > 0 && per_bio >= 1.05 {
-        return format!(
-            "bios are split: the device saw {per_bio:.1}× more requests than bios ({})",
-            a.split_cause.as_deref().unwrap_or("the queue's limits")
-        );
-    }
-    let fewer = a.bios as f64 / a.requests as f64;
-    if fewer >= 1.05 {
-        format!("the device saw {fewer:.1}× fewer requests")
-    } else {
-        "the device saw as many requests as bios".to_string()
-    }
-}
-
-/// Where merging compressed the charge: what a merge-aware limit would have used (a
-/// what-if; no kernel counts this way).
-fn merge_aware_what_if(u: &LimitUse) -> String {
-    match u.used_pct_merge_aware {
-        Some(m) if m < u.used_pct * 0.9 => format!(
-            " (a limit counting the requests bios merged into, as proposed for blk-throttle in \
-             2025 and in no kernel, would be {m:.0} % used)"
-        ),
-        _ => String::new(),
-    }
-}
-
-/// The limits that held the cgroup back in the window, by name (`wiops`): those used at
-/// [`BINDING_PCT`] or more, and where bios waited, the most used one — waiting means a limit
-/// bound at some point of the window even if the average use is low (the workload may have
-/// run for part of it).
-pub fn binding(
-    limits: &BTreeMap<&'static str, LimitUse>,
-    throttled_bios: u64,
-) -> Vec<&'static str> {
-    let most_used = limits
-        .iter()
-        .max_by(|a, b| a.1.used_pct.total_cmp(&b.1.used_pct))
-        .map(|(n, _)| *n);
-    limits
-        .iter()
-        .filter(|(n, u)| {
-            u.used_pct >= BINDING_PCT || (throttled_bios > 0 && Some(**n) == most_used)
-        })
-        .map(|(n, _)| *n)
-        .collect()
-}
-
-/// The one-line verdict for a cgroup and direction; `None` when no limit is in force and
-/// nothing was throttled.
-pub fn verdict(limits: &BTreeMap<&'static str, LimitUse>, a: &Activity) -> Option<String> {
-    let mut parts = Vec::new();
-    let binds = binding(limits, a.throttled_bios);
-    for (name, u) in limits {
-        let binding = binds.contains(name);
-        let iops = name.ends_with("iops");
-        let shown = if iops {
-            u.limit.to_string()
-        } else {
-            fmt::rate(u.limit)
-        };
-        let inherited = if u.cgroup.is_empty() {
-            String::new()
-        } else {
-            format!(" (set on {})", u.cgroup)
-        };
-        if !binding {
-            parts.push(format!(
-                "{name} {shown}{inherited} is {:.0} % used: not binding",
-                u.used_pct
-            ));
-        } else if iops && a.splits > 0 && a.requests > a.bios && a.charged_ios <= a.bios {
-            // Kernels before 6.0 charge a bio once, before it is split (its pieces carry
-            // BIO_THROTTLED): splitting costs nothing here, larger bios cost fewer ios.
-            parts.push(format!(
-                "{name} {shown}{inherited} {} by bios{}; {}; split pieces are not \
-                 charged (this kernel charges a bio once, before splitting it), so the limit \
-                 counts the bios you submit — submit larger bios",
-                use_phrase(u),
-                held_phrase(a, true),
-                requests_vs_bios(a)
-            ));
-        } else if iops && a.splits > 0 && a.requests > a.bios {
-            // Each charged io beyond the bios submitted is a split piece charged again (6.0+).
-            let pieces = a.charged_ios.saturating_sub(a.bios);
-            let share = pieces as f64 / a.charged_ios.max(1) as f64 * 100.0;
-            parts.push(format!(
-                "{name} {shown}{inherited} {} by bios and their split pieces{}; {}; \
-                 {share:.0} % of the {} ios charged were split pieces (each piece costs one io, \
-                 and a larger bio is only split further)",
-                use_phrase(u),
-                held_phrase(a, true),
-                requests_vs_bios(a),
-                a.charged_ios
-            ));
-        } else if iops {
-            parts.push(format!(
-                "{name} {shown}{inherited} {} by bios{}; {}; this limit counts before merging, \
-                 so merging cannot raise your IOPS — submit larger bios{}",
-                use_phrase(u),
-                held_phrase(a, true),
-                requests_vs_bios(a),
-                merge_aware_what_if(u)
-            ));
-        } else {
-            parts.push(format!(
-                "{name} {shown}{inherited} {}{}; merging does not change bytes, so it cannot raise your throughput",
-                use_phrase(u),
-                held_phrase(a, false)
-            ));
-        }
-    }
-    if parts.is_empty() && a.throttled_bios > 0 {
-        parts.push(format!(
-            "{} bios waited in blk-throttle, but no limit is set now",
-            a.throttled_bios
-        ));
-    }
-    (!parts.is_empty()).then(|| parts.join("; "))
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::model::limits::Limit;
 
-    fn eff_wiops(v: u64) -> Effective {
+    pub(crate) fn eff_wiops(v: u64) -> Effective {
         Effective {
             wiops: Some(Limit {
                 limit: v,
@@ -415,7 +256,7 @@ mod tests {
     }
 
     /// Charged ios and bytes, each bio its own request (no merge).
-    fn ch(ios: u64, bytes: u64) -> Charged {
+    pub(crate) fn ch(ios: u64, bytes: u64) -> Charged {
         Charged {
             ios,
             bytes,
@@ -424,28 +265,12 @@ mod tests {
     }
 
     #[test]
-    fn throttle_verdict_for_merged_batches() {
+    fn use_of_each_limit_and_the_merge_aware_what_if() {
         // 30,048 bios in 15 s under wiops=2000, 943 device requests
         let lu = limit_use(&eff_wiops(2000), true, ch(30_048, 30_048 * 4096), 15.0);
         let used = lu["wiops"].used_pct;
         assert!((used - 100.16).abs() < 0.01, "{used}");
-        let act = |bios, requests| Activity {
-            bios,
-            requests,
-            charged_ios: bios,
-            throttled_bios: 29_000,
-            ..Activity::default()
-        };
-        let v = verdict(&lu, &act(30_048, 943)).unwrap();
-        assert_eq!(
-            v,
-            "wiops 2000 (set on /mt) is 100 % used by bios, 29,000 of them waited; the device saw 31.9× \
-             fewer requests; this limit counts before merging, so merging cannot raise your IOPS — \
-             submit larger bios"
-        );
-        // merging off: as many requests as bios
-        let v = verdict(&lu, &act(30_048, 30_048)).unwrap();
-        assert!(v.contains("as many requests as bios"), "{v}");
+        assert!(!lu["wiops"].held, "held is the verdict's to judge");
         // The merge-aware what-if: the 943 requests the bios made would use 3 % of the limit.
         let merge_aware = Charged {
             requests_created: 943,
@@ -455,51 +280,6 @@ mod tests {
         let m = lu["wiops"].used_pct_merge_aware.unwrap();
         // 943 requests in 15 s against 2000/s.
         assert!((m - 943.0 / 15.0 / 2000.0 * 100.0).abs() < 1e-9, "{m}");
-        let v = verdict(&lu, &act(30_048, 943)).unwrap();
-        assert!(
-            v.ends_with(
-                "submit larger bios (a limit counting the requests bios merged into, as proposed \
-                 for blk-throttle in 2025 and in no kernel, would be 3 % used)"
-            ),
-            "{v}"
-        );
-    }
-
-    #[test]
-    fn idle_limits_and_bps_limits() {
-        let lu = limit_use(&eff_wiops(2000), true, ch(100, 0), 1.0);
-        let act = |bios, requests, throttled_bios| Activity {
-            bios,
-            requests,
-            charged_ios: bios,
-            throttled_bios,
-            ..Activity::default()
-        };
-        assert_eq!(
-            verdict(&lu, &act(100, 100, 0)).unwrap(),
-            "wiops 2000 (set on /mt) is 5 % used: not binding"
-        );
-        // bios waited, so the limit bound for part of the window
-        assert!(verdict(&lu, &act(100, 100, 7))
-            .unwrap()
-            .starts_with("wiops 2000 (set on /mt) is 5 % used by bios, 7 of them waited;"));
-        // A window charged for bios that waited before it, with the wait measured (fentry).
-        let over = limit_use(&eff_wiops(2000), true, ch(8000, 0), 1.0);
-        let v = verdict(
-            &over,
-            &Activity {
-                throttle_delay_ns: Some(11_300_000_000),
-                ..act(8000, 250, 8000)
-            },
-        )
-        .unwrap();
-        assert!(
-            v.starts_with(
-                "wiops 2000 (set on /mt) was charged 400 % of its rate (bios held back earlier are \
-                 charged as they are released) by bios, 8,000 of them waited (11 s in all);"
-            ),
-            "{v}"
-        );
         assert!(
             limit_use(&eff_wiops(2000), false, ch(100, 0), 1.0).is_empty(),
             "a write limit does not apply to reads"
@@ -512,64 +292,29 @@ mod tests {
             ..Default::default()
         };
         let lu = limit_use(&e, true, ch(2048, 8 << 20), 1.0);
-        assert!(verdict(&lu, &act(2048, 64, 10))
-            .unwrap()
-            .contains("wbps 8.0 MiB/s (set on /mt) is 100 % used, 10 bios waited; merging does not change bytes"));
-        assert_eq!(verdict(&BTreeMap::new(), &act(1, 1, 0)), None);
-        assert!(verdict(&BTreeMap::new(), &act(1, 1, 5))
-            .unwrap()
-            .contains("no limit is set now"));
+        assert_eq!(lu["wbps"].used_pct, 100.0);
+        assert_eq!(lu["wbps"].used_pct_merge_aware, None);
     }
 
-    #[test]
-    fn split_bios_under_an_iops_limit() {
-        // max_sectors_kb 8, 64 KiB direct writes, wiops 1000: 512 bios, 3,584 split pieces,
-        // 4,096 requests of 8 KiB, 4,096 ios charged.
-        let lu = limit_use(&eff_wiops(1000), true, ch(4096, 512 * 65536), 4.096);
-        let limits = SplitLimits {
+    /// A loop device's queue with max_sectors_kb lowered to 8.
+    pub(crate) fn max_sectors_8() -> SplitLimits {
+        SplitLimits {
             max_sectors_kb: Some(8),
             max_hw_sectors_kb: Some(1280),
             max_segments: Some(128),
             max_segment_size: Some(65536),
             chunk_sectors: Some(0),
             discard_max_bytes: Some(0),
-        };
-        let a = Activity {
-            bios: 512,
-            splits: 3584,
-            requests: 4096,
-            charged_ios: 4096,
-            throttled_bios: 3000,
-            throttle_delay_ns: None,
-            split_cause: Some(split_cause(&limits, false, 8192.0)),
-        };
-        let v = verdict(&lu, &a).unwrap();
+        }
+    }
+
+    #[test]
+    fn why_bios_were_split() {
+        let limits = max_sectors_8();
         assert_eq!(
-            v,
-            "wiops 1000 (set on /mt) is 100 % used by bios and their split pieces, 3,000 of them \
-             waited; bios are split: \
-             the device saw 8.0× more requests than bios (max_sectors_kb (8 KiB) caps each request; \
-             raise max_sectors_kb (the device allows up to 1280 KiB), or submit bios of at most 8 KiB); \
-             88 % of the 4096 ios charged were split pieces (each piece costs one io, and a larger \
-             bio is only split further)"
-        );
-        assert!(!v.contains("as many requests as bios"));
-        // 5.10 charges the 512 bios once each, before splitting: the pieces cost nothing.
-        let lu510 = limit_use(&eff_wiops(1000), true, ch(512, 512 * 65536), 4.096);
-        let v = verdict(
-            &lu510,
-            &Activity {
-                charged_ios: 512,
-                ..a.clone()
-            },
-        )
-        .unwrap();
-        assert!(
-            v.contains("bios are split: the device saw 8.0× more requests than bios")
-                && v.contains("split pieces are not charged")
-                && v.ends_with("submit larger bios")
-                && !v.contains("were split pieces"),
-            "{v}"
+            split_cause(&limits, false, 8192.0),
+            "max_sectors_kb (8 KiB) caps each request; raise max_sectors_kb (the device allows \
+             up to 1280 KiB), or submit bios of at most 8 KiB"
         );
         // At the hardware limit the lever is the bio size.
         let hw = SplitLimits {

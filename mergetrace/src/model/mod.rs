@@ -1,7 +1,11 @@
 pub mod aggregate;
 pub mod dir_stats;
 pub mod iocost;
+pub mod iolatency;
+pub mod judge;
 pub mod limits;
 pub mod meter;
 pub mod snapshot;
+pub mod timeline;
+pub mod verdict;
 pub mod wbt;

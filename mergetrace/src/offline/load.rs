@@ -11,15 +11,22 @@ use crate::{
     model::{
         aggregate::{Aggregator, Window},
         iocost,
-        snapshot::{self, Snapshot, SnapshotKind},
+        snapshot::{self, Snapshot},
+        timeline::{self, Cuts},
     },
     sys::device::Device,
 };
+
+/// The length of the intervals a capture's run is judged over, as the live view's default.
+pub const JUDGED_EVERY_NS: u64 = 1_000_000_000;
 
 /// A capture read into one window, with what the reader had to say.
 pub struct Loaded {
     pub header: Header,
     pub window: Window,
+    /// The same counts cut every [`JUDGED_EVERY_NS`] of the capture's time: the whole run's
+    /// verdict is judged over them, as the live view's is over its intervals.
+    pub intervals: Vec<Window>,
     /// Set when the file was cut short (crash, kill -9, full disk).
     pub warning: Option<String>,
 }
@@ -39,10 +46,12 @@ pub fn load(
     let mut agg = Aggregator::with_meter_units(lo, &reader.header().meter_units);
     let mut buf: Vec<Event> = Vec::with_capacity(8192);
     let mut last_ts = start;
+    let mut cuts = Cuts::new(&agg, lo, JUDGED_EVERY_NS);
     while let Some(next) = reader.next_into(&mut buf)? {
         match next {
             Next::Events => {
                 for ev in buf.iter().filter(|e| e.ts_ns >= lo && e.ts_ns < hi) {
+                    cuts.up_to(&agg, ev.ts_ns);
                     agg.apply(ev);
                     each(ev);
                     last_ts = last_ts.max(ev.ts_ns);
@@ -68,6 +77,7 @@ pub fn load(
         // Read to the end: it names the cgroups created during the run too.
         header: reader.header().clone(),
         window: agg.total(end),
+        intervals: cuts.finish(&agg, end),
         warning,
     })
 }
@@ -77,6 +87,7 @@ pub fn snapshot(loaded: &Loaded, subtree: Option<&str>) -> Snapshot {
     let h = &loaded.header;
     let iocost = iocost_models(h);
     let wbt = wbt_settings(h);
+    let iolatency = iolatency_targets(h);
     let opts = snapshot::Options {
         tier: &h.tier,
         fentry: h.tier == "fentry",
@@ -87,14 +98,19 @@ pub fn snapshot(loaded: &Loaded, subtree: Option<&str>) -> Snapshot {
         // A capture has every program's events.
         wants: crate::kernel::Wants::ALL,
         per_bio: !h.per_request,
+        iolatency: &iolatency,
+        timeline: None,
     };
-    snapshot::build(
+    let devices: Vec<Device> = h.devices.iter().map(Device::from).collect();
+    let mut lookup = HeaderLookup::new(h);
+    timeline::judged(
+        &loaded.intervals,
         &loaded.window,
-        SnapshotKind::Total,
-        &h.devices.iter().map(Device::from).collect::<Vec<_>>(),
-        &mut HeaderLookup::new(h),
+        &devices,
+        &mut lookup,
         &opts,
     )
+    .1
 }
 
 /// io.cost's model of each recorded disk that had it on, by `dev_t`.
@@ -117,6 +133,16 @@ pub fn wbt_settings(h: &Header) -> std::collections::BTreeMap<u32, crate::sys::w
     h.devices
         .iter()
         .filter_map(|d| Some((Device::from(d).dev().0, d.wbt?)))
+        .collect()
+}
+
+/// io.latency's targets on each recorded disk that had any, by `dev_t`.
+pub fn iolatency_targets(
+    h: &Header,
+) -> std::collections::BTreeMap<u32, crate::sys::iolatency::IoLatency> {
+    h.devices
+        .iter()
+        .filter_map(|d| Some((Device::from(d).dev().0, d.iolatency.clone()?)))
         .collect()
 }
 

@@ -122,28 +122,10 @@ impl Cgroups {
 
     /// Walks the hierarchy and records every directory's inode.
     pub fn rescan(&mut self) {
-        let mut stack = vec![self.mount.clone()];
-        while let Some(dir) = stack.pop() {
-            let Ok(meta) = std::fs::metadata(&dir) else {
-                continue;
-            };
-            self.by_id.insert(meta.ino(), self.relative(&dir));
-            let Ok(entries) = std::fs::read_dir(&dir) else {
-                continue;
-            };
-            for e in entries.flatten() {
-                if e.file_type().is_ok_and(|t| t.is_dir()) {
-                    stack.push(e.path());
-                }
+        for (path, dir) in dirs(&self.mount) {
+            if let Ok(meta) = std::fs::metadata(&dir) {
+                self.by_id.insert(meta.ino(), path);
             }
-        }
-    }
-
-    fn relative(&self, dir: &Path) -> String {
-        match dir.strip_prefix(&self.mount) {
-            Ok(rel) if rel.as_os_str().is_empty() => "/".to_string(),
-            Ok(rel) => format!("/{}", rel.display()),
-            Err(_) => dir.display().to_string(),
         }
     }
 
@@ -350,6 +332,31 @@ fn pick_match(word: &str, mut named: Vec<(String, ReadableName)>) -> Result<Opti
         )
         }
     }
+}
+
+/// Every cgroup directory of the hierarchy mounted at `mount`: its path relative to the mount
+/// ("/" for the root) and the directory.
+pub fn dirs(mount: &Path) -> Vec<(String, PathBuf)> {
+    let mut out = Vec::new();
+    let mut stack = vec![mount.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            // DirEntry::file_type does not follow symlinks.
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(e.path());
+            }
+        }
+        let path = match dir.strip_prefix(mount) {
+            Ok(rel) if rel.as_os_str().is_empty() => "/".to_string(),
+            Ok(rel) => format!("/{}", rel.display()),
+            Err(_) => dir.display().to_string(),
+        };
+        out.push((path, dir));
+    }
+    out
 }
 
 /// Whether `path` is `subtree` or below it.

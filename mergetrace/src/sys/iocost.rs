@@ -114,6 +114,19 @@ pub fn at(mount: &Path, dev: &Device, release: &str) -> Option<Iocost> {
     })
 }
 
+/// A cgroup's io.cost weight for disk `maj:min` from its `io.weight`: the disk's own line
+/// (`MAJ:MIN 300`) over the `default` line.
+pub fn parse_weight(text: &str, major: u32, minor: u32) -> Option<u64> {
+    let dev = format!("{major}:{minor}");
+    let value = |key: &str| {
+        text.lines().find_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            (k == key).then(|| v.trim().parse().ok()).flatten()
+        })
+    };
+    value(&dev).or_else(|| value("default"))
+}
+
 /// A `key=value` number of an io.cost line.
 fn field(line: &str, key: &str) -> Option<u64> {
     line.split_whitespace()
@@ -165,6 +178,12 @@ mod tests {
         assert_eq!(at(&dir, &sda, "6.12.0"), None, "enable=0");
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(!empty_bios_charged("6.12.117+deb12-cloud-amd64"));
+        assert_eq!(
+            parse_weight("default 100\n254:16 300\n", 254, 16),
+            Some(300)
+        );
+        assert_eq!(parse_weight("default 100\n254:16 300\n", 8, 0), Some(100));
+        assert_eq!(parse_weight("", 8, 0), None);
         assert!(empty_bios_charged("5.10.0-35-cloud-amd64"));
     }
 }

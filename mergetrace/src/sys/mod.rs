@@ -3,6 +3,7 @@ pub mod container;
 pub mod device;
 pub mod diskstats;
 pub mod iocost;
+pub mod iolatency;
 pub mod local_names;
 pub mod queue;
 pub mod release;

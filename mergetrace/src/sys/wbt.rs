@@ -46,14 +46,7 @@ impl Wbt {
 
     /// The latency target as the verdict says it: "2 ms", "75 ms", "500 µs".
     pub fn target(&self) -> String {
-        let us = self.min_lat_us;
-        if us.is_multiple_of(1000) {
-            format!("{} ms", us / 1000)
-        } else if us >= 1000 {
-            format!("{:.1} ms", us as f64 / 1000.0)
-        } else {
-            format!("{us} µs")
-        }
+        crate::fmt::latency_us(self.min_lat_us)
     }
 
     pub fn on(&self) -> bool {

@@ -195,7 +195,9 @@ impl Synth {
         let (dev, cgroup, first_bio, start, bytes) =
             (r.dev, r.cgroup, r.first_bio, r.start, r.bytes());
         self.rq_event(kind, dev, cgroup, rq, first_bio, start, bytes, aux);
-        self.events.last_mut().unwrap()
+        let ev = self.events.last_mut().unwrap();
+        ev.op = r.op;
+        ev
     }
 
     /// `r`'s issue or absorption, packed as the request programs pack it.
@@ -320,6 +322,38 @@ impl Synth {
             self.rq_event(k, dev, 0, rq, 0, 0, 0, 0);
             self.events.last_mut().unwrap().op = 2;
         }
+    }
+
+    /// fentry tier: blk-throttle queues a bio of `op` (`__blk_throtl_bio` returned true).
+    pub fn throttle_queue(&mut self, dev: u32, cgroup: u64, op: u8) {
+        let ev = self.raw(kind::THROTTLE_CHARGE, dev, cgroup, 0, 0, 0, 1);
+        ev.op = op;
+    }
+
+    /// A bio of `op` and `bytes` at `sector` through blk-throttle in a group with `rules`
+    /// (`flags::RULES_*`), as its own request, issued and completed. `waited`: blk-throttle
+    /// released it after it waited this long (the tracepoint tier's mark on the bio, and the
+    /// fentry tier's release event carrying the wait).
+    pub fn through_throttle(
+        &mut self,
+        (dev, cgroup, op): (u32, u64, u8),
+        (sector, bytes): (u64, u32),
+        rules: u8,
+        waited: Option<u64>,
+    ) {
+        let mut fl = rules;
+        if let Some(ns) = waited {
+            let ev = self.raw(kind::THROTTLE_RELEASE, dev, cgroup, 0, 0, 0, 0);
+            (ev.op, ev.aux64) = (op, ns);
+            fl |= flags::THROTTLE_RELEASED;
+        }
+        let bio = self.bio_queue(dev, cgroup, op, sector, bytes, fl);
+        self.getrq(dev, cgroup, bio, sector, bytes);
+        self.events.last_mut().unwrap().op = op;
+        let mut r = self.request(dev, cgroup, bio, sector, bytes);
+        r.op = op;
+        let rq = self.issue(&r);
+        self.complete_rq(&r, rq);
     }
 
     /// A plugged batch of `n` bios of `bs` bytes from `sector` (descending when `reverse`),

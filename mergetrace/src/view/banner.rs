@@ -6,12 +6,20 @@ use crate::{
     sys::{
         cgroups::{Cgroups, Hierarchy},
         device::Device,
+        iolatency::IoLatency,
         queue::QueueSettings,
     },
 };
+use std::collections::BTreeMap;
 
-/// The banner: what is traced, on which tier, and notes the user should read.
-pub fn lines(devices: &[Device], session: &kernel::Session, cgroups: &Cgroups) -> Vec<String> {
+/// The banner: what is traced, on which tier, every meter in force on each device, and notes
+/// the user should read. `iolatency`: io.latency's targets on the devices that have any.
+pub fn lines(
+    devices: &[Device],
+    session: &kernel::Session,
+    cgroups: &Cgroups,
+    iolatency: &BTreeMap<u32, IoLatency>,
+) -> Vec<String> {
     let names: Vec<String> = devices
         .iter()
         .map(|d| format!("{} ({}:{})", d.name, d.major, d.minor))
@@ -32,6 +40,9 @@ pub fn lines(devices: &[Device], session: &kernel::Session, cgroups: &Cgroups) -
         }
         if let Some(w) = session.wbt.get(&d.dev().0) {
             lines.push(format!("{}: {}", d.name, w.describe()));
+        }
+        if let Some(t) = iolatency.get(&d.dev().0) {
+            lines.push(format!("{}: {}", d.name, t.describe()));
         }
     }
     lines.extend(session.notes.iter().cloned());

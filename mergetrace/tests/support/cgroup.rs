@@ -363,14 +363,21 @@ impl Cgroup {
 impl ThrottleStats {
     /// Write deltas `self - before`: (ios, bytes).
     pub fn write_since(&self, before: &ThrottleStats) -> (u64, u64) {
+        self.since(before, |s| s.write)
+    }
+
+    /// Read deltas `self - before`: (ios, bytes).
+    pub fn read_since(&self, before: &ThrottleStats) -> (u64, u64) {
+        self.since(before, |s| s.read)
+    }
+
+    fn since(&self, before: &ThrottleStats, dir: impl Fn(&BlkioStat) -> u64) -> (u64, u64) {
         (
-            self.ios
-                .write
-                .checked_sub(before.ios.write)
+            dir(&self.ios)
+                .checked_sub(dir(&before.ios))
                 .expect("io_serviced went backwards"),
-            self.bytes
-                .write
-                .checked_sub(before.bytes.write)
+            dir(&self.bytes)
+                .checked_sub(dir(&before.bytes))
                 .expect("io_service_bytes went backwards"),
         )
     }

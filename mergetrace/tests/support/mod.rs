@@ -61,6 +61,19 @@ pub const STOP_TIMEOUT: Duration = Duration::from_secs(120);
 
 pub const BLKIO_ROOT: &str = "/sys/fs/cgroup/blkio";
 
+/// A count as mergetrace prints it: "12,345".
+pub fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// The mergetrace binary the tests run: `MERGETRACE_TEST_BIN` when set (e.g. the released
 /// static binary, `target/dist/mergetrace-VERSION-x86_64-linux/bin/mergetrace`), else the one
 /// cargo built with the tests.

@@ -212,15 +212,20 @@ impl TraceOutput {
 
     /// The row of cgroup `path` (e.g. "/mt-test-1-2") on `dev`, if it had any activity.
     pub fn cgroup_row(&self, dev: &BlockDev, path: &str) -> Option<&Value> {
-        self.device(dev)["cgroups"]
-            .as_array()
-            .expect("cgroups is an array")
-            .iter()
-            .find(|r| r["cgroup"] == path)
+        row_in(&self.total, dev, path)
     }
 
     pub fn lost_events(&self) -> u64 {
         u(&self.total, "lost_events")
+    }
+
+    /// The row of cgroup `path` on `dev` in each interval object, `None` where it had no
+    /// activity.
+    pub fn interval_rows(&self, dev: &BlockDev, path: &str) -> Vec<Option<&Value>> {
+        self.intervals
+            .iter()
+            .map(|i| row_in(i, dev, path))
+            .collect()
     }
 
     /// Sum of one numeric field of one direction over all interval objects for `dev`.
@@ -230,6 +235,15 @@ impl TraceOutput {
             .map(|i| u(&device_in(i, dev)["total"][dir], field))
             .sum()
     }
+}
+
+/// The row of cgroup `path` on `dev` in a snapshot object, if it had any activity.
+fn row_in<'a>(snapshot: &'a Value, dev: &BlockDev, path: &str) -> Option<&'a Value> {
+    device_in(snapshot, dev)["cgroups"]
+        .as_array()
+        .expect("cgroups is an array")
+        .iter()
+        .find(|r| r["cgroup"] == path)
 }
 
 fn device_in<'a>(snapshot: &'a Value, dev: &BlockDev) -> &'a Value {

@@ -60,6 +60,7 @@ fn test_header() -> Header {
                 ..RecordedQueue::default()
             },
             iocost: None,
+            iolatency: None,
         }],
         cgroup_hierarchy: "v2".into(),
         cgroup_mount: "/sys/fs/cgroup".into(),

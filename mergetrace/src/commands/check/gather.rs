@@ -13,6 +13,7 @@ use crate::{
         device::Device,
         diskstats::{find_diskstats, DiskStats},
         iocost::{self, Iocost},
+        iolatency,
         queue::QueueSettings,
         wbt::{self, Wbt},
     },
@@ -33,6 +34,8 @@ pub struct CheckInput {
     pub iocost: Option<Iocost>,
     /// wbt on the device (`None`: the queue has none).
     pub wbt: Option<Wbt>,
+    /// io.latency on the device (`None`: no io hierarchy mounted).
+    pub iolatency: Option<iolatency::State>,
     pub env: KernelEnv,
 }
 
@@ -63,16 +66,21 @@ pub fn gather(device: Device) -> Result<CheckInput> {
         Some((Hierarchy::V2, mount)) => iocost::at(mount, &device, &crate::sys::release::running()),
         _ => None,
     };
+    let env = KernelEnv::read(&mountinfo);
+    let iolatency = io_hierarchy
+        .as_ref()
+        .map(|(h, m)| iolatency::state(*h, m, &device, env.iolatency));
     Ok(CheckInput {
         iocost,
         wbt: wbt::of(&device),
+        iolatency,
         device,
         queue,
         diskstats,
         uptime_secs,
         io_hierarchy,
         throttled,
-        env: KernelEnv::read(&mountinfo),
+        env,
     })
 }
 
@@ -98,29 +106,14 @@ pub fn throttled_cgroups(
     minor: u32,
 ) -> Vec<ThrottledCgroup> {
     let mut out = Vec::new();
-    let mut stack = vec![mount.to_path_buf()];
-    while let Some(dir) = stack.pop() {
+    for (path, dir) in cgroups::dirs(mount) {
         let own = limits::own_limits(hierarchy, &dir, major, minor);
         if !own.is_empty() {
-            let path = match dir.strip_prefix(mount) {
-                Ok(rel) if rel.as_os_str().is_empty() => "/".to_string(),
-                Ok(rel) => format!("/{}", rel.display()),
-                Err(_) => dir.display().to_string(),
-            };
             out.push(ThrottledCgroup {
                 hierarchy,
                 path,
                 limits: own,
             });
-        }
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            // DirEntry::file_type does not follow symlinks.
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                stack.push(e.path());
-            }
         }
     }
     out.sort_by(|a, b| a.path.cmp(&b.path));

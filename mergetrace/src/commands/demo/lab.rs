@@ -129,25 +129,40 @@ impl Drop for ScratchDisk {
     }
 }
 
-/// A cgroup of the demo's own with a write-iops limit on the scratch disk; removed on drop.
-pub(super) struct LimitedCgroup {
+/// A cgroup of the demo's own, `/mergetrace-demo-PID-WHAT` (with the io controller on cgroup
+/// v2); removed on drop.
+pub(super) struct DemoCgroup {
     pub(super) dir: PathBuf,
     pub(super) rel: String,
     pub(super) hierarchy: Hierarchy,
 }
 
-impl LimitedCgroup {
-    pub(super) fn new(cg: &Cgroups, dev: &Device, wiops: u64) -> Result<LimitedCgroup> {
-        let rel = format!("/mergetrace-demo-{}", std::process::id());
+impl DemoCgroup {
+    pub(super) fn new(cg: &Cgroups, what: &str) -> Result<DemoCgroup> {
+        if cg.hierarchy == Hierarchy::V2 {
+            // Children get io.max, io.stat and io.cost's charges with io in the root's subtree.
+            let control = cg.mount.join("cgroup.subtree_control");
+            let on = std::fs::read_to_string(&control).unwrap_or_default();
+            if !on.split_whitespace().any(|c| c == "io") {
+                std::fs::write(&control, "+io").with_context(|| {
+                    format!("cannot enable the io controller in {}", control.display())
+                })?;
+            }
+        }
+        let rel = format!("/mergetrace-demo-{}-{what}", std::process::id());
         let dir = cg.mount.join(rel.trim_start_matches('/'));
         std::fs::create_dir(&dir)
             .with_context(|| format!("cannot create cgroup {}", dir.display()))?;
-        let me = LimitedCgroup {
+        Ok(DemoCgroup {
             dir,
             rel,
             hierarchy: cg.hierarchy,
-        };
-        let (file, line) = match me.hierarchy {
+        })
+    }
+
+    /// A write-iops limit on `dev` (v1 `blkio.throttle.write_iops_device`, v2 `io.max`).
+    pub(super) fn limit_write_iops(&self, dev: &Device, wiops: u64) -> Result<()> {
+        let (file, line) = match self.hierarchy {
             Hierarchy::V1 => (
                 "blkio.throttle.write_iops_device",
                 format!("{}:{} {wiops}", dev.major, dev.minor),
@@ -157,13 +172,24 @@ impl LimitedCgroup {
                 format!("{}:{} wiops={wiops}", dev.major, dev.minor),
             ),
         };
-        std::fs::write(me.dir.join(file), &line)
-            .with_context(|| format!("cannot set {line} in {}", me.dir.join(file).display()))?;
-        Ok(me)
+        std::fs::write(self.dir.join(file), &line)
+            .with_context(|| format!("cannot set {line} in {}", self.dir.join(file).display()))
+    }
+
+    /// A field of `dev`'s line in v2 `io.stat` (`wios`, `cost.usage`), 0 while absent.
+    pub(super) fn io_stat(&self, dev: &Device, field: &str) -> Result<u64> {
+        let key = format!("{}:{} ", dev.major, dev.minor);
+        let t = std::fs::read_to_string(self.dir.join("io.stat"))?;
+        let prefix = format!("{field}=");
+        Ok(t.lines()
+            .filter(|l| l.starts_with(&key))
+            .flat_map(|l| l.split_whitespace())
+            .find_map(|kv| kv.strip_prefix(&prefix).and_then(|v| v.parse().ok()))
+            .unwrap_or(0))
     }
 
     /// Bios blk-throttle saw for writes on `dev`: v1 `io_serviced` (every pass), v2 io.stat wios.
-    fn kernel_write_ios(&self, dev: &Device) -> Result<u64> {
+    pub(super) fn write_ios(&self, dev: &Device) -> Result<u64> {
         let key = format!("{}:{}", dev.major, dev.minor);
         match self.hierarchy {
             Hierarchy::V1 => {
@@ -175,19 +201,12 @@ impl LimitedCgroup {
                     })
                     .unwrap_or(0))
             }
-            Hierarchy::V2 => {
-                let t = std::fs::read_to_string(self.dir.join("io.stat"))?;
-                Ok(t.lines()
-                    .filter(|l| l.starts_with(&format!("{key} ")))
-                    .flat_map(|l| l.split_whitespace())
-                    .find_map(|kv| kv.strip_prefix("wios=").and_then(|v| v.parse().ok()))
-                    .unwrap_or(0))
-            }
+            Hierarchy::V2 => self.io_stat(dev, "wios"),
         }
     }
 }
 
-impl Drop for LimitedCgroup {
+impl Drop for DemoCgroup {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir(&self.dir);
     }
@@ -202,6 +221,30 @@ pub(super) struct Arm {
     pub(super) secs: f64,
     /// Throttled arms: blk-throttle's own count of write bios (io_serviced / io.stat).
     pub(super) kernel_charged: Option<u64>,
+    /// io.cost arms: what io.cost charged, mergetrace's and io.stat's.
+    pub(super) iocost: Option<IocostCheck>,
+}
+
+/// An io.cost arm's charge, mergetrace's against io.stat's `cost.usage`, and the bound of the
+/// kernel's rounding: it floors each period's sum to whole µs, so `cost.usage` is below the
+/// exact charge by less than one µs per period.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct IocostCheck {
+    pub(super) ours_us: f64,
+    pub(super) kernel_us: u64,
+    pub(super) periods: f64,
+    /// The arm's writes per second (its last write left out).
+    pub(super) iops: f64,
+    /// The share of io.cost's budget the arm's writes used: device time charged per second
+    /// (one cgroup alone at vrate 100 % may use a second a second). Near 100 %, io.cost held
+    /// the arm; well below, the machine did.
+    pub(super) busy_pct: f64,
+}
+
+impl IocostCheck {
+    pub(super) fn holds(&self) -> bool {
+        (0.0..self.periods.ceil() + 1.0).contains(&(self.ours_us - self.kernel_us as f64))
+    }
 }
 
 impl Arm {
@@ -233,7 +276,26 @@ impl Arm {
         if let Some(k) = self.kernel_charged {
             cmp("charged ios", c.charged_ios, k);
         }
+        if let Some(i) = self.iocost.filter(|i| !i.holds()) {
+            out.push(format!(
+                "{}: io.cost charge mergetrace {:.1} µs ≠ io.stat cost.usage {} µs (allowed: \
+                 0 to {:.0} µs above it, one per period)",
+                self.label,
+                i.ours_us,
+                i.kernel_us,
+                i.periods.ceil() + 1.0
+            ));
+        }
         out
+    }
+
+    /// Adds a second run of the workload to the arm (a last write that makes io.cost flush).
+    pub(super) fn add(&mut self, o: &Arm) {
+        self.ios += o.ios;
+        self.counts.add(&o.counts);
+        self.disk.writes += o.disk.writes;
+        self.disk.writes_merged += o.disk.writes_merged;
+        self.disk.write_sectors += o.disk.write_sectors;
     }
 }
 
@@ -241,6 +303,7 @@ pub(super) struct Lab {
     pub(super) session: Session,
     pub(super) disk: ScratchDisk,
     pub(super) exe: PathBuf,
+    tier: TierChoice,
 }
 
 impl Lab {
@@ -254,8 +317,19 @@ impl Lab {
             disk.dev.minor,
             disk.backing.display()
         );
-        let session = Session::start(
-            std::slice::from_ref(&disk.dev),
+        let session = Lab::trace(&disk.dev, tier)?;
+        eprintln!("mergetrace demo: tracing on the {}", session.tier);
+        Ok(Lab {
+            session,
+            disk,
+            exe: std::env::current_exe()?,
+            tier,
+        })
+    }
+
+    fn trace(dev: &Device, tier: TierChoice) -> Result<Session> {
+        Session::start(
+            std::slice::from_ref(dev),
             &kernel::Options {
                 ring_bytes: 4096,
                 tier,
@@ -271,36 +345,35 @@ impl Lab {
                     ..Default::default()
                 },
             },
-        )?;
-        eprintln!("mergetrace demo: tracing on the {}", session.tier);
-        Ok(Lab {
-            session,
-            disk,
-            exe: std::env::current_exe()?,
-        })
+        )
     }
 
-    /// Runs the workload in a child process (in `cgroup` if given); the in-kernel counters
-    /// before and after it tell what it did.
+    /// Detaches the programs and loads them again: they learn the disk's io.cost state when
+    /// they load.
+    pub(super) fn retrace(&mut self) -> Result<()> {
+        self.session.detach();
+        self.session = Lab::trace(&self.disk.dev, self.tier)?;
+        Ok(())
+    }
+
+    /// Runs the workload in a child process (in `cgroup` if given, from byte `offset`); the
+    /// in-kernel counters before and after it tell what it did.
     pub(super) fn run(
         &mut self,
         label: &str,
-        ios: u64,
-        batch: usize,
-        cgroup: Option<&LimitedCgroup>,
+        (ios, batch, offset): (u64, usize, u64),
+        cgroup: Option<&DemoCgroup>,
     ) -> Result<Arm> {
         check_interrupted()?;
         eprintln!("mergetrace demo: {label} …");
         let counted_before = self.session.read_totals()?;
         let before = DiskStats::read(self.disk.dev.major, self.disk.dev.minor)?;
-        let charged_before = cgroup
-            .map(|c| c.kernel_write_ios(&self.disk.dev))
-            .transpose()?;
         let mut cmd = Command::new(&self.exe);
         cmd.arg("__workload")
             .arg("--target")
             .arg(&self.disk.path)
             .args(["--ios", &ios.to_string(), "--batch", &batch.to_string()])
+            .args(["--offset", &offset.to_string()])
             .stdout(Stdio::null());
         if let Some(cg) = cgroup {
             cmd.arg("--cgroup").arg(&cg.dir);
@@ -324,11 +397,16 @@ impl Lab {
         }
         // The I/O has completed, so the programs have counted all of it.
         let w = self.session.read_totals()?.since(&counted_before);
-        if w.lost_events() > 0 {
-            bail!(
-                "{} events were lost in arm {label}: the self-check cannot hold",
-                w.lost_events()
-            );
+        // A cgroup's birth or removal report lost (cgroups made elsewhere on the machine
+        // while the demo runs) costs a name, never a count.
+        let lost: u64 = w
+            .lost_by_kind
+            .iter()
+            .filter(|(kind, _)| u32::from(**kind) != mergetrace_common::LOST_CGROUP_NAMES)
+            .map(|(_, n)| n)
+            .sum();
+        if lost > 0 {
+            bail!("{lost} events were lost in arm {label}: the self-check cannot hold");
         }
         let dev = self.disk.dev.dev().0;
         let mut counts = Counts::default();
@@ -344,17 +422,14 @@ impl Lab {
             }
         }
         let disk = DiskStats::read(self.disk.dev.major, self.disk.dev.minor)?.since(&before);
-        let kernel_charged = match (cgroup, charged_before) {
-            (Some(c), Some(b)) => Some(c.kernel_write_ios(&self.disk.dev)? - b),
-            _ => None,
-        };
         Ok(Arm {
             label: label.to_string(),
             ios,
             counts,
             disk,
             secs,
-            kernel_charged,
+            kernel_charged: None,
+            iocost: None,
         })
     }
 }

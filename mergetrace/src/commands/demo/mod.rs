@@ -1,6 +1,7 @@
 //! `mergetrace demo`: a merging lab, built in. A loop device on a file in /dev/shm, the
 //! built-in O_DIRECT workload, mergetrace's own probes, and the tables of what merging does — each number
 //! checked against /proc/diskstats (and blk-throttle's counter for the throttled arms).
+mod iocost;
 mod lab;
 mod tables;
 
@@ -13,7 +14,7 @@ use crate::{
     kernel::{self, TierChoice},
     sys::cgroups::Cgroups,
 };
-use lab::{Arm, Lab, LimitedCgroup};
+use lab::{Arm, DemoCgroup, Lab};
 
 #[derive(Args, Debug, Clone)]
 pub struct DemoArgs {
@@ -49,10 +50,10 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
-    let (ios, throttle_secs) = if args.quick {
-        (16_384u64, 3u64)
+    let (ios, throttle_secs, iocost_ios) = if args.quick {
+        (16_384u64, 3u64, 4096u64)
     } else {
-        (65_536, 10)
+        (65_536, 10, 16_384)
     };
     let mib = (ios * 4096) >> 20;
     let mut lab = Lab::start((mib + 16) << 20, args.tier)?;
@@ -63,11 +64,23 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         &[1, 8, 32, 64, 128, 256]
     };
     let batch = batch_arms(&mut lab, ios, batches)?;
-    let limited = LimitedCgroup::new(&Cgroups::discover()?, &lab.disk.dev, WIOPS)?;
+    let cgroups = Cgroups::discover()?;
+    let limited = DemoCgroup::new(&cgroups, "limited")?;
+    limited.limit_write_iops(&lab.disk.dev, WIOPS)?;
     let throttled = throttled_arms(&mut lab, WIOPS * throttle_secs, &limited)?;
+    let under_iocost = match iocost::unavailable(&cgroups) {
+        None => Ok(iocost::arms(&mut lab, iocost_ios, &cgroups)?),
+        Some(why) => Err(why),
+    };
     tables::print(&lab, mib, &nomerges, &batch);
     tables::print_throttled(&throttled, WIOPS, throttle_secs, &limited.rel);
-    let all: Vec<Arm> = nomerges.into_iter().chain(batch).chain(throttled).collect();
+    tables::print_iocost(&under_iocost, (iocost_ios * 4096) >> 20);
+    let all: Vec<Arm> = nomerges
+        .into_iter()
+        .chain(batch)
+        .chain(throttled)
+        .chain(under_iocost.unwrap_or_default())
+        .collect();
     let problems: Vec<String> = all.iter().flat_map(|a| a.mismatches()).collect();
     drop(limited);
     if !problems.is_empty() {
@@ -97,7 +110,11 @@ fn nomerges_arms(lab: &mut Lab, ios: u64) -> Result<Vec<Arm>> {
         } else {
             format!("batched ({batch})")
         };
-        arms.push(lab.run(&format!("nomerges={nomerges}, {how}"), ios, batch, None)?);
+        arms.push(lab.run(
+            &format!("nomerges={nomerges}, {how}"),
+            (ios, batch, 0),
+            None,
+        )?);
     }
     lab.disk.queue("nomerges", "0")?;
     Ok(arms)
@@ -107,20 +124,23 @@ fn nomerges_arms(lab: &mut Lab, ios: u64) -> Result<Vec<Arm>> {
 fn batch_arms(lab: &mut Lab, ios: u64, batches: &[usize]) -> Result<Vec<Arm>> {
     let mut arms = Vec::new();
     for &b in batches {
-        arms.push(lab.run(&format!("batch {b}"), ios, b, None)?);
+        arms.push(lab.run(&format!("batch {b}"), (ios, b, 0), None)?);
     }
     Ok(arms)
 }
 
 /// Table 3: under an IOPS limit, merging buys nothing.
-fn throttled_arms(lab: &mut Lab, ios: u64, limited: &LimitedCgroup) -> Result<Vec<Arm>> {
+fn throttled_arms(lab: &mut Lab, ios: u64, limited: &DemoCgroup) -> Result<Vec<Arm>> {
     let mut arms = Vec::new();
     for (nomerges, label) in [
         (0, "nomerges=0 (merging on)"),
         (2, "nomerges=2 (merging off)"),
     ] {
         lab.disk.queue("nomerges", &nomerges.to_string())?;
-        arms.push(lab.run(label, ios, 32, Some(limited))?);
+        let before = limited.write_ios(&lab.disk.dev)?;
+        let mut arm = lab.run(label, (ios, 32, 0), Some(limited))?;
+        arm.kernel_charged = Some(limited.write_ios(&lab.disk.dev)? - before);
+        arms.push(arm);
     }
     lab.disk.queue("nomerges", "0")?;
     Ok(arms)

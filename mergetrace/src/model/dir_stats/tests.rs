@@ -33,6 +33,8 @@ fn stats(s: &Synth, per_bio: bool) -> DirStats {
         subtree: None,
         iocost: &none,
         wbt: &BTreeMap::new(),
+        iolatency: &BTreeMap::new(),
+        timeline: None,
         wants: Wants::ALL,
         per_bio,
     };

@@ -348,6 +348,8 @@ mod tests {
                 wbt: &std::collections::BTreeMap::new(),
                 wants: crate::kernel::Wants::ALL,
                 per_bio: false,
+                iolatency: &std::collections::BTreeMap::new(),
+                timeline: None,
             },
         )
     }

@@ -352,6 +352,7 @@ mod tests {
                 cgroup: "/mt".into(),
                 used_pct: 1.0,
                 used_pct_merge_aware: None,
+                ..Default::default()
             },
         );
         st.limits.insert(
@@ -361,6 +362,7 @@ mod tests {
                 cgroup: "/".into(),
                 used_pct: 1.0,
                 used_pct_merge_aware: None,
+                ..Default::default()
             },
         );
         st.meters.cloud = vec![crate::model::meter::CloudMeter {
@@ -418,6 +420,7 @@ mod tests {
                 cgroup: "/mt".into(),
                 used_pct: 0.0,
                 used_pct_merge_aware: None,
+                ..Default::default()
             },
         );
         m.update(&s2);

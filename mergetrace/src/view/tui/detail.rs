@@ -3,7 +3,6 @@
 //! verdict text the JSON and text views print.
 use crate::{
     fmt,
-    model::meter,
     model::snapshot::{DirStats, Snapshot},
     view::table::RowAt,
 };
@@ -66,7 +65,12 @@ fn counts(st: &DirStats) -> String {
 /// Which meter holds the row back, and the others in force: blk-throttle's limits (where
 /// one binds, it counts bios before merging), io.cost and wbt (they count requests).
 fn binds(st: &DirStats) -> String {
-    let binding = meter::binding(&st.limits, st.throttled.bios);
+    let binding: Vec<&str> = st
+        .limits
+        .iter()
+        .filter(|(_, u)| u.held)
+        .map(|(n, _)| *n)
+        .collect();
     let mut out = if let Some(first) = binding.first() {
         let how = if first.ends_with("iops") {
             "one io per bio and split piece, before merging: merging does not help"
@@ -82,9 +86,8 @@ fn binds(st: &DirStats) -> String {
     } else {
         let names: Vec<&str> = st.limits.keys().copied().collect();
         format!(
-            "binds: nothing — its blk-throttle {} under {:.0} % used, no bio waited",
-            names.join(", "),
-            meter::BINDING_PCT
+            "binds: nothing — no bio waited for its blk-throttle {}",
+            names.join(", ")
         )
     };
     let mut others = Vec::new();
@@ -128,6 +131,9 @@ mod tests {
                 cgroup: "/mt-a".into(),
                 used_pct: 97.0,
                 used_pct_merge_aware: Some(3.0),
+                held: true,
+                used_pct_active: None,
+                intervals_held: None,
             },
         );
         held.verdict = Some("wiops 1000 (set on /mt-a) is 97 % used by bios".into());
@@ -162,7 +168,7 @@ mod tests {
     }
 
     #[test]
-    fn a_limit_under_its_rate_binds_nothing() {
+    fn a_limit_no_bio_waited_for_binds_nothing() {
         let mut st = write_stats(8, 8);
         st.limits.insert(
             "wiops",
@@ -171,11 +177,14 @@ mod tests {
                 cgroup: String::new(),
                 used_pct: 0.1,
                 used_pct_merge_aware: None,
+                held: false,
+                used_pct_active: None,
+                intervals_held: None,
             },
         );
         assert_eq!(
             binds(&st),
-            "binds: nothing — its blk-throttle wiops under 80 % used, no bio waited"
+            "binds: nothing — no bio waited for its blk-throttle wiops"
         );
     }
 }

@@ -84,6 +84,7 @@ pub(super) mod fixtures {
             throttled: vec![],
             iocost: None,
             wbt: None,
+            iolatency: None,
             env: env(),
         }
     }
