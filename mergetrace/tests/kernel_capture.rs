@@ -667,3 +667,81 @@ fn capture_names_cgroups_created_during_the_run() {
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0]["cgroup"], late.path().as_str());
 }
+
+/// `record --requests`: request events only, counted per request like the live view. Two
+/// cgroups writing batches of 32, one in reverse (front merges): the report's totals and merge
+/// paths equal the live view's and /proc/diskstats, the file holds no per-bio event, and
+/// lineage says in one line that it needs a full capture.
+#[test]
+fn capture_of_requests_only_counts_as_the_live_view() {
+    require_root();
+    let lo = LoopDevice::new(64 << 20);
+    let (a, b) = (Cgroup::new(), Cgroup::new());
+    let dir = tempfile::tempdir().unwrap();
+    let capture = dir.path().join("requests.mtr");
+    let live = Tracer::start(&["-d", lo.name.as_str(), "--plug-flushes"]);
+    let rec = Recorder::start_with(&lo, &capture, &["--requests"]);
+    let before = lo.diskstats();
+    let ios = 1024u64;
+    let n = ios.to_string();
+    run_workload(&lo, Some(&a), &["--ios", &n, "--batch", "32"]);
+    run_workload(
+        &lo,
+        Some(&b),
+        &["--ios", &n, "--batch", "32", "--reverse", "--offset", "32m"],
+    );
+    let disk = lo.diskstats().since(&before);
+    let rec_stderr = rec.stop();
+    let live = live.stop();
+    assert_eq!(live.lost_events(), 0);
+    let cap = capture.to_str().unwrap();
+    let (json, err) = succeeded(mergetrace(&["report", cap, "--json"]), "report --json");
+    assert!(!err.contains("warning"), "{err}");
+    let rep: Value = serde_json::from_str(json.trim()).unwrap();
+    assert_eq!(rep["lost_events"], 0);
+    let (ld, rd) = (live.device(&lo), device_of(&rep, &lo));
+    let w = &rd["total"]["write"];
+    for f in [
+        "bios",
+        "bytes",
+        "merged",
+        "requests",
+        "request_bytes",
+        "merged_by_path",
+    ] {
+        assert_eq!(ld["total"]["write"][f], w[f], "{f}: live vs report");
+    }
+    assert_eq!(ld["unplug"], rd["unplug"], "plug flushes");
+    assert_eq!(
+        (
+            u(w, "requests"),
+            u(w, "merged"),
+            u(w, "request_bytes") / 512
+        ),
+        (disk.writes, disk.writes_merged, disk.sectors_written),
+        "report vs diskstats"
+    );
+    assert_eq!(u(w, "bios"), 2 * ios);
+    // Request events only: no bio_queue, back or front merge.
+    let csv = dir.path().join("requests.csv");
+    succeeded(
+        mergetrace(&["export", cap, "-f", "csv", "-o", csv.to_str().unwrap()]),
+        "export",
+    );
+    let text = fs::read_to_string(&csv).unwrap();
+    let kinds: std::collections::BTreeSet<&str> = text
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split(',').nth(2))
+        .collect();
+    assert!(kinds.contains("rq_issue"), "{kinds:?}");
+    for k in ["bio_queue", "back_merge", "front_merge"] {
+        assert!(!kinds.contains(k), "{k} in a --requests capture: {kinds:?}");
+    }
+    assert!(
+        events_written(&rec_stderr) < ios,
+        "a --requests capture writes per request, not per bio: {rec_stderr}"
+    );
+    let out = mergetrace(&["report", cap, "--lineage"]);
+    assert_one_line_error(&out, "needs a full capture");
+}

@@ -44,6 +44,9 @@ pub struct Header {
     /// (`mergetrace_common::rq_aux`), counted per request. Older captures are counted from
     /// their per-bio events instead.
     pub per_request: bool,
+    /// Recorded with `record --requests`: request events only (and the per-bio events only a
+    /// meter in force needed); counted per request, no bio-by-bio lineage.
+    pub requests_only: bool,
     /// Fields this build does not know (from a newer writer of the same format version):
     /// kept so that reading and writing a header again does not lose them.
     #[serde(flatten)]

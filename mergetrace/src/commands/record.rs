@@ -40,6 +40,13 @@ pub struct RecordArgs {
     /// Replace the output file if it exists.
     #[arg(long)]
     pub force: bool,
+    /// Record the request events only (new requests, inserts, issues, request merges,
+    /// completions, plug flushes), not every bio: a program run per request instead of per
+    /// bio, the cheap capture for merging workloads. Its report has the same totals, merge
+    /// paths and latencies; bio-by-bio lineage needs a full capture. Where a traced disk has
+    /// blk-throttle rules or io.cost, the bios they charge are recorded all the same.
+    #[arg(long)]
+    pub requests: bool,
     #[command(flatten)]
     pub run: RunArgs,
 }
@@ -199,14 +206,21 @@ pub async fn run(args: RecordArgs) -> Result<()> {
     let mut cgroups = Cgroups::discover()?;
     // Fail on an unwritable or existing output before attaching anything.
     let probe_header = header("", &devices, &cgroups, &args.trace.meter_unit);
-    let mut session = kernel::Session::start(
-        &devices,
-        &args
-            .trace
-            .kernel_options(Modes::EMITTING, args.run.ring_mib << 20, false),
-    )?;
+    let mut opts = args
+        .trace
+        .kernel_options(Modes::EMITTING, args.run.ring_mib << 20, false);
+    opts.wants = if args.requests {
+        kernel::Wants {
+            plug_flushes: true,
+            ..opts.wants
+        }
+    } else {
+        kernel::Wants::ALL
+    };
+    let mut session = kernel::Session::start(&devices, &opts)?;
     let mut h = probe_header;
     h.tier = session.tier.kind.name().to_string();
+    h.requests_only = args.requests;
     let iolatency = crate::sys::iolatency::targets_on(&devices, &cgroups);
     for d in &mut h.devices {
         let dev = crate::sys::device::Device::from(&*d).dev().0;

@@ -113,6 +113,13 @@ fn run_report(args: &ReportArgs) -> Result<()> {
 
 /// `report --lineage`: request by request.
 fn run_lineage(args: &ReportArgs) -> Result<()> {
+    if crate::offline::load::header_of(&args.file)?.requests_only {
+        anyhow::bail!(
+            "{} was recorded with --requests (request events only): bio-by-bio lineage needs \
+             a full capture (record without --requests); its report has the totals and paths",
+            args.file.display()
+        );
+    }
     let subtree = subtree_of(args.subtree.cgroup.as_deref());
     // With a cgroup filter the limit applies after filtering.
     let mut tracker = match (args.limit, &subtree) {

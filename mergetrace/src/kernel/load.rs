@@ -61,8 +61,8 @@ pub struct Options {
     /// How long a removed cgroup's counters stay its own before they are folded into the
     /// device's removed counters (`--reclaim-after`).
     pub reclaim_after: std::time::Duration,
-    /// What the run asks for beside its counting (its flags); the traced disks may add more
-    /// ([`Session::wants`]). A capture attaches everything whatever this says.
+    /// What the run asks for beside its per-request counting (its flags; a full capture:
+    /// [`Wants::ALL`]); the traced disks may add more ([`Session::wants`]).
     pub wants: Wants,
 }
 
@@ -342,7 +342,7 @@ fn run_wants(
 pub struct Session {
     ebpf: Option<Ebpf>,
     pub tier: Tier,
-    /// What the run attached beside its per-request counting (a capture: everything).
+    /// What the run attached beside its per-request counting (a full capture: everything).
     pub wants: Wants,
     /// The merge-path oracle runs (`MERGETRACE_MERGE_PATH_FROM_STACK`): bios and merge paths
     /// are to be shown from the per-bio events.
@@ -456,7 +456,7 @@ impl Session {
         Ok(Session {
             ebpf: Some(ebpf),
             tier,
-            wants: if modes.emit != 0 { Wants::ALL } else { wants },
+            wants,
             per_bio: modes.merge_path_from_stack != 0,
             notes,
             ring: Some(ring),

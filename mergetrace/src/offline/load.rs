@@ -95,8 +95,15 @@ pub fn snapshot(loaded: &Loaded, subtree: Option<&str>) -> Snapshot {
         subtree,
         iocost: &iocost,
         wbt: &wbt,
-        // A capture has every program's events.
-        wants: crate::kernel::Wants::ALL,
+        // A full capture has every program's events; `record --requests` the request ones.
+        wants: if h.requests_only {
+            crate::kernel::Wants {
+                plug_flushes: true,
+                ..Default::default()
+            }
+        } else {
+            crate::kernel::Wants::ALL
+        },
         per_bio: !h.per_request,
         iolatency: &iolatency,
         timeline: None,

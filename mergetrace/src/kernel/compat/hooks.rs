@@ -29,10 +29,11 @@ pub enum Attach {
     Fexit,
 }
 
-/// When a run attaches a program besides its tier. A capture (events sent to user space)
-/// attaches every program of its tier; a counting run (live view, exporter, demo) counts every
-/// bio and merge per request and attaches a per-bio program only where it wants one
-/// ([`Want`]): the per-request programs run once per request, a per-bio one once per bio.
+/// When a run attaches a program besides its tier. Every run counts bios and merges per
+/// request; a per-bio program is attached only where the run wants one ([`Want`]): the
+/// per-request programs run once per request, a per-bio one once per bio. A full capture
+/// wants everything ([`Wants::ALL`]); `record --requests` and counting runs (live view,
+/// exporter, demo) what their flags and the traced disks need.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Needs {
     /// Always.
@@ -40,7 +41,7 @@ pub enum Needs {
     /// Only when events are sent to user space (captures): it feeds latency and lineage
     /// only, and runs once per request.
     Events,
-    /// Captures, and counting runs that want it.
+    /// Runs that want it.
     Want(Want),
 }
 
@@ -61,7 +62,7 @@ pub enum Want {
     PlugFlushes,
 }
 
-/// What one run wants ([`Want`]); a capture wants everything.
+/// What one run wants ([`Want`]); a full capture wants everything.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Wants {
     pub bios: bool,
@@ -130,7 +131,7 @@ impl Needs {
         match self {
             Needs::Always => true,
             Needs::Events => emit,
-            Needs::Want(w) => emit || wants.has(w),
+            Needs::Want(w) => wants.has(w),
         }
     }
 }
@@ -703,7 +704,10 @@ mod tests {
         tiers
             .into_iter()
             .flat_map(programs_of)
-            .filter(|(_, p)| p.needs.met(emit, Wants::default()))
+            .filter(|(_, p)| {
+                let wants = if emit { Wants::ALL } else { Wants::default() };
+                p.needs.met(emit, wants)
+            })
             .flat_map(|(_, p)| p.object_names().into_iter().map(|n| (n, p.attach)))
             .collect()
     }
