@@ -223,8 +223,9 @@ fn check_report_json(run: &Run, cap: &str, ios: u64, ctx: &str) -> Value {
     if completed != u(w, "requests") {
         panic!(
             "{ctx}: every request completed: {completed} completions matched for {} \
-             requests\n{}",
+             requests\nlatency rows: {}\n{}",
             u(w, "requests"),
+            dist["latency"],
             uncompleted_requests(cap)
         );
     }
@@ -263,7 +264,18 @@ fn uncompleted_requests(cap: &str) -> String {
             _ => {}
         }
     }
-    let mut report = format!("{} events; issued, never completed after:\n", events.len());
+    // Write issues per cgroup id: a request in a cgroup the report does not show would leave
+    // its completion out of the latency row without being lost.
+    let mut per_cgroup: BTreeMap<String, u64> = BTreeMap::new();
+    for e in &events {
+        if e["kind"] == "rq_issue" && e["dir"] == "write" {
+            *per_cgroup.entry(e["cgroup_id"].to_string()).or_default() += 1;
+        }
+    }
+    let mut report = format!(
+        "{} events; write issues per cgroup id {per_cgroup:?}; issued, never completed after:\n",
+        events.len()
+    );
     for (id, at) in &open {
         report += &format!("request {id} issued at event {at}:\n");
         for (i, e) in events.iter().enumerate() {
