@@ -6,6 +6,7 @@
 #![no_std]
 
 pub mod count;
+pub mod latency;
 pub use count::{CountKey, Counters, DeviceState, MeterUnits, SlotRef, UnplugKey, MAX_SLOTS};
 /// Names and device numbers for user space (the programs never need them).
 #[cfg(feature = "user")]
@@ -96,6 +97,7 @@ pub mod kind {
             ELV_MERGE => "elv_merge",
             16 => "counters_map_full",
             17 => "cgroup_names",
+            18 => "latency_map_full",
             _ => "unknown",
         }
     }
@@ -190,6 +192,9 @@ pub struct Modes {
     /// 1 + the id of the cgroup hierarchy whose cgroup births and removals are reported on
     /// `CGROUP_EVENTS` (the one hosting blkio/io; v2's is 0); 0 reports none.
     pub cgroup_hierarchy: u32,
+    /// Count each request's queue and device latency in the `LATENCY` histograms
+    /// ([`LatencyHist`]; live `--latency`).
+    pub latency: u32,
 }
 
 impl Modes {
@@ -199,6 +204,7 @@ impl Modes {
         emit: 0,
         merge_path_from_stack: 0,
         cgroup_hierarchy: 0,
+        latency: 0,
     };
     /// Every event to the ring buffer, no counting (capture).
     pub const EMITTING: Modes = Modes {
@@ -206,6 +212,7 @@ impl Modes {
         emit: 1,
         merge_path_from_stack: 0,
         cgroup_hierarchy: 0,
+        latency: 0,
     };
 }
 
@@ -450,13 +457,15 @@ pub struct KernelSymbols {
 pub const MERGE_CALLERS: usize = 3;
 
 /// Per-CPU lost-event counter slots: one per event kind, then [`LOST_COUNTS_FULL`] and
-/// [`LOST_CGROUP_NAMES`].
-pub const LOST_SLOTS: u32 = kind::COUNT + 2;
+/// [`LOST_CGROUP_NAMES`] and [`LOST_LATENCY_FULL`].
+pub const LOST_SLOTS: u32 = kind::COUNT + 3;
 /// Lost slot: an event could not be counted because the counters map was full.
 pub const LOST_COUNTS_FULL: u32 = kind::COUNT;
 /// Lost slot: a cgroup birth or removal could not be reported (its ring was full); user
 /// space then learns the name by rescanning the hierarchy, as before.
 pub const LOST_CGROUP_NAMES: u32 = kind::COUNT + 1;
+/// Lost slot: a request's latency could not be counted because the latency map was full.
+pub const LOST_LATENCY_FULL: u32 = kind::COUNT + 2;
 
 /// Counter slots after the first [`MAX_SLOTS`]: one per (disk slot, direction), where the
 /// keys of removed cgroups count once user space has reclaimed their own slots.
@@ -507,6 +516,8 @@ mod pod {
     unsafe impl aya::Pod for super::TracedDevices {}
     unsafe impl aya::Pod for super::SlotRef {}
     unsafe impl aya::Pod for super::CgroupEvent {}
+    unsafe impl aya::Pod for super::latency::LatencyHist {}
+    unsafe impl aya::Pod for super::latency::IssuedAt {}
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@
 //! - [`bio`]: programs on bio tracepoints (queue, split, merges, new request);
 //! - [`request`]: programs on request tracepoints (merge, insert, issue, requeue, complete,
 //!   plug flush);
+//! - [`latency`]: `--latency`'s request latency histograms (at issue and completion);
 //! - [`throttle`]: blk-throttle's dispatch work, where throttled bios are released;
 //! - [`fentry`]: the fentry tier's programs (exact throttle delays, merge attempts);
 //! - [`cgroup`]: cgroup births and removals (names, reclaiming removed cgroups' counters).
@@ -24,6 +25,7 @@ mod bio;
 mod cgroup;
 mod emit;
 mod fentry;
+mod latency;
 mod maps;
 mod read;
 mod request;

@@ -4,6 +4,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use mergetrace_common::{
+    latency::{IssuedAt, LatencyHist},
     CountKey, Counters, DeviceState, KernelOffsets, KernelSymbols, MeterUnits, Modes, SlotRef,
     TracedDevices, LOST_SLOTS, MAX_DEVICES, MAX_SLOTS, REMOVED_SLOTS, UNPLUG_SLOTS,
 };
@@ -133,6 +134,22 @@ pub struct Inserted {
     pub place: u8,
     pub _pad: [u8; 7],
 }
+
+/// `--latency`: per CPU, each key's request latency histograms. User space sizes it to one
+/// entry when latency is not asked for. Preallocated, like `COUNTS`; a request whose key finds
+/// it full counts as lost (`LOST_LATENCY_FULL`).
+#[map]
+pub static LATENCY: PerCpuHashMap<CountKey, LatencyHist> =
+    PerCpuHashMap::with_max_entries(MAX_SLOTS, 0);
+
+/// Zeros to insert a new `LATENCY` entry from (too large for the stack).
+#[map]
+pub static LATENCY_ZERO: PerCpuArray<LatencyHist> = PerCpuArray::with_max_entries(1, 0);
+
+/// `--latency`: requests issued and not completed yet: request address → its issue. LRU, so
+/// the entry of a request that never completes (its disk went away) cannot fill the map.
+#[map]
+pub static ISSUED_AT: LruHashMap<u64, IssuedAt> = LruHashMap::with_max_entries(16384, 0);
 
 /// Requests absorbed into others (`block_rq_merge`): first bio address → the absorbed
 /// request's bios, found and taken out by the walk of the request that took them.

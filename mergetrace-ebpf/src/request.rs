@@ -11,6 +11,7 @@ use mergetrace_common::{flags, kind, path, rq_aux, DeviceState, Event, MAX_CHAIN
 
 use crate::{
     emit::{emit, now},
+    latency,
     maps::{off, Inserted, ABSORBED, INSERTED, REQUEUED, SPLIT_PIECES},
     read::{
         blkg_cgroup_id, disk_dev, elevator_is_kyber, forget, pending_add, queue_disk, read,
@@ -291,6 +292,9 @@ pub fn block_rq_issue(ctx: BtfTracePointContext) -> u32 {
         // A requeued request issued again: only what joined it since it was put back counts
         // (without an insert entry, nothing did: the rule counts no plug merges again).
         account(&mut ev, rq, at, disk, reissue);
+        if latency::wanted() {
+            latency::issued(rq, &ev, rq_aux::chain(ev.aux), reissue);
+        }
         if reissue {
             ev.flags |= flags::REISSUE;
         } else if rq_aux::chain(ev.aux) == 1 && split_piece(ev.aux64, disk) {
@@ -372,6 +376,9 @@ pub fn block_rq_complete(ctx: BtfTracePointContext) -> u32 {
     if let Some((mut ev, disk)) = rq_event(ctx.arg(0), kind::RQ_COMPLETE) {
         ev.path = error as u8;
         ev.aux = nr_bytes as u32;
+        if latency::wanted() {
+            latency::completed(ctx.arg(0), &ev, nr_bytes);
+        }
         emit(&ev, disk.slot);
     }
     0

@@ -37,6 +37,12 @@ pub struct TraceArgs {
     /// flush. Captures always have them.
     #[arg(long)]
     pub plug_flushes: bool,
+    /// Also count each request's queue latency (created → issued) and device latency (issued
+    /// → completed) per cgroup, apart for requests that carried merged bios ("latency" in the
+    /// JSON): one more program run per completion and a hash update at each end. Captures
+    /// always have the events for it.
+    #[arg(long)]
+    pub latency: bool,
     /// fentry tier: also count every merge attempt, failed ones included ("merge_attempts" in
     /// the JSON): programs on every bio. Captures always have them.
     #[arg(long)]
@@ -63,6 +69,7 @@ impl TraceArgs {
             wants: crate::kernel::Wants {
                 plug_flushes: self.plug_flushes,
                 attempts: self.merge_attempts,
+                latency: self.latency,
                 ..Default::default()
             },
         }

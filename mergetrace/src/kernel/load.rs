@@ -11,8 +11,8 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use mergetrace_common::{
-    unplug_slot, KernelSymbols, MeterUnits, Modes, TracedDevices, UnplugKey, LOST_SLOTS,
-    MAX_DEVICES, UNPLUG_MAX_DEPTH,
+    latency::LatencyHist, unplug_slot, CountKey, KernelSymbols, MeterUnits, Modes,
+    TracedDevices, UnplugKey, LOST_SLOTS, MAX_DEVICES, MAX_SLOTS, UNPLUG_MAX_DEPTH,
 };
 
 use super::{
@@ -114,6 +114,9 @@ fn load_object(
         .override_global("METER_UNITS", meter_units, true)
         .override_global("TRACED", traced, true)
         .map_max_entries("EVENTS", ring_bytes)
+        // One entry each where no latency is counted: their memory only where it is.
+        .map_max_entries("LATENCY", if modes.latency != 0 { MAX_SLOTS } else { 1 })
+        .map_max_entries("ISSUED_AT", if modes.latency != 0 { 16384 } else { 1 })
         .load(OBJECT)
         .context("cannot load mergetrace's eBPF object")?;
     Ok(Loaded {
@@ -354,6 +357,9 @@ pub struct Session {
     lost_seen: [u64; LOST_SLOTS as usize],
     /// The in-kernel counters: slots, the hash map of keys without one, removed cgroups'.
     slots: Slots,
+    /// `--latency`: each key's request latency histograms, per CPU (never reclaimed: a key
+    /// holds its histograms for the whole run).
+    latency: Option<PerCpuHashMap<MapData, CountKey, LatencyHist>>,
     /// Cgroup births and removals in the traced hierarchy.
     cgroup_ring: RingBuf<MapData>,
     /// Removed cgroups whose counters are not reclaimed yet: when the removal was seen.
@@ -422,6 +428,8 @@ impl Session {
         modes.merge_path_from_stack =
             std::env::var("MERGETRACE_MERGE_PATH_FROM_STACK").is_ok_and(|v| v == "1") as u32;
         let wants = run_wants(devices, opts.wants, &iocost, modes);
+        // Latency histograms are counted, not sent: a capture has the events for them.
+        modes.latency = (wants.latency && modes.aggregate != 0) as u32;
         traced.any_iocost = !iocost.is_empty() as u32;
         modes.cgroup_hierarchy = std::fs::read_to_string("/proc/cgroups")
             .ok()
@@ -453,6 +461,11 @@ impl Session {
             devs.clone(),
         )?;
         let cgroup_ring = RingBuf::try_from(take("CGROUP_EVENTS")?)?;
+        let latency = if modes.latency != 0 {
+            Some(PerCpuHashMap::try_from(take("LATENCY")?)?)
+        } else {
+            None
+        };
         Ok(Session {
             ebpf: Some(ebpf),
             tier,
@@ -463,6 +476,7 @@ impl Session {
             lost,
             lost_seen: [0; LOST_SLOTS as usize],
             slots,
+            latency,
             cgroup_ring,
             removed: HashMap::new(),
             reclaim_after_ns: opts.reclaim_after.as_nanos() as u64,
@@ -524,6 +538,15 @@ impl Session {
             }
         }
         let mut w = Window::from_kernel(counts, unplugs);
+        if let Some(latency) = &self.latency {
+            for item in latency.iter() {
+                let (k, per_cpu) = item.context("cannot read the LATENCY map")?;
+                let h = w.latency.entry(Window::key_of(&k)).or_default();
+                for c in per_cpu.iter() {
+                    h.add(c);
+                }
+            }
+        }
         for k in 0..LOST_SLOTS {
             if let Ok(per_cpu) = self.lost.get(&k, 0) {
                 let n: u64 = per_cpu.iter().sum();

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use foldhash::HashMap;
 
 use mergetrace_common::{
-    count::dir, flags, kind, CountKey, Event, MeterUnits, UnplugKey, REMOVED_CGROUP,
+    count::dir, flags, kind, latency::LatencyHist, CountKey, Event, MeterUnits, UnplugKey,
+    REMOVED_CGROUP,
 };
 
 pub use mergetrace_common::Counters as Counts;
@@ -70,6 +71,8 @@ pub struct Window {
     pub unplugs: HashMap<u32, Unplugs>,
     /// Events the kernel side could not deliver (or count), by kind.
     pub lost_by_kind: BTreeMap<u8, u64>,
+    /// `--latency`: request latency histograms per key (counted in the kernel only).
+    pub latency: HashMap<Key, LatencyHist>,
 }
 
 impl Window {
@@ -100,6 +103,15 @@ impl Window {
         *hist.entry(depth).or_default() += n;
     }
 
+    /// The key of a kernel map's (cgroup, disk, direction).
+    pub fn key_of(k: &CountKey) -> Key {
+        Key {
+            dev: k.dev,
+            cgroup_id: k.cgroup_id,
+            dir: Dir::from_code(k.dir),
+        }
+    }
+
     /// A window from the kernel's per-CPU counters (already summed over CPUs).
     pub fn from_kernel(
         counts: impl IntoIterator<Item = (CountKey, Counts)>,
@@ -107,12 +119,7 @@ impl Window {
     ) -> Window {
         let mut w = Window::default();
         for (k, c) in counts {
-            let key = Key {
-                dev: k.dev,
-                cgroup_id: k.cgroup_id,
-                dir: Dir::from_code(k.dir),
-            };
-            w.counts.entry(key).or_default().add(&c);
+            w.counts.entry(Window::key_of(&k)).or_default().add(&c);
         }
         for (k, n) in unplugs {
             w.add_unplugs(k.dev, k.depth, k.explicit != 0, n);
@@ -166,6 +173,15 @@ impl Window {
                         w.add_unplugs(*dev, *depth, explicit, n - was);
                     }
                 }
+            }
+        }
+        for (k, h) in &self.latency {
+            let d = match earlier.latency.get(k) {
+                Some(e) => h.since(e),
+                None => *h,
+            };
+            if d != LatencyHist::default() {
+                w.latency.insert(*k, d);
             }
         }
         for (k, n) in &self.lost_by_kind {

@@ -43,6 +43,8 @@ pub enum Needs {
     Events,
     /// Runs that want it.
     Want(Want),
+    /// Captures, and runs that want it.
+    EventsOr(Want),
 }
 
 /// What a counting run may want beside the per-request counting.
@@ -60,6 +62,8 @@ pub enum Want {
     Attempts,
     /// Plug flushes by depth (`--plug-flushes`).
     PlugFlushes,
+    /// Each request's queue and device latency (`--latency`): the completions too.
+    Latency,
 }
 
 /// What one run wants ([`Want`]); a full capture wants everything.
@@ -70,6 +74,7 @@ pub struct Wants {
     pub throttle: bool,
     pub attempts: bool,
     pub plug_flushes: bool,
+    pub latency: bool,
 }
 
 impl Wants {
@@ -79,6 +84,7 @@ impl Wants {
         throttle: true,
         attempts: true,
         plug_flushes: true,
+        latency: true,
     };
 
     pub fn has(self, w: Want) -> bool {
@@ -88,6 +94,7 @@ impl Wants {
             Want::Throttle => self.throttle,
             Want::Attempts => self.attempts,
             Want::PlugFlushes => self.plug_flushes,
+            Want::Latency => self.latency,
         }
     }
 }
@@ -132,6 +139,7 @@ impl Needs {
             Needs::Always => true,
             Needs::Events => emit,
             Needs::Want(w) => wants.has(w),
+            Needs::EventsOr(w) => emit || wants.has(w),
         }
     }
 }
@@ -290,7 +298,7 @@ pub const HOOKS: &[Hook] = &[
         "request complete",
         "block_rq_complete",
         &[Program {
-            needs: Needs::Events,
+            needs: Needs::EventsOr(Want::Latency),
             ..tp("block_rq_complete")
         }],
     ),
@@ -659,6 +667,10 @@ fn program_cell(p: &Program) -> String {
         }
         Needs::Want(Want::Attempts) => ", captures; live with `--merge-attempts`",
         Needs::Want(Want::PlugFlushes) => ", captures; live with `--plug-flushes`",
+        Needs::Want(Want::Latency) | Needs::EventsOr(Want::Latency) => {
+            ", captures; live with `--latency`"
+        }
+        Needs::EventsOr(_) => ", captures; live when wanted",
     };
     let symbol = p
         .symbol
