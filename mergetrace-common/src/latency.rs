@@ -7,7 +7,7 @@
 /// `[2^(9+i), 2^(10+i))` ns; the last one everything from 2^32 ns (4.3 s) on.
 pub const LAT_BUCKETS: usize = 24;
 
-/// [`LatencyHist`] class of a request of one bio.
+/// [`LatencyHist`] class of a request of one bio (or none: a flush request).
 pub const SINGLE: usize = 0;
 /// [`LatencyHist`] class of a request that carried more than one bio (merged bios).
 pub const MERGED: usize = 1;
@@ -21,6 +21,9 @@ pub struct LatencyHist {
     pub queue: [[u64; LAT_BUCKETS]; 2],
     /// Last issue → completed (the final completion of the request's bytes).
     pub device: [[u64; LAT_BUCKETS]; 2],
+    /// The sums of the latencies counted in `queue` and `device`, in ns, by class.
+    pub queue_ns: [u64; 2],
+    pub device_ns: [u64; 2],
 }
 
 impl Default for LatencyHist {
@@ -28,6 +31,8 @@ impl Default for LatencyHist {
         LatencyHist {
             queue: [[0; LAT_BUCKETS]; 2],
             device: [[0; LAT_BUCKETS]; 2],
+            queue_ns: [0; 2],
+            device_ns: [0; 2],
         }
     }
 }
@@ -35,6 +40,8 @@ impl Default for LatencyHist {
 impl LatencyHist {
     pub fn add(&mut self, o: &LatencyHist) {
         for c in 0..2 {
+            self.queue_ns[c] += o.queue_ns[c];
+            self.device_ns[c] += o.device_ns[c];
             for b in 0..LAT_BUCKETS {
                 self.queue[c][b] += o.queue[c][b];
                 self.device[c][b] += o.device[c][b];
@@ -46,6 +53,8 @@ impl LatencyHist {
     pub fn since(&self, earlier: &LatencyHist) -> LatencyHist {
         let mut d = *self;
         for c in 0..2 {
+            d.queue_ns[c] = d.queue_ns[c].saturating_sub(earlier.queue_ns[c]);
+            d.device_ns[c] = d.device_ns[c].saturating_sub(earlier.device_ns[c]);
             for b in 0..LAT_BUCKETS {
                 d.queue[c][b] = d.queue[c][b].saturating_sub(earlier.queue[c][b]);
                 d.device[c][b] = d.device[c][b].saturating_sub(earlier.device[c][b]);

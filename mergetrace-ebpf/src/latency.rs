@@ -31,8 +31,9 @@ pub fn issued(rq: u64, ev: &Event, bios: u32, reissue: bool) {
     let created: u64 = read(rq, off!(rq_start_time_ns));
     if !reissue && created != 0 {
         if let Some(h) = hist(ev.cgroup_id, ev) {
-            let b = lat_bucket(now.saturating_sub(created));
-            if let Some(n) = unsafe { (*h).queue[class & 1].get_mut(b) } {
+            let ns = now.saturating_sub(created);
+            unsafe { (*h).queue_ns[class & 1] += ns };
+            if let Some(n) = unsafe { (*h).queue[class & 1].get_mut(lat_bucket(ns)) } {
                 *n += 1;
             }
         }
@@ -61,8 +62,9 @@ pub fn completed(rq: u64, ev: &Event, nr_bytes: u64) {
     // The cgroup: a flush request's (it has no bio) is told by the disk, which may
     // have moved on since.
     if let Some(h) = hist(at.cgroup_id, ev) {
-        let b = lat_bucket(now.saturating_sub(at.ts_ns));
-        if let Some(n) = unsafe { (*h).device[at.class as usize & 1].get_mut(b) } {
+        let (ns, class) = (now.saturating_sub(at.ts_ns), at.class as usize & 1);
+        unsafe { (*h).device_ns[class] += ns };
+        if let Some(n) = unsafe { (*h).device[class].get_mut(lat_bucket(ns)) } {
             *n += 1;
         }
     }

@@ -42,6 +42,20 @@ pub fn avg_size(bytes: f64) -> String {
     }
 }
 
+/// The upper bound of a log2 latency bucket given in µs, as "≤262 µs", "≤4.2 ms", "≤1.07 s":
+/// "at most", the histograms know no finer.
+pub fn latency_bound(us: f64) -> String {
+    if us >= 1_000_000.0 {
+        format!("≤{:.2} s", us / 1_000_000.0)
+    } else if us >= 10_000.0 {
+        format!("≤{:.0} ms", us / 1000.0)
+    } else if us >= 1000.0 {
+        format!("≤{:.1} ms", us / 1000.0)
+    } else {
+        format!("≤{us:.0} µs")
+    }
+}
+
 /// A size in the largest unit that divides it: "4 GiB", "64 KiB", "1000 B".
 pub fn exact_size(b: u64) -> String {
     if b >= 1 << 30 && b.is_multiple_of(1 << 30) {

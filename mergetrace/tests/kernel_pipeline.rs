@@ -449,3 +449,72 @@ fn fsync_per_write_counts_flush_only_writes_and_flushes() {
         out.device(&lo)
     );
 }
+
+/// `--latency`: a cgroup whose writes merge (32 bios a request) and one whose reads go one at a
+/// time. Every request is counted once in each stage, in its own cgroup's row, as a request
+/// that carried merged bios or one of a single bio; the rows add up to /proc/diskstats.
+#[test]
+fn latency_per_cgroup_tells_merged_requests_from_single_ones() {
+    require_root();
+    let lo = TestDisk::new(size());
+    lo.set_scheduler("none");
+    lo.set_nomerges(0);
+    udev_settle();
+    let (writer, reader) = (Cgroup::new(), Cgroup::new());
+    let tracer = Tracer::start(&["-d", lo.name.as_str(), "--latency"]);
+    let before = lo.diskstats();
+    run_workload(&lo, Some(&writer), &["--ios", "2048", "--batch", "32"]);
+    run_workload(
+        &lo,
+        Some(&reader),
+        &["--op", "read", "--ios", "500", "--batch", "1"],
+    );
+    let d = lo.diskstats().since(&before);
+    let out = tracer.stop();
+    assert_eq!(out.lost_events(), 0);
+    let row = |cg: &Cgroup, dir: &str| -> Value {
+        out.cgroup_row(&lo, &cg.path())
+            .unwrap_or_else(|| panic!("no row for {} in {}", cg.path(), out.device(&lo)))[dir]
+            .clone()
+    };
+    let (w, r) = (row(&writer, "write"), row(&reader, "read"));
+    eprintln!("writer: {w}\nreader: {r}\ndiskstats delta {d:?}");
+    let count = |m: &Value, stage: &str, class: &str| u(&m["latency"][stage][class], "count");
+    for stage in ["queue", "device"] {
+        // The writer's requests each carried merged bios; the reader's each one bio.
+        assert_eq!(
+            count(&w, stage, "merged"),
+            u(&w, "requests"),
+            "writer {stage}"
+        );
+        assert_eq!(count(&w, stage, "single"), 0, "writer {stage}");
+        assert_eq!(
+            count(&r, stage, "single"),
+            u(&r, "requests"),
+            "reader {stage}"
+        );
+        assert_eq!(count(&r, stage, "merged"), 0, "reader {stage}");
+        assert_eq!(
+            count(&w, stage, "all"),
+            d.writes,
+            "writer {stage} vs diskstats"
+        );
+        assert_eq!(
+            count(&r, stage, "all"),
+            d.reads,
+            "reader {stage} vs diskstats"
+        );
+        for m in [&w, &r] {
+            assert!(
+                m["latency"][stage]["all"]["p99_us"].is_number(),
+                "a p99 where requests were counted: {m}"
+            );
+        }
+    }
+    assert_eq!(d.reads, 500, "one request per read");
+    assert_eq!(
+        u(&w, "merged"),
+        d.writes_merged,
+        "writer merges vs diskstats"
+    );
+}

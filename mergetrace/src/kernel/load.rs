@@ -11,8 +11,8 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use mergetrace_common::{
-    latency::LatencyHist, unplug_slot, CountKey, KernelSymbols, MeterUnits, Modes,
-    TracedDevices, UnplugKey, LOST_SLOTS, MAX_DEVICES, MAX_SLOTS, UNPLUG_MAX_DEPTH,
+    latency::LatencyHist, unplug_slot, CountKey, KernelSymbols, MeterUnits, Modes, TracedDevices,
+    UnplugKey, LOST_SLOTS, MAX_DEVICES, MAX_SLOTS, UNPLUG_MAX_DEPTH,
 };
 
 use super::{

@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::model::{
     aggregate::{Counts, Dir},
+    latency::Latency,
     meter::{CloudMeter, LimitUse, Meters},
     snapshot::Options,
     timeline::OverTime,
@@ -190,6 +191,8 @@ pub struct DirStats {
     pub throttled: Throttled,
     pub meters: Meters,
     pub histograms: Histograms,
+    /// `--latency`: queue and device latency of the requests (null when not counted).
+    pub latency: Option<Latency>,
     /// fentry tier: merge attempts and their outcome (absent on the tracepoint tier).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub merge_attempts: Option<MergeAttempts>,
@@ -252,6 +255,7 @@ impl DirStats {
                 iolatency: None,
             },
             histograms: Histograms::from_counts(c),
+            latency: opts.wants.latency.then(Latency::default),
             limits: BTreeMap::new(),
             verdict: None,
             over_time: None,
@@ -319,6 +323,7 @@ impl DirStats {
             && self.merged == 0
             && self.splits == 0
             && self.throttled.queued.unwrap_or(0) == 0
+            && self.latency.is_none_or(|l| l == Latency::default())
     }
 
     /// Bios waited in blk-throttle in the window: released after waiting, or (fentry) queued.
@@ -343,6 +348,11 @@ impl DirStats {
     }
 
     pub(super) fn add(&mut self, o: &DirStats) {
+        match (&mut self.latency, &o.latency) {
+            (Some(a), Some(b)) => a.add(b),
+            (None, Some(b)) => self.latency = Some(*b),
+            _ => {}
+        }
         self.bios += o.bios;
         self.bytes += o.bytes;
         self.merged += o.merged;

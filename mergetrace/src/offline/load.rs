@@ -102,7 +102,12 @@ pub fn snapshot(loaded: &Loaded, subtree: Option<&str>) -> Snapshot {
                 ..Default::default()
             }
         } else {
-            crate::kernel::Wants::ALL
+            // Latency histograms are counted in the kernel only (live `--latency`); a
+            // capture's latency is in its distributions.
+            crate::kernel::Wants {
+                latency: false,
+                ..crate::kernel::Wants::ALL
+            }
         },
         per_bio: !h.per_request,
         iolatency: &iolatency,

@@ -3,10 +3,11 @@
 use crate::{
     fmt,
     model::aggregate::Dir,
+    model::latency::{Class, Stage},
     model::snapshot::{DirStats, Snapshot},
 };
 
-pub const HEADER: [&str; 13] = [
+pub const HEADER: [&str; 15] = [
     "DEVICE",
     "CGROUP",
     "NAME",
@@ -20,6 +21,8 @@ pub const HEADER: [&str; 13] = [
     "REQ MiB",
     "BIOS/REQ",
     "AVG REQ",
+    "Q p99",
+    "DEV p99",
 ];
 
 /// Column indices into [`HEADER`].
@@ -37,6 +40,22 @@ pub mod col {
     pub const REQ_MIB: usize = 10;
     pub const BIOS_PER_REQ: usize = 11;
     pub const AVG_REQ: usize = 12;
+    /// `--latency` only: queue and device latency p99 of the requests.
+    pub const QUEUE_P99: usize = 13;
+    pub const DEVICE_P99: usize = 14;
+}
+
+/// The columns `rows` have: every column but the latency ones, which only a `--latency` run
+/// fills.
+pub fn shown_columns(rows: &[Row]) -> Vec<usize> {
+    (0..HEADER.len())
+        .filter(|&i| {
+            i < col::QUEUE_P99
+                || rows
+                    .iter()
+                    .any(|r| r.cells.get(i).is_some_and(|c| !c.is_empty()))
+        })
+        .collect()
 }
 
 /// Right-aligned columns (numbers).
@@ -114,8 +133,23 @@ pub fn sort_value(column: usize, s: &DirStats) -> Option<f64> {
         col::REQ_MIB => s.request_bytes as f64,
         col::BIOS_PER_REQ => s.bios_per_request()?,
         col::AVG_REQ => s.avg_request_bytes()?,
+        col::QUEUE_P99 => p99_us(s, Stage::Queue)?,
+        col::DEVICE_P99 => p99_us(s, Stage::Device)?,
         _ => return None,
     })
+}
+
+/// The p99 latency of a row's requests at one stage, in µs, where counted and any.
+fn p99_us(s: &DirStats, stage: Stage) -> Option<f64> {
+    s.latency?.quantile_us(stage, Class::All, 0.99)
+}
+
+/// A latency cell: empty where not counted, "-" without requests.
+fn latency_cell(s: &DirStats, stage: Stage) -> String {
+    match s.latency {
+        None => String::new(),
+        Some(_) => p99_us(s, stage).map_or("-".into(), fmt::latency_bound),
+    }
 }
 
 fn cells(device: &str, cgroup: &str, name: &str, dir: Dir, s: &DirStats) -> Vec<String> {
@@ -134,6 +168,8 @@ fn cells(device: &str, cgroup: &str, name: &str, dir: Dir, s: &DirStats) -> Vec<
         s.bios_per_request()
             .map_or("-".into(), |r| format!("{r:.1}")),
         s.avg_request_bytes().map_or("-".into(), fmt::avg_size),
+        latency_cell(s, Stage::Queue),
+        latency_cell(s, Stage::Device),
     ]
 }
 
@@ -252,7 +288,7 @@ pub fn rows(s: &Snapshot) -> Vec<Row> {
 /// Which columns go first when the terminal is narrow: a higher number stays longer. The
 /// cgroup is never dropped (it is shortened in the middle instead), nor are the counts the
 /// verdict rests on (bios, merged, requests).
-const KEEP_PRIORITY: [u8; 13] = [
+const KEEP_PRIORITY: [u8; 15] = [
     4,  // DEVICE (named in the banner too)
     13, // CGROUP
     5,  // NAME (the JSON and the whole-run table keep it)
@@ -266,6 +302,8 @@ const KEEP_PRIORITY: [u8; 13] = [
     1,  // REQ MiB
     8,  // BIOS/REQ
     3,  // AVG REQ
+    2,  // Q p99
+    3,  // DEV p99
 ];
 
 /// The narrowest a shortened cgroup column gets before columns are dropped instead.
@@ -277,6 +315,8 @@ use col::CGROUP;
 /// column is shortened, in the middle, so names that differ at the end stay apart.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Fitted {
+    /// The columns the rows have ([`shown_columns`]).
+    pub offered: Vec<usize>,
     pub columns: Vec<usize>,
     pub widths: Vec<usize>,
     pub rows: Vec<Vec<String>>,
@@ -294,7 +334,8 @@ pub fn fit(rows: &[Row], width: usize, spacing: usize) -> Fitted {
                 .unwrap_or(0)
         })
         .collect();
-    let mut columns: Vec<usize> = (0..HEADER.len()).collect();
+    let offered = shown_columns(rows);
+    let mut columns = offered.clone();
     let total = |cols: &[usize], cgroup_w: usize| -> usize {
         cols.iter()
             .map(|&i| if i == CGROUP { cgroup_w } else { natural[i] })
@@ -348,6 +389,7 @@ pub fn fit(rows: &[Row], width: usize, spacing: usize) -> Fitted {
         })
         .collect();
     Fitted {
+        offered,
         columns,
         widths,
         rows,
@@ -381,27 +423,32 @@ pub fn render_fitted(f: &Fitted) -> String {
 
 /// The columns a fitted table left out, by header ("MiB, REQ MiB"), or `None`.
 pub fn hidden(f: &Fitted) -> Option<String> {
-    let gone: Vec<&str> = (0..HEADER.len())
+    let gone: Vec<&str> = f
+        .offered
+        .iter()
+        .copied()
         .filter(|i| !f.columns.contains(i))
         .map(|i| HEADER[i])
         .collect();
     (!gone.is_empty()).then(|| gone.join(", "))
 }
 
-/// Column-aligned plain text of `rows` under [`HEADER`].
+/// Column-aligned plain text of `rows` under [`HEADER`] (the columns they have).
 pub fn render_text(rows: &[Row]) -> String {
+    let shown = shown_columns(rows);
     let mut widths: Vec<usize> = HEADER.iter().map(|h| h.len()).collect();
     for r in rows {
         for (i, c) in r.cells.iter().enumerate() {
             widths[i] = widths[i].max(c.chars().count());
         }
     }
-    let line = |cells: &[String]| {
+    let line = |cells: &dyn Fn(usize) -> String| {
         let mut s = String::new();
-        for (i, c) in cells.iter().enumerate() {
-            if i > 0 {
+        for (n, &i) in shown.iter().enumerate() {
+            if n > 0 {
                 s.push_str("  ");
             }
+            let c = cells(i);
             if right_aligned(i) {
                 s.push_str(&format!("{c:>w$}", w = widths[i]));
             } else {
@@ -410,10 +457,10 @@ pub fn render_text(rows: &[Row]) -> String {
         }
         s.trim_end().to_string()
     };
-    let mut out = line(&HEADER.map(String::from));
+    let mut out = line(&|i| HEADER[i].to_string());
     out.push('\n');
     for r in rows {
-        out.push_str(&line(&r.cells));
+        out.push_str(&line(&|i| r.cells.get(i).cloned().unwrap_or_default()));
         out.push('\n');
     }
     out
@@ -488,10 +535,24 @@ mod tests {
                 assert!(f.columns.contains(&i), "{width}: {must} dropped; {f:?}");
             }
         }
-        // Wide enough: everything, nothing shortened.
+        // Wide enough: everything, nothing shortened; the latency columns only where counted.
         let f = fit(&rows, 200, 2);
-        assert_eq!(f.columns.len(), HEADER.len());
+        assert_eq!(f.columns.len(), HEADER.len() - 2);
         assert_eq!(f.rows[0][1], "/system.slice/mt-test-4242-app-a");
+        assert_eq!(hidden(&f), None, "{f:?}");
+        let mut timed = sample();
+        for r in &mut timed {
+            r.cells
+                .extend(["≤33 µs".to_string(), "≤262 µs".to_string()]);
+        }
+        let f = fit(&timed, 220, 2);
+        assert_eq!(f.columns.len(), HEADER.len());
+        let f = fit(&timed, 80, 2);
+        assert_eq!(
+            hidden(&f).map(|h| h.contains("Q p99")),
+            Some(true),
+            "latency goes before the counts at 80: {f:?}"
+        );
         // At 80 the least needed go first: request MiB before bios.
         let f = fit(&rows, 80, 2);
         assert!(!f.columns.contains(&10), "REQ MiB kept at 80: {f:?}");

@@ -33,6 +33,7 @@ pub(crate) fn check_device(c: &mut Checks, out: &TraceOutput, disk: &BlockDev, d
         if dir != "write" {
             c.eq(&format!("{dir}.flush_only == 0"), flush_only, 0);
         }
+        check_latency(c, dir, m, requests);
     }
     let g = |c: &mut Checks, dir: &str, f: &str| c.get(&t[dir], f);
     let (rr, wr, wf, dr, fr) = (
@@ -66,6 +67,43 @@ pub(crate) fn check_device(c: &mut Checks, out: &TraceOutput, disk: &BlockDev, d
             &format!("diskstats {dir} sectors * 512 == {dir}.request_bytes"),
             sectors * 512,
             rb,
+        );
+    }
+}
+
+/// `--latency`: every request issued in the window counted once at its issue (queue) and once
+/// at its completion (device), the disk quiet on both sides; those that carried merged bios
+/// are the bios-per-request histogram's buckets above 1 (flush requests carry no bio: they
+/// count with the requests of one).
+fn check_latency(c: &mut Checks, dir: &str, m: &serde_json::Value, requests: u64) {
+    let l = &m["latency"];
+    if !l.is_object() {
+        c.fail(format!(
+            "{dir}: no latency object (the tracer runs with --latency)"
+        ));
+        return;
+    }
+    let several_bios: u64 = m["histograms"]["bios_per_request"]
+        .as_object()
+        .map(|h| {
+            h.iter()
+                .filter(|(bound, _)| bound.as_str() != "1")
+                .filter_map(|(_, n)| n.as_u64())
+                .sum()
+        })
+        .unwrap_or(0);
+    for stage in ["queue", "device"] {
+        let all = c.get(&l[stage]["all"], "count");
+        c.eq(
+            &format!("{dir}: latency.{stage}.all.count == requests"),
+            all,
+            requests,
+        );
+        let merged = c.get(&l[stage]["merged"], "count");
+        c.eq(
+            &format!("{dir}: latency.{stage}.merged.count == requests of more than one bio"),
+            merged,
+            several_bios,
         );
     }
 }

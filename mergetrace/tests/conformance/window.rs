@@ -175,8 +175,9 @@ pub(crate) fn conformance_on(disk: &BlockDev, kind: Kind, opts: Opts) -> Measure
     let scratch = tempfile::tempdir().expect("a directory for the capture");
     let capture = scratch.path().join("window.mtr");
     let quiet = disk.diskstats();
-    // With plug flushes: their depths are checked against blktrace's U and UT.
-    let tracer = Tracer::start(&["-d", disk.name.as_str(), "--plug-flushes"]);
+    // With plug flushes: their depths are checked against blktrace's U and UT; with latency:
+    // its counts against the requests.
+    let tracer = Tracer::start(&["-d", disk.name.as_str(), "--plug-flushes", "--latency"]);
     let rec = opts
         .lineage
         .then(|| Recorder::start(disk, &capture, test_tier().as_deref()));

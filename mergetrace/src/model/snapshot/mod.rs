@@ -15,6 +15,7 @@ use crate::{
     model::iocost,
     model::iolatency::IolatencyCount,
     model::judge::{self, Row},
+    model::latency::Latency,
     model::limits::{self, Effective},
     model::meter::SplitLimits,
     model::timeline::Timeline,
@@ -235,6 +236,14 @@ fn device_snapshot(
             .entry(k.cgroup_id)
             .or_insert_with(|| Directions::empty(opts))
             .get_mut(k.dir) = st;
+    }
+    // A request completes in the interval after its issue, maybe: its latency makes a row.
+    for (k, h) in window.latency.iter().filter(|(k, _)| k.dev == dev) {
+        let st = rows
+            .entry(k.cgroup_id)
+            .or_insert_with(|| Directions::empty(opts))
+            .get_mut(k.dir);
+        st.latency = Some(Latency(*h));
     }
     let mut cgroups = Vec::new();
     let mut total = Directions::empty(opts);

@@ -53,8 +53,10 @@ tr.total td { font-weight: bold; background: #fafafa; }
 
 fn table_html(s: &Snapshot) -> String {
     let rows = table::rows(s);
+    let shown = table::shown_columns(&rows);
     let mut o = String::from("<table><tr>");
-    for (i, h) in table::HEADER.iter().enumerate() {
+    for &i in &shown {
+        let h = table::HEADER[i];
         let class = if table::right_aligned(i) {
             " class=\"n\""
         } else {
@@ -69,7 +71,12 @@ fn table_html(s: &Snapshot) -> String {
         } else {
             "<tr>"
         });
-        for (i, c) in r.cells.iter().enumerate() {
+        for (i, c) in r
+            .cells
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| shown.contains(i))
+        {
             let class = if table::right_aligned(i) {
                 " class=\"n\""
             } else {

@@ -8,7 +8,10 @@ use prometheus_client::{
     metrics::{counter::ConstCounter, gauge::ConstGauge, MetricType},
 };
 
+use mergetrace_common::latency::{lat_bucket_end_ns, LAT_BUCKETS};
+
 use super::{bpr_bounds, size_bounds, Model, Row, SeriesKey, MERGE_PATHS};
+use crate::model::latency::{Class, Latency, Stage};
 
 #[derive(Debug)]
 pub(super) struct Exposition(pub(super) Model);
@@ -142,7 +145,56 @@ fn histograms(enc: &mut DescriptorEncoder, rows: &Rows) -> fmt::Result {
         rows,
         &bpr_bounds(),
         |r| (&r.bpr_hist[..], r.bios + r.splits),
-    )
+    )?;
+    for (stage, name, help) in [
+        (
+            Stage::Queue,
+            "mergetrace_queue_latency_seconds",
+            "--latency: time from a request's creation to its first issue, by whether it carried merged bios.",
+        ),
+        (
+            Stage::Device,
+            "mergetrace_device_latency_seconds",
+            "--latency: time from a request's last issue to its completion, by whether it carried merged bios.",
+        ),
+    ] {
+        latency_histogram(enc, name, help, rows, stage)?;
+    }
+    Ok(())
+}
+
+/// One latency histogram family: a series per row with `--latency` and request class
+/// (`request="single"` or `"merged"`), log2 buckets in seconds, the exact sum.
+fn latency_histogram(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: &Rows,
+    stage: Stage,
+) -> fmt::Result {
+    let bounds: Vec<f64> = (0..LAT_BUCKETS)
+        .map(|b| match lat_bucket_end_ns(b) {
+            u64::MAX => f64::INFINITY,
+            ns => ns as f64 / 1e9,
+        })
+        .collect();
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;
+    for (k, r) in rows.iter().filter(|(_, r)| r.latency_on) {
+        let l = Latency(r.latency);
+        for (class, value) in [(Class::Single, "single"), (Class::Merged, "merged")] {
+            let counts = l.buckets(stage, class);
+            let buckets: Vec<(f64, u64)> = bounds.iter().copied().zip(counts).collect();
+            let [d, c, dir, n] = k.labels();
+            let labels = [d, c, dir, n, ("request", value)];
+            m.encode_family(&labels)?.encode_histogram::<NoLabelSet>(
+                l.sum_ns(stage, class) as f64 / 1e9,
+                l.count(stage, class),
+                &buckets,
+                None,
+            )?;
+        }
+    }
+    Ok(())
 }
 
 fn losses_and_folding(enc: &mut DescriptorEncoder, model: &Model) -> fmt::Result {
@@ -242,6 +294,40 @@ fn histogram(
 mod tests {
     use super::super::tests::*;
     use super::super::*;
+
+    #[test]
+    fn latency_histograms_per_request_class_only_where_counted() {
+        use crate::model::latency::Latency;
+        use mergetrace_common::latency::{lat_bucket, LatencyHist, MERGED, SINGLE};
+        let mut h = LatencyHist::default();
+        // Queue: 2 single requests of 1.5 µs, 1 merged of 100 µs; device: 1 merged of 1 ms.
+        h.queue[SINGLE][lat_bucket(1_500)] = 2;
+        h.queue_ns[SINGLE] = 3_000;
+        h.queue[MERGED][lat_bucket(100_000)] = 1;
+        h.queue_ns[MERGED] = 100_000;
+        h.device[MERGED][lat_bucket(1_000_000)] = 1;
+        h.device_ns[MERGED] = 1_000_000;
+        let mut st = write_stats(96, 4);
+        st.latency = Some(Latency(h));
+        let mut m = Model::new(10, "tracepoint");
+        m.update(&snapshot(&[("/mt", st), ("/other", write_stats(8, 8))]));
+        let text = m.render();
+        let l = "device=\"loop3\",cgroup=\"/mt\",direction=\"write\",name=\"\"";
+        for want in [
+            format!("mergetrace_queue_latency_seconds_count{{{l},request=\"single\"}} 2\n"),
+            format!("mergetrace_queue_latency_seconds_sum{{{l},request=\"single\"}} 0.000003\n"),
+            format!("mergetrace_queue_latency_seconds_count{{{l},request=\"merged\"}} 1\n"),
+            format!("mergetrace_device_latency_seconds_count{{{l},request=\"merged\"}} 1\n"),
+            format!("mergetrace_device_latency_seconds_bucket{{{l},request=\"merged\",le=\"+Inf\"}} 1\n"),
+        ] {
+            assert!(text.contains(&want), "no {want:?} in\n{text}");
+        }
+        // A row without --latency has no latency series.
+        assert!(
+            !text.contains("cgroup=\"/other\",direction=\"write\",name=\"\",request="),
+            "{text}"
+        );
+    }
 
     #[test]
     fn cumulative_buckets_from_log2_counts() {

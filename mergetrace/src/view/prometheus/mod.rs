@@ -27,6 +27,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use mergetrace_common::{
     count::{COUNT_BUCKETS, SIZE_BUCKETS},
+    latency::LatencyHist,
     vocab, LOST_SLOTS, REMOVED_CGROUP,
 };
 use prometheus_client::{encoding::prometheus_text, registry::Registry};
@@ -101,6 +102,30 @@ pub struct Row {
     pub iocost_bios: [u64; 2],
     pub iocost_cost_us: f64,
     pub iocost_on: bool,
+    /// `--latency`: the request latency histograms (`latency_on`).
+    pub latency: LatencyHist,
+    pub latency_on: bool,
+}
+
+/// Every counter of a row's latency histograms, in one order.
+fn latency_counts(h: &mut LatencyHist) -> impl Iterator<Item = &mut u64> + '_ {
+    let LatencyHist {
+        queue,
+        device,
+        queue_ns,
+        device_ns,
+    } = h;
+    queue
+        .iter_mut()
+        .chain(device.iter_mut())
+        .flatten()
+        .chain(queue_ns.iter_mut())
+        .chain(device_ns.iter_mut())
+}
+
+/// The counters of [`latency_counts`], read.
+fn latency_values(h: &LatencyHist) -> Vec<u64> {
+    latency_counts(&mut h.clone()).map(|n| *n).collect()
 }
 
 /// Upper bounds of the request size buckets (the last is +Inf).
@@ -182,6 +207,8 @@ impl Row {
                 .map_or([0; 2], |c| [c.requests, c.merged]),
             iocost_cost_us: st.meters.iocost.as_ref().map_or(0.0, |c| c.cost_us),
             iocost_on: st.meters.iocost.is_some(),
+            latency: st.latency.map_or(LatencyHist::default(), |l| l.0),
+            latency_on: st.latency.is_some(),
             ..Row::default()
         };
         let (sb, cb) = (size_bounds(), bpr_bounds());
@@ -225,6 +252,7 @@ impl Row {
             .chain(self.bpr_hist.iter_mut().zip(o.bpr_hist))
             .chain(self.wbt.iter_mut().zip(o.wbt))
             .chain(self.iocost_bios.iter_mut().zip(o.iocost_bios))
+            .chain(latency_counts(&mut self.latency).zip(latency_values(&o.latency)))
         {
             f(a, b);
         }
@@ -246,6 +274,7 @@ impl Row {
         self.iocost_cost_us += o.iocost_cost_us;
         self.wbt_on |= o.wbt_on;
         self.iocost_on |= o.iocost_on;
+        self.latency_on |= o.latency_on;
     }
 
     /// Takes `o` out of `self`, counter by counter (never below 0). Gauges stay.

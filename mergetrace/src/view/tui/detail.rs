@@ -3,6 +3,7 @@
 //! verdict text the JSON and text views print.
 use crate::{
     fmt,
+    model::latency::{Class, Latency, Stage},
     model::snapshot::{DirStats, Snapshot},
     view::table::RowAt,
 };
@@ -25,6 +26,9 @@ pub fn detail(s: &Snapshot, at: RowAt) -> (String, Vec<String>) {
         return (title, vec!["no I/O in this span".into()]);
     };
     let mut lines = vec![counts(st)];
+    if let Some(l) = &st.latency {
+        lines.push(latency(l));
+    }
     if cgroup.is_none() {
         lines.push("the disk's total: limits and verdicts are per cgroup".into());
         return (title, lines);
@@ -35,6 +39,32 @@ pub fn detail(s: &Snapshot, at: RowAt) -> (String, Vec<String>) {
         None => "verdict: none (no meter in force held or charged it)".into(),
     });
     (title, lines)
+}
+
+/// `--latency`: p50 / p99 of each stage, for requests of one bio and those with merged bios.
+fn latency(l: &Latency) -> String {
+    let part = |stage: Stage, class: Class| -> String {
+        let n = l.count(stage, class);
+        match (
+            l.quantile_us(stage, class, 0.5),
+            l.quantile_us(stage, class, 0.99),
+        ) {
+            (Some(p50), Some(p99)) => format!(
+                "{} {} / {}",
+                fmt::thousands(n),
+                fmt::latency_bound(p50),
+                fmt::latency_bound(p99)
+            ),
+            _ => "none".into(),
+        }
+    };
+    format!(
+        "latency p50 / p99 — queue: single {}, merged {} · device: single {}, merged {}",
+        part(Stage::Queue, Class::Single),
+        part(Stage::Queue, Class::Merged),
+        part(Stage::Device, Class::Single),
+        part(Stage::Device, Class::Merged),
+    )
 }
 
 /// Every count of the row, in words.
