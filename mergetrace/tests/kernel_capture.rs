@@ -145,6 +145,7 @@ fn capture_round_trip_report_lineage_and_exports() {
     check_text_report(cap);
     check_html_report(&run, cap, ios);
     check_lineage(cap, &w, &ctx);
+    check_latency_report(&run, cap, ios, &ctx);
     let kinds = check_csv_and_jsonl(&run, cap, &ctx);
     check_blktrace_export(&run, cap, (&kinds, &w), &ctx);
     check_perfetto_export(&run, cap, &w, &ctx);
@@ -235,6 +236,68 @@ fn check_report_json(run: &Run, cap: &str, ios: u64, ctx: &str) -> Value {
         "{ctx}: each request issued after an insert or directly"
     );
     w.clone()
+}
+
+/// `report --latency --json`: each cgroup's requests counted once per stage, apart by whether
+/// they carried merged bios (the bios-per-request histogram above 1), and every bio's wait by
+/// how it joined: as many as the cgroup's bios.
+fn check_latency_report(run: &Run, cap: &str, ios: u64, ctx: &str) {
+    let (out, err) = succeeded(
+        mergetrace(&["report", cap, "--latency", "--json"]),
+        "report --latency --json",
+    );
+    assert!(!err.contains("warning"), "{err}");
+    let rep: Value = serde_json::from_str(out.trim()).expect("one object");
+    let rd = device_of(&rep, &run.lo);
+    for cg in [&run.a, &run.b] {
+        let r = rd["cgroups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["cgroup"] == cg.path().as_str())
+            .unwrap_or_else(|| panic!("{} not in the report", cg.path()));
+        let w = &r["write"];
+        let several: u64 = w["histograms"]["bios_per_request"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(b, _)| b.as_str() != "1")
+            .map(|(_, n)| n.as_u64().unwrap())
+            .sum();
+        for stage in ["queue", "device"] {
+            let l = &w["latency"][stage];
+            assert_eq!(
+                u(&l["all"], "count"),
+                u(w, "requests"),
+                "{ctx} {} {stage}: {l}",
+                cg.path()
+            );
+            assert_eq!(
+                u(&l["merged"], "count"),
+                several,
+                "{ctx} {} {stage}: {l}",
+                cg.path()
+            );
+        }
+        let waited: u64 = rep["distributions"]["bio_wait"]
+            .as_array()
+            .expect("bio_wait rows")
+            .iter()
+            .filter(|b| b["cgroup"] == cg.path().as_str() && b["dir"] == "write")
+            .map(|b| b["wait"]["count"].as_u64().unwrap())
+            .sum();
+        assert_eq!(waited, ios, "{ctx} {}: every bio's wait", cg.path());
+    }
+    let page = Path::new(cap).with_extension("latency.html");
+    succeeded(
+        mergetrace(&["report", cap, "--latency", "--html", page.to_str().unwrap()]),
+        "report --latency --html",
+    );
+    let html = fs::read_to_string(&page).unwrap();
+    for cg in [&run.a, &run.b] {
+        let title = format!("{} {} write: queue (created → issued)", run.lo.name, cg.path());
+        assert!(html.contains(&title), "no chart {title:?} in the HTML report");
+    }
 }
 
 /// For a failure message: the capture's write requests issued without a completion in stream
@@ -754,6 +817,8 @@ fn capture_of_requests_only_counts_as_the_live_view() {
         events_written(&rec_stderr) < ios,
         "a --requests capture writes per request, not per bio: {rec_stderr}"
     );
-    let out = mergetrace(&["report", cap, "--lineage"]);
-    assert_one_line_error(&out, "needs a full capture");
+    for flag in ["--lineage", "--latency"] {
+        let out = mergetrace(&["report", cap, flag]);
+        assert_one_line_error(&out, "needs a full capture");
+    }
 }

@@ -9,7 +9,7 @@ use crate::{
     cli::args::{SpanArgs, SubtreeArg},
     model::snapshot::Snapshot,
     offline::{
-        analysis, lineage,
+        analysis, latency, lineage,
         load::{header_of, load, snapshot},
         names::Names,
     },
@@ -35,6 +35,11 @@ pub struct ReportArgs {
     /// With --lineage: only the first N requests issued.
     #[arg(long, value_name = "N", requires = "lineage")]
     pub limit: Option<usize>,
+    /// Latency per cgroup, replayed request by request: each request's queue and device
+    /// latency (apart for requests that carried merged bios, as the live view's --latency) and
+    /// each bio's wait until its request was issued, by how it joined (a full capture only).
+    #[arg(long, conflicts_with = "lineage")]
+    pub latency: bool,
     /// Write a self-contained HTML report (tables, verdicts, charts) to FILE.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["lineage", "json"])]
     pub html: Option<PathBuf>,
@@ -68,14 +73,30 @@ pub fn run(args: &ReportArgs) -> Result<()> {
 
 fn run_report(args: &ReportArgs) -> Result<()> {
     let header = header_of(&args.file)?;
+    if args.latency && header.requests_only {
+        refuse_requests_only(args, "per-bio latency (--latency)")?;
+    }
     let mut an = analysis::Analysis::new(header.start_monotonic_ns, &header.meter_units);
-    let loaded = load(&args.file, args.span.from, args.span.to, |ev| an.apply(ev))?;
+    let mut tracker = args.latency.then(lineage::Tracker::new);
+    let mut loaded = load(&args.file, args.span.from, args.span.to, |ev| {
+        an.apply(ev);
+        if let Some(t) = tracker.as_mut() {
+            t.apply(ev);
+        }
+    })?;
     if let Some(w) = &loaded.warning {
         eprintln!("mergetrace: warning: {w}");
     }
+    let lin = tracker.map(lineage::Tracker::finish);
+    if let Some(lin) = &lin {
+        loaded.window.latency = latency::request_histograms(lin).into_iter().collect();
+    }
     let subtree = subtree_of(args.subtree.cgroup.as_deref());
     let s = snapshot(&loaded, subtree.as_deref());
-    let dist = an.finish(&s, loaded.window.end_ns);
+    let mut dist = an.finish(&s, loaded.window.end_ns);
+    if let Some(lin) = &lin {
+        dist.bio_wait = latency::bio_waits(lin, &s);
+    }
     if let Some(out) = &args.html {
         let page = view::html::render(&loaded.header, &args.file, &s, &dist)?;
         std::fs::write(out, page).with_context(|| format!("cannot write {}", out.display()))?;
@@ -112,13 +133,18 @@ fn run_report(args: &ReportArgs) -> Result<()> {
 }
 
 /// `report --lineage`: request by request.
+/// One line for what a `record --requests` capture cannot give: it has no bio events.
+fn refuse_requests_only(args: &ReportArgs, what: &str) -> Result<()> {
+    anyhow::bail!(
+        "{} was recorded with --requests (request events only): {what} needs a full capture \
+         (record without --requests); its report has the totals and paths",
+        args.file.display()
+    )
+}
+
 fn run_lineage(args: &ReportArgs) -> Result<()> {
     if crate::offline::load::header_of(&args.file)?.requests_only {
-        anyhow::bail!(
-            "{} was recorded with --requests (request events only): bio-by-bio lineage needs \
-             a full capture (record without --requests); its report has the totals and paths",
-            args.file.display()
-        );
+        refuse_requests_only(args, "bio-by-bio lineage")?;
     }
     let subtree = subtree_of(args.subtree.cgroup.as_deref());
     // With a cgroup filter the limit applies after filtering.

@@ -102,10 +102,9 @@ pub fn snapshot(loaded: &Loaded, subtree: Option<&str>) -> Snapshot {
                 ..Default::default()
             }
         } else {
-            // Latency histograms are counted in the kernel only (live `--latency`); a
-            // capture's latency is in its distributions.
+            // Latency histograms: `report --latency` replays the requests for them.
             crate::kernel::Wants {
-                latency: false,
+                latency: !loaded.window.latency.is_empty(),
                 ..crate::kernel::Wants::ALL
             }
         },

@@ -1,4 +1,5 @@
 pub mod analysis;
+pub mod latency;
 pub mod lineage;
 pub mod load;
 pub mod names;

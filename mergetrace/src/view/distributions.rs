@@ -22,8 +22,48 @@ pub fn render_text(snap: &Snapshot, d: &Distributions) -> String {
         plug_flushes_text(&mut out, dev);
     }
     latency_text(&mut out, d);
+    bio_wait_text(&mut out, d);
     series_text(&mut out, d);
     out
+}
+
+/// `report --latency`: each bio's wait until its request was issued, by how it joined.
+fn bio_wait_text(out: &mut String, d: &Distributions) {
+    if d.bio_wait.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "bio wait, queued → its request issued (µs), by how the bio joined its request:"
+    );
+    let cw = d
+        .bio_wait
+        .iter()
+        .map(|b| b.cgroup.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max("CGROUP".len());
+    let _ = writeln!(
+        out,
+        "  {:<8} {:<cw$} {:<7} {:<24} {:>8} {:>9} {:>9} {:>9} {:>9}",
+        "DEVICE", "CGROUP", "DIR", "JOINED", "BIOS", "P50", "P90", "P99", "MAX"
+    );
+    for b in &d.bio_wait {
+        let w = &b.wait;
+        let _ = writeln!(
+            out,
+            "  {:<8} {:<cw$} {:<7} {:<24} {:>8} {:>9} {:>9} {:>9} {:>9}",
+            b.device,
+            b.cgroup,
+            b.dir,
+            b.joined,
+            w.count,
+            fmt::micros(w.p50_us),
+            fmt::micros(w.p90_us),
+            fmt::micros(w.p99_us),
+            fmt::micros(w.max_us)
+        );
+    }
 }
 
 fn bar(n: u64, max: u64, width: usize) -> String {

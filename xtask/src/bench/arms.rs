@@ -1,4 +1,5 @@
-//! The arms of the benchmark (no tracer, the live view, record, bpftrace, perf, --stats),
+//! The arms of the benchmark (no tracer, the live view, with --latency, record, record
+//! --requests, bpftrace, perf, --stats),
 //! the order they run in each round, and what one run of an arm measured.
 
 use super::{
@@ -10,17 +11,21 @@ use super::{
 pub enum Arm {
     Baseline,
     Live,
+    LiveLatency,
     Record,
+    RecordRequests,
     Bpftrace,
     Perf,
     LiveStats,
 }
 
 impl Arm {
-    pub const ALL: [Arm; 6] = [
+    pub const ALL: [Arm; 8] = [
         Arm::Baseline,
         Arm::Live,
+        Arm::LiveLatency,
         Arm::Record,
+        Arm::RecordRequests,
         Arm::Bpftrace,
         Arm::Perf,
         Arm::LiveStats,
@@ -30,7 +35,9 @@ impl Arm {
         match self {
             Arm::Baseline => "baseline",
             Arm::Live => "live",
+            Arm::LiveLatency => "live_latency",
             Arm::Record => "record",
+            Arm::RecordRequests => "record_requests",
             Arm::Bpftrace => "bpftrace",
             Arm::Perf => "perf",
             Arm::LiveStats => "live_stats",
@@ -41,7 +48,9 @@ impl Arm {
         match self {
             Arm::Baseline => "baseline (no tracer)",
             Arm::Live => "mergetrace live",
+            Arm::LiveLatency => "mergetrace live --latency",
             Arm::Record => "mergetrace record",
+            Arm::RecordRequests => "mergetrace record --requests",
             Arm::Bpftrace => "bpftrace",
             Arm::Perf => "perf record",
             Arm::LiveStats => "mergetrace live --stats",
@@ -53,7 +62,9 @@ impl Arm {
         match self {
             Arm::Baseline => "",
             Arm::Live => "mergetrace -d DEV --json -i 10s",
+            Arm::LiveLatency => "mergetrace -d DEV --json -i 10s --latency",
             Arm::Record => "mergetrace record -d DEV -o /dev/shm/... --force",
+            Arm::RecordRequests => "mergetrace record -d DEV -o /dev/shm/... --force --requests",
             Arm::Bpftrace => {
                 "bpftrace -B line SCRIPT (@[probe, args->dev] = count() on the block tracepoints)"
             }

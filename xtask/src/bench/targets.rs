@@ -19,6 +19,9 @@ pub const LIVE_MAX_OVERHEAD: f64 = 0.03;
 pub const BPFTRACE_OVER_LIVE_MIN: f64 = 8.0;
 /// record's median overhead,
 pub const RECORD_MAX_OVERHEAD: f64 = 0.12;
+/// The live view with `--latency` (a program per completion and two hash updates per
+/// request more): an opt-in that must stay cheap enough to leave on while diagnosing.
+pub const LATENCY_MAX_OVERHEAD: f64 = 0.06;
 /// bpftrace's over record's (record costs at most half of bpftrace),
 pub const BPFTRACE_OVER_RECORD_MIN: f64 = 2.0;
 /// the BPF programs' kernel time per I/O over the CPU time of an I/O.
@@ -227,10 +230,9 @@ impl WorkloadOutcome {
     }
 
     pub fn targets(&self) -> Vec<Target> {
-        let lost: Vec<u64> = self.arms[&Arm::Record]
-            .samples
+        let lost: Vec<u64> = [Arm::Record, Arm::RecordRequests]
             .iter()
-            .flatten()
+            .flat_map(|a| self.arms[a].samples.iter().flatten())
             .filter_map(|s| s.lost)
             .collect();
         vec![
@@ -238,9 +240,11 @@ impl WorkloadOutcome {
             self.ratio_target(Arm::Bpftrace, Arm::Live, BPFTRACE_OVER_LIVE_MIN),
             self.overhead_target(Arm::Record, RECORD_MAX_OVERHEAD),
             self.ratio_target(Arm::Bpftrace, Arm::Record, BPFTRACE_OVER_RECORD_MIN),
+            self.overhead_target(Arm::RecordRequests, RECORD_MAX_OVERHEAD),
+            self.overhead_target(Arm::LiveLatency, LATENCY_MAX_OVERHEAD),
             Target {
                 workload: Some(self.workload()),
-                name: "mergetrace record lost events".into(),
+                name: "mergetrace record (and --requests) lost events".into(),
                 goal: "0".into(),
                 measured: if lost.is_empty() {
                     "not measured".into()
@@ -589,7 +593,9 @@ mod tests {
                 "bpftrace / live overhead",
                 "mergetrace record overhead",
                 "bpftrace / record overhead",
-                "mergetrace record lost events",
+                "mergetrace record --requests overhead",
+                "mergetrace live --latency overhead",
+                "mergetrace record (and --requests) lost events",
                 "BPF cost per I/O",
             ]
         );

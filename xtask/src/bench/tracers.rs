@@ -51,18 +51,24 @@ impl Ctx<'_> {
         let dev = self.lp.name.as_str();
         let (cmd, timeout): (Command, u64) = match arm {
             Arm::Baseline => return Ok(Ok(None)),
-            Arm::Live | Arm::LiveStats => {
+            Arm::Live | Arm::LiveLatency | Arm::LiveStats => {
                 let mut c = Command::new(&self.mergetrace);
                 c.args(["-d", dev, "--json", "-i", "10s"]);
                 if arm == Arm::LiveStats {
                     c.arg("--stats");
                 }
+                if arm == Arm::LiveLatency {
+                    c.arg("--latency");
+                }
                 (c, 60)
             }
-            Arm::Record => {
+            Arm::Record | Arm::RecordRequests => {
                 let mut c = Command::new(&self.mergetrace);
                 c.args(["record", "-d", dev, "--force", "-o"])
                     .arg(self.capture_path());
+                if arm == Arm::RecordRequests {
+                    c.arg("--requests");
+                }
                 (c, 60)
             }
             Arm::Bpftrace => {
@@ -84,8 +90,10 @@ impl Ctx<'_> {
         let mut p = Proc::spawn(arm.label(), cmd, self.dir, arm.key())?;
         let perf_fds = BLOCK_TRACEPOINTS.len() * self.cpus;
         let ready = p.wait_ready(Duration::from_secs(timeout), |p| match arm {
-            Arm::Live | Arm::LiveStats => p.stderr().contains("mergetrace: tracing"),
-            Arm::Record => p.stderr().contains("mergetrace: recording to"),
+            Arm::Live | Arm::LiveLatency | Arm::LiveStats => {
+                p.stderr().contains("mergetrace: tracing")
+            }
+            Arm::Record | Arm::RecordRequests => p.stderr().contains("mergetrace: recording to"),
             Arm::Bpftrace => p.stdout().contains("bench: attached"),
             Arm::Perf => sys::perf_event_fds(p.pid()) >= perf_fds,
             Arm::Baseline => true,
@@ -113,7 +121,10 @@ impl Ctx<'_> {
         fio: &Fio,
         seconds: f64,
     ) -> Result<std::result::Result<Sample, String>> {
-        let mergetrace_arm = matches!(arm, Arm::Live | Arm::LiveStats | Arm::Record);
+        let mergetrace_arm = matches!(
+            arm,
+            Arm::Live | Arm::LiveLatency | Arm::LiveStats | Arm::Record | Arm::RecordRequests
+        );
         let mut tracer = match self.start(arm)? {
             Ok(t) => t,
             Err(why) if mergetrace_arm => bail!("{}: {why}", arm.label()),
@@ -147,7 +158,7 @@ impl Ctx<'_> {
         }
         match arm {
             Arm::Baseline => {}
-            Arm::Live | Arm::LiveStats => {
+            Arm::Live | Arm::LiveLatency | Arm::LiveStats => {
                 let total = last_json(&f.stdout)
                     .with_context(|| format!("{}: no final JSON object on stdout", arm.label()))?;
                 s.lost = total["lost_events"].as_u64();
@@ -158,7 +169,7 @@ impl Ctx<'_> {
                     }
                 }
             }
-            Arm::Record => {
+            Arm::Record | Arm::RecordRequests => {
                 let (events, lost, bytes) = parse_record_summary(&f.stderr).with_context(|| {
                     format!(
                         "mergetrace record: no \"wrote N events (L lost) in B bytes\" line: {}",

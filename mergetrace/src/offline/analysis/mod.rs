@@ -131,6 +131,9 @@ pub struct TimeSeries {
 pub struct Distributions {
     pub latency: Vec<LatencyRow>,
     pub timeseries: TimeSeries,
+    /// `report --latency`: each bio's wait until its request was issued, by how it joined.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub bio_wait: Vec<crate::offline::latency::BioWait>,
 }
 
 impl Analysis {
@@ -290,6 +293,7 @@ impl Analysis {
                 buckets,
                 series,
             },
+            bio_wait: Vec::new(),
         }
     }
 }

@@ -11,6 +11,7 @@ use std::{collections::BTreeMap, fmt::Write as _, path::Path};
 use anyhow::Result;
 use plotters::style::RGBColor;
 
+use crate::model::latency::{bucket_bound_us, Class, Latency, Stage};
 use crate::offline::analysis::{unplug_rows, Distributions, REQUEST_HISTOGRAMS};
 use crate::{
     capture::Header,
@@ -19,6 +20,7 @@ use crate::{
     view::table,
 };
 use charts::{bar_chart, CGROUP_COLORS, EXPLICIT, SCHEDULE};
+use mergetrace_common::latency::LAT_BUCKETS;
 
 pub(crate) fn esc(s: &str) -> String {
     let mut o = String::with_capacity(s.len());
@@ -261,7 +263,60 @@ fn device_section(o: &mut String, dev: &DeviceSnapshot, d: &Distributions) -> Re
     series::charts(o, dev, d)?;
     request_charts(o, dev)?;
     plug_chart(o, dev)?;
+    latency_charts(o, dev)?;
     o.push_str(&latency_html(d, &dev.device));
+    Ok(())
+}
+
+/// `report --latency`: per cgroup and direction, the requests' queue and device latency
+/// histograms, requests of one bio and requests with merged bios stacked.
+fn latency_charts(o: &mut String, dev: &DeviceSnapshot) -> Result<()> {
+    let mut charts = String::new();
+    for c in &dev.cgroups {
+        for dir in Dir::ALL {
+            let Some(l) = c.dirs.get(dir).latency.filter(|l| *l != Latency::default()) else {
+                continue;
+            };
+            for (stage, what) in [
+                (Stage::Queue, "queue (created → issued)"),
+                (Stage::Device, "device (issued → completed)"),
+            ] {
+                let (single, merged) = (
+                    l.buckets(stage, Class::Single),
+                    l.buckets(stage, Class::Merged),
+                );
+                let used = |b: &usize| single[*b] + merged[*b] > 0;
+                let (Some(lo), Some(hi)) =
+                    ((0..LAT_BUCKETS).find(used), (0..LAT_BUCKETS).rfind(used))
+                else {
+                    continue;
+                };
+                let labels: Vec<String> = (lo..=hi)
+                    .map(|b| crate::fmt::latency_bound(bucket_bound_us(b)))
+                    .collect();
+                charts.push_str(&bar_chart(
+                    &format!("{} {} {}: {what}", dev.device, c.cgroup, dir.name()),
+                    "latency (bucket's upper bound)",
+                    "requests",
+                    &labels,
+                    &[
+                        ("requests of one bio", single[lo..=hi].to_vec(), SCHEDULE),
+                        (
+                            "requests with merged bios",
+                            merged[lo..=hi].to_vec(),
+                            EXPLICIT,
+                        ),
+                    ],
+                )?);
+                charts.push('\n');
+            }
+        }
+    }
+    if !charts.is_empty() {
+        o.push_str("<h3>Request latency per cgroup</h3>\n<div class=\"charts\">\n");
+        o.push_str(&charts);
+        o.push_str("</div>\n");
+    }
     Ok(())
 }
 
