@@ -195,6 +195,9 @@ pub struct Modes {
     /// Count each request's queue and device latency in the `LATENCY` histograms
     /// ([`LatencyHist`]; live `--latency`).
     pub latency: u32,
+    /// A capture of request events only (`record --requests`): as when counting, a read's
+    /// new request (`block_getrq`) is not sent (nothing in such a capture needs it).
+    pub requests_only: u32,
 }
 
 impl Modes {
@@ -205,6 +208,7 @@ impl Modes {
         merge_path_from_stack: 0,
         cgroup_hierarchy: 0,
         latency: 0,
+        requests_only: 0,
     };
     /// Every event to the ring buffer, no counting (capture).
     pub const EMITTING: Modes = Modes {
@@ -213,6 +217,7 @@ impl Modes {
         merge_path_from_stack: 0,
         cgroup_hierarchy: 0,
         latency: 0,
+        requests_only: 0,
     };
 }
 

@@ -429,9 +429,11 @@ fn getrq(bio: u64) {
         return;
     }
     let op = (read::<u32>(bio, off!(bio_bi_opf)) & 0xff) as u8;
+    // Only a full capture (lineage: which bio started which request) or io.cost needs a
+    // read's new request.
     if dir_of_op(op) == mergetrace_common::count::dir::READ
         && frozen!(TRACED.any_iocost) == 0
-        && !emitting()
+        && (!emitting() || frozen!(MODES.requests_only) != 0)
     {
         // Where a queue does not name its disk (up to 5.15), a plug flush is told by the
         // queue learned from the disk's bios: a new request is the first a counting run sees

@@ -295,8 +295,15 @@ fn check_latency_report(run: &Run, cap: &str, ios: u64, ctx: &str) {
     );
     let html = fs::read_to_string(&page).unwrap();
     for cg in [&run.a, &run.b] {
-        let title = format!("{} {} write: queue (created → issued)", run.lo.name, cg.path());
-        assert!(html.contains(&title), "no chart {title:?} in the HTML report");
+        let title = format!(
+            "{} {} write: queue (created → issued)",
+            run.lo.name,
+            cg.path()
+        );
+        assert!(
+            html.contains(&title),
+            "no chart {title:?} in the HTML report"
+        );
     }
 }
 
@@ -755,7 +762,8 @@ fn capture_of_requests_only_counts_as_the_live_view() {
     let dir = tempfile::tempdir().unwrap();
     let capture = dir.path().join("requests.mtr");
     let live = Tracer::start(&["-d", lo.name.as_str(), "--plug-flushes"]);
-    let rec = Recorder::start_with(&lo, &capture, &["--requests"]);
+    // Plug flushes only when asked for, as in the live view.
+    let rec = Recorder::start_with(&lo, &capture, &["--requests", "--plug-flushes"]);
     let before = lo.diskstats();
     let ios = 1024u64;
     let n = ios.to_string();

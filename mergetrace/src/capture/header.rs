@@ -47,6 +47,11 @@ pub struct Header {
     /// Recorded with `record --requests`: request events only (and the per-bio events only a
     /// meter in force needed); counted per request, no bio-by-bio lineage.
     pub requests_only: bool,
+    /// A `record --requests` capture without plug flush events (`record --requests` without
+    /// `--plug-flushes`, mergetrace 0.2 on): its report has no plug flush depths. Absent
+    /// (older captures, full captures): they are in it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub no_plug_flushes: bool,
     /// Fields this build does not know (from a newer writer of the same format version):
     /// kept so that reading and writing a header again does not lose them.
     #[serde(flatten)]

@@ -2,7 +2,7 @@
 //! context needed to read it offline. The file is flushed every interval, so a crash or
 //! kill -9 loses at most the last interval; losses are recorded where they happened.
 use std::{
-    collections::{BTreeMap, HashSet},
+    collections::BTreeMap,
     path::PathBuf,
     sync::{Arc, Mutex},
 };
@@ -99,7 +99,7 @@ fn own_limits(
 /// id still unknown after [`LateNames::TRIES`] intervals (created and removed in between)
 /// stays "unknown cgroup id N" in the report.
 struct LateNames {
-    known: HashSet<u64>,
+    known: foldhash::HashSet<u64>,
     /// The previous event's cgroup: consecutive events mostly share one.
     last: u64,
     /// Unnamed id → intervals tried.
@@ -209,18 +209,19 @@ pub async fn run(args: RecordArgs) -> Result<()> {
     let mut opts = args
         .trace
         .kernel_options(Modes::EMITTING, args.run.ring_mib << 20, false);
-    opts.wants = if args.requests {
-        kernel::Wants {
-            plug_flushes: true,
-            ..opts.wants
-        }
+    // --requests: the request events, and what the flags ask for (plug flushes, a program
+    // run per flush, only with --plug-flushes); reads' new requests are left out as when
+    // counting (a request's events tell it).
+    if args.requests {
+        opts.modes.requests_only = 1;
     } else {
-        kernel::Wants::ALL
-    };
+        opts.wants = kernel::Wants::ALL;
+    }
     let mut session = kernel::Session::start(&devices, &opts)?;
     let mut h = probe_header;
     h.tier = session.tier.kind.name().to_string();
     h.requests_only = args.requests;
+    h.no_plug_flushes = !session.wants.plug_flushes;
     let iolatency = crate::sys::iolatency::targets_on(&devices, &cgroups);
     for d in &mut h.devices {
         let dev = crate::sys::device::Device::from(&*d).dev().0;

@@ -98,7 +98,7 @@ pub fn snapshot(loaded: &Loaded, subtree: Option<&str>) -> Snapshot {
         // A full capture has every program's events; `record --requests` the request ones.
         wants: if h.requests_only {
             crate::kernel::Wants {
-                plug_flushes: true,
+                plug_flushes: !h.no_plug_flushes,
                 ..Default::default()
             }
         } else {
