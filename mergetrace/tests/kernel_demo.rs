@@ -99,9 +99,27 @@ fn quick_demo_runs_the_merging_lab_and_checks_itself() {
         stdout.contains("this limit counts before merging"),
         "{stdout}"
     );
+    // Table 5: the reader's latency beside the writer at each nomerges level, its counts
+    // checked (a row each, "=": its latency counts equal its requests and diskstats). The
+    // writer's requests: merged into 128 KiB with nomerges 0 and 1, one per bio with 2.
+    let latency = stdout
+        .split("\n5. What merging costs the requests beside it")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no latency table: {stdout}"));
+    for (nomerges, requests) in [(0, "256"), (1, "256"), (2, "8,192")] {
+        let row = latency
+            .lines()
+            .find(|l| l.starts_with(&format!("| {nomerges} | ")))
+            .unwrap_or_else(|| panic!("no row nomerges={nomerges}: {latency}"));
+        assert!(
+            row.starts_with(&format!("| {nomerges} | {requests} | ")),
+            "{row}"
+        );
+        assert!(row.ends_with("| = |"), "{row}");
+    }
     let arms = if iocost_here() {
         assert_iocost_arm(&stdout);
-        11
+        14
     } else {
         assert!(
             stdout.contains(&format!(
@@ -110,7 +128,7 @@ fn quick_demo_runs_the_merging_lab_and_checks_itself() {
             )),
             "{stdout}"
         );
-        9
+        12
     };
     assert!(
         stdout.contains(&format!(

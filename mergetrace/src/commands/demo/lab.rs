@@ -339,9 +339,11 @@ impl Lab {
                 ebpf_log: false,
                 reclaim_after: std::time::Duration::from_secs(5),
                 // The throttled arm sets its limit after the start: count its charges.
+                // The latency arm reads the request latency histograms.
                 wants: kernel::Wants {
                     bios: true,
                     throttle: true,
+                    latency: true,
                     ..Default::default()
                 },
             },

@@ -3,6 +3,7 @@
 //! checked against /proc/diskstats (and blk-throttle's counter for the throttled arms).
 mod iocost;
 mod lab;
+mod latency;
 mod tables;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -75,13 +76,20 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     tables::print(&lab, mib, &nomerges, &batch);
     tables::print_throttled(&throttled, WIOPS, throttle_secs, &limited.rel);
     tables::print_iocost(&under_iocost, (iocost_ios * 4096) >> 20);
+    let (writes, reads) = (ios / 2, ios / 32);
+    let beside = latency::arms(&mut lab, writes, reads)?;
+    latency::print(&beside, writes, reads);
     let all: Vec<Arm> = nomerges
         .into_iter()
         .chain(batch)
         .chain(throttled)
         .chain(under_iocost.unwrap_or_default())
         .collect();
-    let problems: Vec<String> = all.iter().flat_map(|a| a.mismatches()).collect();
+    let problems: Vec<String> = all
+        .iter()
+        .flat_map(|a| a.mismatches())
+        .chain(beside.iter().flat_map(|a| a.mismatches()))
+        .collect();
     drop(limited);
     if !problems.is_empty() {
         for p in &problems {
@@ -94,7 +102,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     }
     println!(
         "\nself-check: all {} arms equal the kernel's counters",
-        all.len()
+        all.len() + beside.len()
     );
     Ok(())
 }

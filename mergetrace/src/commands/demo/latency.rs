@@ -1,0 +1,194 @@
+//! The demo's latency arm: what merging costs the requests beside it. A sequential writer
+//! whose 4 KiB bios merge (batches of 32) and an "interactive" reader (4 KiB reads, one at a
+//! time) share the scratch disk under mq-deadline, in two cgroups of the demo's own, with
+//! nomerges 0, 1 and 2; each arm shows the reader's queue and device latency next to the
+//! writer's requests (`--latency`'s histograms). Self-check: each cgroup's latency counts
+//! equal its requests, and the two cgroups' requests equal /proc/diskstats' reads and writes.
+use std::{
+    os::unix::fs::MetadataExt,
+    process::{Command, Stdio},
+};
+
+use anyhow::{bail, Context, Result};
+
+use super::{
+    check_interrupted,
+    lab::{DemoCgroup, Lab},
+};
+use crate::{
+    fmt,
+    model::{
+        aggregate::{Counts, Dir, Key, Window},
+        latency::{Class, Latency, Stage},
+    },
+    sys::{cgroups::Cgroups, diskstats::DiskStats},
+};
+
+/// One nomerges level: each cgroup's counts and latency, and the disk's.
+pub(super) struct LatencyArm {
+    pub(super) nomerges: u32,
+    pub(super) writer: (Counts, Latency),
+    pub(super) reader: (Counts, Latency),
+    pub(super) disk: DiskStats,
+}
+
+impl LatencyArm {
+    /// Mismatches against the kernel's counters, as sentences.
+    pub(super) fn mismatches(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let label = format!("latency arm nomerges={}", self.nomerges);
+        let mut cmp = |what: &str, ours: u64, kernel: u64| {
+            if ours != kernel {
+                out.push(format!("{label}: {what} mergetrace {ours} ≠ {kernel}"));
+            }
+        };
+        cmp(
+            "writer requests vs diskstats writes",
+            self.writer.0.requests(),
+            self.disk.writes,
+        );
+        cmp(
+            "reader requests vs diskstats reads",
+            self.reader.0.requests(),
+            self.disk.reads,
+        );
+        for (who, (c, l)) in [("writer", &self.writer), ("reader", &self.reader)] {
+            for (stage, name) in [(Stage::Queue, "queue"), (Stage::Device, "device")] {
+                cmp(
+                    &format!("{who} {name} latency count vs its requests"),
+                    l.count(stage, Class::All),
+                    c.requests(),
+                );
+            }
+        }
+        out
+    }
+}
+
+/// The three arms: `writes` 4 KiB writes in batches of 32 from offset 0, `reads` 4 KiB reads
+/// one at a time from the second half of the disk, at once.
+pub(super) fn arms(lab: &mut Lab, writes: u64, reads: u64) -> Result<Vec<LatencyArm>> {
+    let cgroups = Cgroups::discover()?;
+    let writer = DemoCgroup::new(&cgroups, "writer")?;
+    let reader = DemoCgroup::new(&cgroups, "reader")?;
+    lab.disk.queue("scheduler", "mq-deadline")?;
+    let mut arms = Vec::new();
+    for nomerges in [0u32, 1, 2] {
+        check_interrupted()?;
+        eprintln!("mergetrace demo: latency arm, nomerges={nomerges} …");
+        lab.disk.queue("nomerges", &nomerges.to_string())?;
+        let counted_before = lab.session.read_totals()?;
+        let before = DiskStats::read(lab.disk.dev.major, lab.disk.dev.minor)?;
+        let w = spawn(
+            lab,
+            &writer,
+            &["--ios", &writes.to_string(), "--batch", "32"],
+        )?;
+        let offset = (writes * 4096).to_string();
+        let r = spawn(
+            lab,
+            &reader,
+            &[
+                "--op",
+                "read",
+                "--ios",
+                &reads.to_string(),
+                "--batch",
+                "1",
+                "--offset",
+                &offset,
+            ],
+        )?;
+        for (mut child, who) in [(w, "writer"), (r, "reader")] {
+            let status = child.wait()?;
+            if !status.success() {
+                bail!("the latency arm's {who} failed ({status})");
+            }
+        }
+        let window = lab.session.read_totals()?.since(&counted_before);
+        let disk = DiskStats::read(lab.disk.dev.major, lab.disk.dev.minor)?.since(&before);
+        let dev = lab.disk.dev.dev().0;
+        arms.push(LatencyArm {
+            nomerges,
+            writer: of(&window, dev, &writer, Dir::Write)?,
+            reader: of(&window, dev, &reader, Dir::Read)?,
+            disk,
+        });
+    }
+    lab.disk.queue("nomerges", "0")?;
+    lab.disk.queue("scheduler", "none")?;
+    Ok(arms)
+}
+
+/// The built-in workload in `cg`, started.
+fn spawn(lab: &Lab, cg: &DemoCgroup, args: &[&str]) -> Result<std::process::Child> {
+    Command::new(&lab.exe)
+        .arg("__workload")
+        .arg("--target")
+        .arg(&lab.disk.path)
+        .args(args)
+        .arg("--cgroup")
+        .arg(&cg.dir)
+        .stdout(Stdio::null())
+        .spawn()
+        .context("cannot start the workload")
+}
+
+/// A cgroup's counts and latency in one direction of the window.
+fn of(w: &Window, dev: u32, cg: &DemoCgroup, dir: Dir) -> Result<(Counts, Latency)> {
+    // A cgroup's id is its directory's inode number (kernfs).
+    let cgroup_id = std::fs::metadata(&cg.dir)?.ino();
+    let key = Key {
+        dev,
+        cgroup_id,
+        dir,
+    };
+    Ok((
+        w.counts.get(&key).copied().unwrap_or_default(),
+        Latency(w.latency.get(&key).copied().unwrap_or_default()),
+    ))
+}
+
+/// Table 5: the reader's latency as merging is turned off.
+pub(super) fn print(arms: &[LatencyArm], writes: u64, reads: u64) {
+    let mib = (writes * 4096) >> 20;
+    println!(
+        "\n5. What merging costs the requests beside it: a writer ({mib} MiB, batches of 32) and \
+         a reader ({} 4 KiB reads, one at a time) at once, mq-deadline",
+        fmt::thousands(reads)
+    );
+    println!(
+        "| nomerges | Writer's requests | Reader's queue p50 / p99 | Reader's device p50 / p99 \
+         | Reader's mean (queue + device) | check |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for a in arms {
+        let l = &a.reader.1;
+        let p = |stage, q| {
+            l.quantile_us(stage, Class::All, q)
+                .map_or("-".into(), fmt::latency_bound)
+        };
+        let mean = l.mean_us(Stage::Queue, Class::All).unwrap_or(0.0)
+            + l.mean_us(Stage::Device, Class::All).unwrap_or(0.0);
+        println!(
+            "| {} | {} | {} / {} | {} / {} | {} µs | {} |",
+            a.nomerges,
+            fmt::thousands(a.writer.0.requests()),
+            p(Stage::Queue, 0.5),
+            p(Stage::Queue, 0.99),
+            p(Stage::Device, 0.5),
+            p(Stage::Device, 0.99),
+            fmt::micros(mean),
+            if a.mismatches().is_empty() {
+                "="
+            } else {
+                "≠"
+            }
+        );
+    }
+    println!(
+        "Percentiles are log2 bucket bounds (\"at most\"); the means are exact. On a loop \
+         device the device side is a memory copy: a real disk's seek and queue depth make \
+         the writer's merged requests weigh more."
+    );
+}
