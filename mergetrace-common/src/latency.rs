@@ -64,11 +64,20 @@ impl LatencyHist {
     }
 }
 
+/// Issue-time slots per traced disk: a request in flight is found at
+/// `hardware queue × ISSUE_TAGS + driver tag` (the kernel hands a tag to one request at a
+/// time); beyond that, in a hash map.
+pub const ISSUE_QUEUES: u32 = 64;
+pub const ISSUE_TAGS: u32 = 1024;
+pub const ISSUE_SLOTS_PER_DISK: u32 = ISSUE_QUEUES * ISSUE_TAGS;
+
 /// What the issue of a request leaves for its completion: when, and its class.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IssuedAt {
     pub ts_ns: u64,
+    /// The request's address: a slot's entry is only its own request's.
+    pub rq: u64,
     /// The request's cgroup at its issue.
     pub cgroup_id: u64,
     pub class: u32,

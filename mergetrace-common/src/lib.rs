@@ -435,7 +435,11 @@ pub struct KernelOffsets {
     /// `request_queue.limits` + `queue_limits.max_discard_segments` (`unsigned short`): a queue
     /// taking more than one merges discards as ranges (`blk_discard_mergable`).
     pub q_max_discard_segments: u32,
-    pub _pad: u32,
+    /// `request.tag`, `request.mq_hctx` and `blk_mq_hw_ctx.queue_num`: a request in flight is
+    /// (hardware queue, driver tag), which indexes `--latency`'s issue times.
+    pub rq_tag: u32,
+    pub rq_mq_hctx: u32,
+    pub hctx_queue_num: u32,
 }
 
 /// The longest bio chain the request probes walk (a request's bios; loop devices allow 128

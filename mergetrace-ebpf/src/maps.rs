@@ -147,9 +147,22 @@ pub static LATENCY: PerCpuHashMap<CountKey, LatencyHist> =
 pub static LATENCY_ZERO: PerCpuArray<LatencyHist> = PerCpuArray::with_max_entries(1, 0);
 
 /// `--latency`: requests issued and not completed yet: request address → its issue. LRU, so
-/// the entry of a request that never completes (its disk went away) cannot fill the map.
+/// the entry of a request that never completes (its disk went away) cannot fill the map; with
+/// a free list per CPU (`BPF_F_NO_COMMON_LRU`), not one list behind one lock.
+/// Only requests whose (hardware queue, tag) is beyond `ISSUE_SLOTS` come here.
 #[map]
-pub static ISSUED_AT: LruHashMap<u64, IssuedAt> = LruHashMap::with_max_entries(16384, 0);
+pub static ISSUED_AT: LruHashMap<u64, IssuedAt> =
+    LruHashMap::with_max_entries(16384, BPF_F_NO_COMMON_LRU);
+
+/// `--latency`: requests in flight by (disk slot, hardware queue, driver tag)
+/// (`mergetrace_common::latency::ISSUE_SLOTS_PER_DISK` a disk): an array index instead of a
+/// hash update per issue and completion. User space sizes it to the traced disks (one entry
+/// when latency is not counted).
+#[map]
+pub static ISSUE_SLOTS: Array<IssuedAt> = Array::with_max_entries(1, 0);
+
+/// Per-CPU free lists for an LRU map (`BPF_F_NO_COMMON_LRU` of the UAPI).
+const BPF_F_NO_COMMON_LRU: u32 = 2;
 
 /// Requests absorbed into others (`block_rq_merge`): first bio address → the absorbed
 /// request's bios, found and taken out by the walk of the request that took them.

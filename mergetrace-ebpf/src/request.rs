@@ -293,7 +293,7 @@ pub fn block_rq_issue(ctx: BtfTracePointContext) -> u32 {
         // (without an insert entry, nothing did: the rule counts no plug merges again).
         account(&mut ev, rq, at, disk, reissue);
         if latency::wanted() {
-            latency::issued(rq, &ev, rq_aux::chain(ev.aux), reissue);
+            latency::issued(rq, &ev, rq_aux::chain(ev.aux), reissue, disk);
         }
         if reissue {
             ev.flags |= flags::REISSUE;
@@ -377,7 +377,7 @@ pub fn block_rq_complete(ctx: BtfTracePointContext) -> u32 {
         ev.path = error as u8;
         ev.aux = nr_bytes as u32;
         if latency::wanted() {
-            latency::completed(ctx.arg(0), &ev, nr_bytes);
+            latency::completed(ctx.arg(0), &ev, nr_bytes, disk);
         }
         emit(&ev, disk.slot);
     }

@@ -11,8 +11,9 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use mergetrace_common::{
-    latency::LatencyHist, unplug_slot, CountKey, KernelSymbols, MeterUnits, Modes, TracedDevices,
-    UnplugKey, LOST_SLOTS, MAX_DEVICES, MAX_SLOTS, UNPLUG_MAX_DEPTH,
+    latency::{LatencyHist, ISSUE_SLOTS_PER_DISK},
+    unplug_slot, CountKey, KernelSymbols, MeterUnits, Modes, TracedDevices, UnplugKey, LOST_SLOTS,
+    MAX_DEVICES, MAX_SLOTS, UNPLUG_MAX_DEPTH,
 };
 
 use super::{
@@ -117,6 +118,14 @@ fn load_object(
         // One entry each where no latency is counted: their memory only where it is.
         .map_max_entries("LATENCY", if modes.latency != 0 { MAX_SLOTS } else { 1 })
         .map_max_entries("ISSUED_AT", if modes.latency != 0 { 16384 } else { 1 })
+        .map_max_entries(
+            "ISSUE_SLOTS",
+            if modes.latency != 0 {
+                traced.count.max(1) * ISSUE_SLOTS_PER_DISK
+            } else {
+                1
+            },
+        )
         .load(OBJECT)
         .context("cannot load mergetrace's eBPF object")?;
     Ok(Loaded {

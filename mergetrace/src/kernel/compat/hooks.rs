@@ -454,6 +454,21 @@ pub const HOOKS: &[Hook] = &[
         HookKind::Field,
         "request.start_time_ns",
     ),
+    hook(
+        "request in flight (--latency)",
+        HookKind::Field,
+        "request.tag",
+    ),
+    hook(
+        "request in flight (--latency)",
+        HookKind::Field,
+        "request.mq_hctx",
+    ),
+    hook(
+        "request in flight (--latency)",
+        HookKind::Field,
+        "blk_mq_hw_ctx.queue_num",
+    ),
     since(
         (6, 1),
         hook(
