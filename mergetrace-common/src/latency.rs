@@ -38,28 +38,32 @@ impl Default for LatencyHist {
 }
 
 impl LatencyHist {
-    pub fn add(&mut self, o: &LatencyHist) {
-        for c in 0..2 {
-            self.queue_ns[c] += o.queue_ns[c];
-            self.device_ns[c] += o.device_ns[c];
-            for b in 0..LAT_BUCKETS {
-                self.queue[c][b] += o.queue[c][b];
-                self.device[c][b] += o.device[c][b];
-            }
+    /// Every counter, in one order (buckets, then sums): what sums and differences go over.
+    pub fn counters_mut(&mut self) -> impl Iterator<Item = &mut u64> + '_ {
+        self.queue
+            .iter_mut()
+            .chain(self.device.iter_mut())
+            .flatten()
+            .chain(self.queue_ns.iter_mut())
+            .chain(self.device_ns.iter_mut())
+    }
+
+    /// Each counter of `self` set to `f(it, the same counter of o)`.
+    fn combine(&mut self, o: &LatencyHist, f: impl Fn(u64, u64) -> u64) {
+        let mut o = *o;
+        for (a, b) in self.counters_mut().zip(o.counters_mut()) {
+            *a = f(*a, *b);
         }
+    }
+
+    pub fn add(&mut self, o: &LatencyHist) {
+        self.combine(o, |a, b| a + b);
     }
 
     /// `self - earlier`, field-wise (counts only grow).
     pub fn since(&self, earlier: &LatencyHist) -> LatencyHist {
         let mut d = *self;
-        for c in 0..2 {
-            d.queue_ns[c] = d.queue_ns[c].saturating_sub(earlier.queue_ns[c]);
-            d.device_ns[c] = d.device_ns[c].saturating_sub(earlier.device_ns[c]);
-            for b in 0..LAT_BUCKETS {
-                d.queue[c][b] = d.queue[c][b].saturating_sub(earlier.queue[c][b]);
-                d.device[c][b] = d.device[c][b].saturating_sub(earlier.device[c][b]);
-            }
-        }
+        d.combine(earlier, u64::saturating_sub);
         d
     }
 }
@@ -70,6 +74,8 @@ impl LatencyHist {
 pub const ISSUE_QUEUES: u32 = 64;
 pub const ISSUE_TAGS: u32 = 1024;
 pub const ISSUE_SLOTS_PER_DISK: u32 = ISSUE_QUEUES * ISSUE_TAGS;
+/// Entries of the LRU map the requests beyond those slots wait in.
+pub const ISSUED_AT_ENTRIES: u32 = 16384;
 
 /// What the issue of a request leaves for its completion: when, and its class.
 #[repr(C)]

@@ -4,7 +4,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use mergetrace_common::{
-    latency::{IssuedAt, LatencyHist},
+    latency::{IssuedAt, LatencyHist, ISSUED_AT_ENTRIES},
     CountKey, Counters, DeviceState, KernelOffsets, KernelSymbols, MeterUnits, Modes, SlotRef,
     TracedDevices, LOST_SLOTS, MAX_DEVICES, MAX_SLOTS, REMOVED_SLOTS, UNPLUG_SLOTS,
 };
@@ -152,7 +152,7 @@ pub static LATENCY_ZERO: PerCpuArray<LatencyHist> = PerCpuArray::with_max_entrie
 /// Only requests whose (hardware queue, tag) is beyond `ISSUE_SLOTS` come here.
 #[map]
 pub static ISSUED_AT: LruHashMap<u64, IssuedAt> =
-    LruHashMap::with_max_entries(16384, BPF_F_NO_COMMON_LRU);
+    LruHashMap::with_max_entries(ISSUED_AT_ENTRIES, BPF_F_NO_COMMON_LRU);
 
 /// `--latency`: requests in flight by (disk slot, hardware queue, driver tag)
 /// (`mergetrace_common::latency::ISSUE_SLOTS_PER_DISK` a disk): an array index instead of a

@@ -45,6 +45,16 @@ fn same_dir(live: &Value, report: &Value, ctx: &str) {
     );
 }
 
+/// The row of cgroup `path` in a device object of a report.
+fn report_row<'a>(device: &'a Value, path: &str) -> &'a Value {
+    device["cgroups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["cgroup"] == path)
+        .unwrap_or_else(|| panic!("{path} not in the report"))
+}
+
 fn device_of<'a>(snapshot: &'a Value, dev: &LoopDevice) -> &'a Value {
     snapshot["devices"]
         .as_array()
@@ -171,12 +181,7 @@ fn check_report_json(run: &Run, cap: &str, ios: u64, ctx: &str) -> Value {
     assert_eq!(ld["unplug"], rd["unplug"], "{ctx}: unplug");
     for cg in [&run.a, &run.b] {
         let l = run.live.cgroup_row(lo, &cg.path()).expect("live row");
-        let r = rd["cgroups"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["cgroup"] == cg.path().as_str())
-            .unwrap_or_else(|| panic!("{} not in the report", cg.path()));
+        let r = report_row(rd, &cg.path());
         for dir in ["read", "write"] {
             same_dir(&l[dir], &r[dir], &format!("{ctx} {} {dir}", cg.path()));
         }
@@ -250,20 +255,8 @@ fn check_latency_report(run: &Run, cap: &str, ios: u64, ctx: &str) {
     let rep: Value = serde_json::from_str(out.trim()).expect("one object");
     let rd = device_of(&rep, &run.lo);
     for cg in [&run.a, &run.b] {
-        let r = rd["cgroups"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["cgroup"] == cg.path().as_str())
-            .unwrap_or_else(|| panic!("{} not in the report", cg.path()));
-        let w = &r["write"];
-        let several: u64 = w["histograms"]["bios_per_request"]
-            .as_object()
-            .unwrap()
-            .iter()
-            .filter(|(b, _)| b.as_str() != "1")
-            .map(|(_, n)| n.as_u64().unwrap())
-            .sum();
+        let w = &report_row(rd, &cg.path())["write"];
+        let several = requests_of_several_bios(w);
         for stage in ["queue", "device"] {
             let l = &w["latency"][stage];
             assert_eq!(

@@ -11,7 +11,7 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use mergetrace_common::{
-    latency::{LatencyHist, ISSUE_SLOTS_PER_DISK},
+    latency::{LatencyHist, ISSUED_AT_ENTRIES, ISSUE_SLOTS_PER_DISK},
     unplug_slot, CountKey, KernelSymbols, MeterUnits, Modes, TracedDevices, UnplugKey, LOST_SLOTS,
     MAX_DEVICES, MAX_SLOTS, UNPLUG_MAX_DEPTH,
 };
@@ -117,7 +117,14 @@ fn load_object(
         .map_max_entries("EVENTS", ring_bytes)
         // One entry each where no latency is counted: their memory only where it is.
         .map_max_entries("LATENCY", if modes.latency != 0 { MAX_SLOTS } else { 1 })
-        .map_max_entries("ISSUED_AT", if modes.latency != 0 { 16384 } else { 1 })
+        .map_max_entries(
+            "ISSUED_AT",
+            if modes.latency != 0 {
+                ISSUED_AT_ENTRIES
+            } else {
+                1
+            },
+        )
         .map_max_entries(
             "ISSUE_SLOTS",
             if modes.latency != 0 {

@@ -83,15 +83,7 @@ fn check_latency(c: &mut Checks, dir: &str, m: &serde_json::Value, requests: u64
         ));
         return;
     }
-    let several_bios: u64 = m["histograms"]["bios_per_request"]
-        .as_object()
-        .map(|h| {
-            h.iter()
-                .filter(|(bound, _)| bound.as_str() != "1")
-                .filter_map(|(_, n)| n.as_u64())
-                .sum()
-        })
-        .unwrap_or(0);
+    let several_bios = crate::support::requests_of_several_bios(m);
     for stage in ["queue", "device"] {
         let all = c.get(&l[stage]["all"], "count");
         c.eq(

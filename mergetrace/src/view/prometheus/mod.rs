@@ -107,27 +107,6 @@ pub struct Row {
     pub latency_on: bool,
 }
 
-/// Every counter of a row's latency histograms, in one order.
-fn latency_counts(h: &mut LatencyHist) -> impl Iterator<Item = &mut u64> + '_ {
-    let LatencyHist {
-        queue,
-        device,
-        queue_ns,
-        device_ns,
-    } = h;
-    queue
-        .iter_mut()
-        .chain(device.iter_mut())
-        .flatten()
-        .chain(queue_ns.iter_mut())
-        .chain(device_ns.iter_mut())
-}
-
-/// The counters of [`latency_counts`], read.
-fn latency_values(h: &LatencyHist) -> Vec<u64> {
-    latency_counts(&mut h.clone()).map(|n| *n).collect()
-}
-
 /// Upper bounds of the request size buckets (the last is +Inf).
 pub fn size_bounds() -> [f64; SIZE_BUCKETS] {
     snapshot::size_bounds().map(as_le)
@@ -252,7 +231,11 @@ impl Row {
             .chain(self.bpr_hist.iter_mut().zip(o.bpr_hist))
             .chain(self.wbt.iter_mut().zip(o.wbt))
             .chain(self.iocost_bios.iter_mut().zip(o.iocost_bios))
-            .chain(latency_counts(&mut self.latency).zip(latency_values(&o.latency)))
+            .chain(
+                self.latency
+                    .counters_mut()
+                    .zip(o.latency.clone().counters_mut().map(|n| *n)),
+            )
         {
             f(a, b);
         }
