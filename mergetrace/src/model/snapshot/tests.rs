@@ -70,6 +70,37 @@ fn loop3() -> Device {
     }
 }
 
+/// A batch of 32 merged 4 KiB writes on a disk where io.cost is on: its new request and its
+/// merges carry the IOCOST flag, and the new request says whether io.cost found it random.
+fn iocost_batch_of_32(cgroup: u64, random: bool) -> Vec<mergetrace_common::Event> {
+    use mergetrace_common::{flags, kind};
+    let mut events = batch_of_32(cgroup);
+    for e in events.iter_mut() {
+        if matches!(e.kind, kind::GETRQ | kind::BACK_MERGE) {
+            e.flags |= flags::IOCOST;
+            if e.kind == kind::GETRQ {
+                e.path = random as u8;
+            }
+        }
+    }
+    events
+}
+
+/// io.cost's linear model at 100 MB/s and 1,000 sequential IOPS, the same for reads and
+/// writes, on loop3: its coefficients and the per-device model map `total` takes.
+fn linear_model_on_loop3(randiops: u64) -> (iocost::Coefs, BTreeMap<u32, iocost::Model>) {
+    let coefs = iocost::Coefs::of(iocost::Linear {
+        bps: 100_000_000,
+        seqiops: 1000,
+        randiops,
+    });
+    let model = iocost::Model {
+        read: coefs,
+        write: coefs,
+    };
+    (coefs, BTreeMap::from([(loop3().dev().0, model)]))
+}
+
 #[test]
 fn json_has_the_documented_shape() {
     let mut a = Aggregator::new(100);
@@ -175,37 +206,12 @@ fn ratios() {
 
 #[test]
 fn iocost_charges_requests_a_base_and_merges_their_pages() {
-    use mergetrace_common::{flags, kind};
     // Two batches of 32 4 KiB writes in /mt, the second's request random; one in "/".
     let mut a = Aggregator::new(100);
     for (cgroup, random) in [(21, false), (21, true), (1, false)] {
-        a.apply_all(
-            &batch_of_32(cgroup)
-                .into_iter()
-                .map(|mut e| {
-                    if matches!(e.kind, kind::GETRQ | kind::BACK_MERGE) {
-                        e.flags |= flags::IOCOST;
-                        if e.kind == kind::GETRQ {
-                            e.path = random as u8;
-                        }
-                    }
-                    e
-                })
-                .collect::<Vec<_>>(),
-        );
+        a.apply_all(&iocost_batch_of_32(cgroup, random));
     }
-    let coefs = iocost::Coefs::of(iocost::Linear {
-        bps: 100_000_000,
-        seqiops: 1000,
-        randiops: 500,
-    });
-    let models = BTreeMap::from([(
-        loop3().dev().0,
-        iocost::Model {
-            read: coefs,
-            write: coefs,
-        },
-    )]);
+    let (coefs, models) = linear_model_on_loop3(500);
     let s = total(&a, 1_000_000_100, &mut Root, &[], None, &models);
     let rows = &s.devices[0].cgroups;
     let mt = rows.iter().find(|c| c.cgroup == "/mt").unwrap();
@@ -309,33 +315,11 @@ impl Lookup for Weighted {
 
 #[test]
 fn iocost_shares_the_device_by_weight_among_the_cgroups_it_charged() {
-    use mergetrace_common::{flags, kind};
     let mut a = Aggregator::new(100);
     for cgroup in [21, 22] {
-        a.apply_all(
-            &batch_of_32(cgroup)
-                .into_iter()
-                .map(|mut e| {
-                    if matches!(e.kind, kind::GETRQ | kind::BACK_MERGE) {
-                        e.flags |= flags::IOCOST;
-                    }
-                    e
-                })
-                .collect::<Vec<_>>(),
-        );
+        a.apply_all(&iocost_batch_of_32(cgroup, false));
     }
-    let coefs = iocost::Coefs::of(iocost::Linear {
-        bps: 100_000_000,
-        seqiops: 1000,
-        randiops: 1000,
-    });
-    let models = BTreeMap::from([(
-        loop3().dev().0,
-        iocost::Model {
-            read: coefs,
-            write: coefs,
-        },
-    )]);
+    let (_, models) = linear_model_on_loop3(1000);
     let s = total(&a, 1_000_000_100, &mut Weighted, &[], None, &models);
     let charge = |path: &str| {
         let row = s.devices[0]
