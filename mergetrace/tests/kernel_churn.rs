@@ -65,6 +65,18 @@ fn device_and_parent(size: u64) -> (LoopDevice, Cgroup) {
     (lo, parent)
 }
 
+/// The write bios the kernel charged to the churn's parent itself (see `device_and_parent`).
+/// v1's io_serviced counts a cgroup's own bios. v2's io.stat also counts its descendants'
+/// (and, seen on 6.1, only some of those of removed ones), so it cannot say this: there the
+/// parent's own row in mergetrace's output (`row`) stands in, and the checks that remain are
+/// one bio per named cgroup, their sum with it, and the device's totals against diskstats.
+fn parent_own_writes(parent: &Cgroup, lo: &LoopDevice, row: Option<&serde_json::Value>) -> u64 {
+    match parent.version() {
+        CgroupVersion::V1 => parent.io_serviced(lo).write,
+        CgroupVersion::V2 => row.map_or(0, |r| u(&r["write"], "bios")),
+    }
+}
+
 /// The cgroup path of a row, which must be a name (not "(unknown cgroup id N)").
 fn cgroup_name(row: &serde_json::Value) -> &str {
     let path = row["cgroup"].as_str().unwrap();
@@ -137,11 +149,14 @@ fn churn_soak(cgroups: usize) {
             .map(|i| churn.path_of(i))
             .filter(|p| !named.contains(p))
             .collect();
-        let charged = parent.io_serviced(&lo).write;
         let parent_bios = m.sum(
             "mergetrace_bios_total",
             &[("cgroup", &churn.parent_path), ("direction", "write")],
         );
+        let charged = match parent.version() {
+            CgroupVersion::V1 => parent.io_serviced(&lo).write,
+            CgroupVersion::V2 => parent_bios, // see parent_own_writes
+        };
         assert_eq!(parent_bios, charged, "the parent's own bios {ctx}");
         assert_eq!(
             missing.len() as u64,
@@ -505,8 +520,8 @@ fn live_view_names_short_lived_cgroups_and_intervals_add_up() {
     }
     pool.finish();
     let d = lo.diskstats().since(&before);
-    let to_parent = parent.io_serviced(&lo).write;
     let out = tracer.stop();
+    let to_parent = parent_own_writes(&parent, &lo, out.cgroup_row(&lo, &parent.path()));
     assert_eq!(out.lost_events(), 0);
     let mut bios_of: BTreeMap<String, u64> = BTreeMap::new();
     for row in rows(&out.total, &lo) {
@@ -570,7 +585,6 @@ fn captures_name_short_lived_cgroups() {
     pool.finish();
     thread::sleep(Duration::from_millis(300)); // an interval or two: the names are written
     rec.stop();
-    let to_parent = parent.io_serviced(&lo).write;
     let out = mergetrace(&["report", cap.to_str().unwrap(), "--json"]);
     let _ = fs::remove_file(&cap);
     assert!(
@@ -580,6 +594,10 @@ fn captures_name_short_lived_cgroups() {
     );
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one object");
     assert_eq!(report["lost_events"], 0);
+    let parent_row = rows(&report, &lo)
+        .into_iter()
+        .find(|r| r["cgroup"] == churn.parent_path.as_str());
+    let to_parent = parent_own_writes(&parent, &lo, parent_row);
     let mut named = 0;
     for row in rows(&report, &lo) {
         let path = cgroup_name(row);

@@ -362,6 +362,9 @@ pub(crate) struct Churn {
 
 impl Churn {
     pub(crate) fn new(parent: &Cgroup, dev: &BlockDev, size: u64) -> Churn {
+        // On v2 the churned cgroups made with mkdir below would otherwise charge every bio
+        // to the parent, and no counter of theirs would ever be reclaimed.
+        parent.enable_io_for_children();
         let dev_path = format!("/dev/{}", dev.name);
         let file = fs::OpenOptions::new()
             .write(true)

@@ -329,11 +329,17 @@ impl Cgroup {
         self.child_named(&unique_name())
     }
 
-    /// A child cgroup named `leaf` (`docker-<id>.scope`); removed first like [`Cgroup::child`].
-    pub fn child_named(&self, leaf: &str) -> Cgroup {
+    /// v2: turns the io controller on for this cgroup's children, which otherwise charge
+    /// their I/O to this one (v1: nothing to do, every cgroup has blkio).
+    pub fn enable_io_for_children(&self) {
         if self.version() == CgroupVersion::V2 {
             enable_io_controller(&self.dir);
         }
+    }
+
+    /// A child cgroup named `leaf` (`docker-<id>.scope`); removed first like [`Cgroup::child`].
+    pub fn child_named(&self, leaf: &str) -> Cgroup {
+        self.enable_io_for_children();
         let dir = self.dir.join(leaf);
         fs::create_dir(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
         Cgroup {
