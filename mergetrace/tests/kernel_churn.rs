@@ -67,14 +67,19 @@ fn device_and_parent(size: u64) -> (LoopDevice, Cgroup) {
 
 /// The write bios the kernel charged to the churn's parent itself (see `device_and_parent`).
 /// v1's io_serviced counts a cgroup's own bios. v2's io.stat also counts its descendants'
-/// (and, seen on 6.1, only some of those of removed ones), so it cannot say this: there the
-/// parent's own row in mergetrace's output (`row`) stands in, and the checks that remain are
-/// one bio per named cgroup, their sum with it, and the device's totals against diskstats.
-fn parent_own_writes(parent: &Cgroup, lo: &LoopDevice, row: Option<&serde_json::Value>) -> u64 {
+/// (and, seen on 6.1, only some of those of removed ones), so it cannot say this: there
+/// mergetrace's own count for the parent (`counted`) stands in, and the checks that remain
+/// are one bio per named cgroup, their sum with it, and the device's totals against diskstats.
+fn parent_own_writes(parent: &Cgroup, lo: &LoopDevice, counted: u64) -> u64 {
     match parent.version() {
         CgroupVersion::V1 => parent.io_serviced(lo).write,
-        CgroupVersion::V2 => row.map_or(0, |r| u(&r["write"], "bios")),
+        CgroupVersion::V2 => counted,
     }
+}
+
+/// The write bios of a row, 0 where the cgroup has none.
+fn row_writes(row: Option<&serde_json::Value>) -> u64 {
+    row.map_or(0, |r| u(&r["write"], "bios"))
 }
 
 /// The cgroup path of a row, which must be a name (not "(unknown cgroup id N)").
@@ -153,10 +158,7 @@ fn churn_soak(cgroups: usize) {
             "mergetrace_bios_total",
             &[("cgroup", &churn.parent_path), ("direction", "write")],
         );
-        let charged = match parent.version() {
-            CgroupVersion::V1 => parent.io_serviced(&lo).write,
-            CgroupVersion::V2 => parent_bios, // see parent_own_writes
-        };
+        let charged = parent_own_writes(&parent, &lo, parent_bios);
         assert_eq!(parent_bios, charged, "the parent's own bios {ctx}");
         assert_eq!(
             missing.len() as u64,
@@ -533,7 +535,11 @@ fn live_view_names_short_lived_cgroups_and_intervals_add_up() {
     pool.finish();
     let d = lo.diskstats().since(&before);
     let out = tracer.stop();
-    let to_parent = parent_own_writes(&parent, &lo, out.cgroup_row(&lo, &parent.path()));
+    let to_parent = parent_own_writes(
+        &parent,
+        &lo,
+        row_writes(out.cgroup_row(&lo, &parent.path())),
+    );
     assert_eq!(out.lost_events(), 0);
     let mut bios_of: BTreeMap<String, u64> = BTreeMap::new();
     for row in rows(&out.total, &lo) {
@@ -609,7 +615,7 @@ fn captures_name_short_lived_cgroups() {
     let parent_row = rows(&report, &lo)
         .into_iter()
         .find(|r| r["cgroup"] == churn.parent_path.as_str());
-    let to_parent = parent_own_writes(&parent, &lo, parent_row);
+    let to_parent = parent_own_writes(&parent, &lo, row_writes(parent_row));
     let mut named = 0;
     for row in rows(&report, &lo) {
         let path = cgroup_name(row);

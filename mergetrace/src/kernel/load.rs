@@ -103,6 +103,9 @@ fn load_object(
     } else {
         MIN_RING_BYTES
     };
+    // The latency maps get one entry each where no latency is counted: their memory only
+    // where it is.
+    let latency_map = |entries: u32| if modes.latency != 0 { entries } else { 1 };
     let mut loader = EbpfLoader::new();
     if verifier_log() {
         loader.verifier_log_level(aya::VerifierLogLevel::STATS);
@@ -115,23 +118,11 @@ fn load_object(
         .override_global("METER_UNITS", meter_units, true)
         .override_global("TRACED", traced, true)
         .map_max_entries("EVENTS", ring_bytes)
-        // One entry each where no latency is counted: their memory only where it is.
-        .map_max_entries("LATENCY", if modes.latency != 0 { MAX_SLOTS } else { 1 })
-        .map_max_entries(
-            "ISSUED_AT",
-            if modes.latency != 0 {
-                ISSUED_AT_ENTRIES
-            } else {
-                1
-            },
-        )
+        .map_max_entries("LATENCY", latency_map(MAX_SLOTS))
+        .map_max_entries("ISSUED_AT", latency_map(ISSUED_AT_ENTRIES))
         .map_max_entries(
             "ISSUE_SLOTS",
-            if modes.latency != 0 {
-                traced.count.max(1) * ISSUE_SLOTS_PER_DISK
-            } else {
-                1
-            },
+            latency_map(traced.count.max(1) * ISSUE_SLOTS_PER_DISK),
         )
         .load(OBJECT)
         .context("cannot load mergetrace's eBPF object")?;

@@ -255,21 +255,20 @@ fn device_in<'a>(snapshot: &'a Value, dev: &BlockDev) -> &'a Value {
         .unwrap_or_else(|| panic!("{} ({}) is not in {snapshot}", dev.name, dev.maj_min()))
 }
 
-/// A non-negative integer field; panics with the object when missing.
 /// A direction's requests that carried more than one bio: its `bios_per_request` buckets
-/// above 1 (what `latency.*.merged.count` counts).
+/// above 1 (what `latency.*.merged.count` counts). Panics when the histogram is missing or
+/// holds anything but counts.
 pub fn requests_of_several_bios(dir_stats: &Value) -> u64 {
-    dir_stats["histograms"]["bios_per_request"]
-        .as_object()
-        .map(|h| {
-            h.iter()
-                .filter(|(bound, _)| bound.as_str() != "1")
-                .filter_map(|(_, n)| n.as_u64())
-                .sum()
-        })
-        .unwrap_or(0)
+    let h = &dir_stats["histograms"]["bios_per_request"];
+    h.as_object()
+        .unwrap_or_else(|| panic!("no bios_per_request histogram in {dir_stats}"))
+        .iter()
+        .filter(|(bound, _)| bound.as_str() != "1")
+        .map(|(_, n)| n.as_u64().unwrap_or_else(|| panic!("not a count in {h}")))
+        .sum()
 }
 
+/// A non-negative integer field; panics with the object when missing.
 pub fn u(v: &Value, field: &str) -> u64 {
     v[field]
         .as_u64()
