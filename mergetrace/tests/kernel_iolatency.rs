@@ -5,13 +5,14 @@
 //!
 //! Where it is built in (cgroup v2 and `CONFIG_BLK_CGROUP_IOLATENCY`), a target is set and read
 //! back, and each new request of the cgroup is counted (`meters.iolatency.requests`, against
-//! /proc/diskstats' writes). No kernel here has it: Debian's 5.10, 6.1 and 6.12 (the lab's
-//! guests, cgroup v2) are built without it, and this host mounts blkio on cgroup v1, where it
-//! cannot exist. There the test checks that mergetrace says so, in one line, and shows no
-//! io.latency meter — it never skips.
+//! /proc/diskstats' writes). Of the lab's kernels only `6.1-iolatency` has it (built by the
+//! lab: no Debian kernel package is built with it). Debian's 5.10, 6.1 and 6.12 (cgroup v2)
+//! are not, and this host mounts blkio on cgroup v1, where it cannot exist. There the test
+//! checks that mergetrace says so, in one line, and shows no io.latency meter — it never skips.
 //!
 //! Needs root, BPF, a test disk, cgroups and fio; missing any of them is a FAILURE. Run:
-//! `cargo xtask test --test kernel_iolatency`; in the guests `./mt lab --test kernel_iolatency`.
+//! `cargo xtask test --test kernel_iolatency`; in the guests `./mt lab --kernel 6.1-iolatency,6.12
+//! --test kernel_iolatency`.
 mod support;
 
 use serde_json::Value;
@@ -113,7 +114,7 @@ fn iolatency_is_said_as_this_kernel_and_hierarchy_allow() {
 
 /// Where io.latency exists: a 10 ms target on the test cgroup, read back by `check`, named by
 /// the banner, and every new request of the cgroup counted (scheduler none, one writer: the
-/// cgroup's requests are the disk's). Not run on any kernel here (none is built with it).
+/// cgroup's requests are the disk's). Runs in the lab's `6.1-iolatency` kernel.
 fn targets_are_read_and_requests_counted(lo: &BlockDev, cg: &Cgroup) {
     let file = cg.dir.join("io.latency");
     let set = |v: &str| {

@@ -6,9 +6,10 @@
 //! (compiling in a TCG guest is ~20× slower) and their executables run in the guest, at the
 //! same paths.
 //!
-//! Facts this relies on: shared/docs/kvm-lab.md. Pieces: [`kernel`] (fetch, unpack,
-//! initramfs), [`vm`] (virtiofsd + QEMU + timeout), scripts/lab/init (the guest's /init).
+//! Facts this relies on: shared/docs/kvm-lab.md. Pieces: [`kernel`] (fetch, unpack),
+//! [`build`] (the kernels the lab builds), [`initramfs`], [`vm`] (virtiofsd + QEMU + timeout), scripts/lab/init (the guest's /init).
 mod apt;
+mod build;
 mod initramfs;
 mod kernel;
 mod vm;
@@ -30,7 +31,8 @@ use kernel::Series;
 #[derive(Args, Debug)]
 pub struct LabArgs {
     /// Guest kernels, comma-separated, each the newest Debian cloud kernel of: 5.10 (Debian
-    /// 11), 6.1 or 6.12 (Debian 12), trixie (Debian 13's 6.12); all = 5.10, 6.1 and 6.12.
+    /// 11), 6.1 or 6.12 (Debian 12), trixie (Debian 13's 6.12); or 6.1-iolatency (Debian 12's
+    /// 6.1 source built by the lab with io.latency); all = 5.10, 6.1 and 6.12.
     #[arg(long, default_value = "all", value_delimiter = ',',
           value_parser = clap::builder::PossibleValuesParser::new(kernel::KERNEL_NAMES))]
     kernel: Vec<String>,

@@ -183,6 +183,25 @@ impl Apt {
         Ok(k)
     }
 
+    /// The version of `package` that `apt-get download` would fetch (after an update when
+    /// the lists are stale).
+    pub(super) fn candidate_version(&self, package: &str) -> Result<String> {
+        if self.stale() {
+            if let Err(e) = self.update() {
+                eprintln!("lab: apt-get update failed: {e:#}");
+            }
+        }
+        let out = run_quiet(Command::new("apt-cache").args(self.opts()).args([
+            "show",
+            "--no-all-versions",
+            package,
+        ]))?;
+        out.lines()
+            .find_map(|l| l.strip_prefix("Version: "))
+            .map(str::to_string)
+            .with_context(|| format!("no {package} in the lab's apt lists"))
+    }
+
     /// `apt-get download PACKAGE` into `dir`.
     pub(super) fn download(&self, package: &str, dir: &Path) -> Result<()> {
         run_quiet(

@@ -14,51 +14,70 @@ use anyhow::{ensure, Context, Result};
 use super::apt::Apt;
 use crate::run_quiet;
 
-/// A kernel series the lab knows: which Debian release has it and how Debian names its
-/// cloud-kernel packages.
+/// A kernel series the lab knows: which Debian release has it and where its kernel comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Series {
-    /// What `--kernel` takes: "5.10", "6.1", "6.12", "trixie".
+    /// What `--kernel` takes: "5.10", "6.1", "6.12", "trixie", "6.1-iolatency".
     pub name: &'static str,
     /// The Debian release whose suites (`S`, `S-updates`, `S-security`) carry it.
     pub suite: &'static str,
-    /// Package name = prefix + a number + infix (+ "." + a rebuild number) + suffix; the
-    /// highest (number, rebuild) wins.
-    prefix: &'static str,
-    infix: &'static str,
-    suffix: &'static str,
+    pub origin: Origin,
     /// Part of `--kernel all`.
     pub in_all: bool,
 }
 
-pub const SERIES: [Series; 4] = [
+/// Where a series' kernel comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// Debian's prebuilt cloud kernel. Package name = prefix + a number + infix (+ "." + a
+    /// rebuild number) + suffix; the highest (number, rebuild) wins.
+    Prebuilt {
+        prefix: &'static str,
+        infix: &'static str,
+        suffix: &'static str,
+    },
+    /// Built by the lab ([`super::build`]) from Debian's kernel source package `source`, with
+    /// the options in scripts/lab/`fragment` on top of x86_64's defconfig and kvm_guest.config.
+    Built {
+        source: &'static str,
+        fragment: &'static str,
+    },
+}
+
+pub const SERIES: [Series; 5] = [
     // Debian 11: linux-image-5.10.0-46-cloud-amd64 (5.10.262-1, bullseye-security). The signed
     // package (source linux-signed-amd64: the same kernel and modules, with signatures): the
     // mirror lists bullseye's -unsigned ones but answers 404 for their files.
     Series {
         name: "5.10",
         suite: "bullseye",
-        prefix: "linux-image-5.10.0-",
-        infix: "",
-        suffix: "-cloud-amd64",
+        origin: Origin::Prebuilt {
+            prefix: "linux-image-5.10.0-",
+            infix: "",
+            suffix: "-cloud-amd64",
+        },
         in_all: true,
     },
     // Debian 12: linux-image-6.1.0-57-cloud-amd64-unsigned (6.1.192)
     Series {
         name: "6.1",
         suite: "bookworm",
-        prefix: "linux-image-6.1.0-",
-        infix: "",
-        suffix: "-cloud-amd64-unsigned",
+        origin: Origin::Prebuilt {
+            prefix: "linux-image-6.1.0-",
+            infix: "",
+            suffix: "-cloud-amd64-unsigned",
+        },
         in_all: true,
     },
     // Debian 12: linux-image-6.12.117+deb12-cloud-amd64-unsigned
     Series {
         name: "6.12",
         suite: "bookworm",
-        prefix: "linux-image-6.12.",
-        infix: "+deb12",
-        suffix: "-cloud-amd64-unsigned",
+        origin: Origin::Prebuilt {
+            prefix: "linux-image-6.12.",
+            infix: "+deb12",
+            suffix: "-cloud-amd64-unsigned",
+        },
         in_all: true,
     },
     // Debian 13: linux-image-6.12.118+deb13-cloud-amd64-unsigned (trixie-security). The same
@@ -67,15 +86,29 @@ pub const SERIES: [Series; 4] = [
     Series {
         name: "trixie",
         suite: "trixie",
-        prefix: "linux-image-6.12.",
-        infix: "+deb13",
-        suffix: "-cloud-amd64-unsigned",
+        origin: Origin::Prebuilt {
+            prefix: "linux-image-6.12.",
+            infix: "+deb13",
+            suffix: "-cloud-amd64-unsigned",
+        },
+        in_all: false,
+    },
+    // Debian 12's 6.1 source, built with io.latency (CONFIG_BLK_CGROUP_IOLATENCY), which no
+    // Debian (nor Ubuntu) kernel package has: the one meter the others cannot show. A small
+    // build (defconfig, no distribution drivers), for the tests of that meter; not in `all`.
+    Series {
+        name: "6.1-iolatency",
+        suite: "bookworm",
+        origin: Origin::Built {
+            source: "linux-source-6.1",
+            fragment: "kernel-iolatency.config",
+        },
         in_all: false,
     },
 ];
 
 /// What `--kernel` accepts: every series, and "all".
-pub const KERNEL_NAMES: [&str; 5] = ["5.10", "6.1", "6.12", "trixie", "all"];
+pub const KERNEL_NAMES: [&str; 6] = ["5.10", "6.1", "6.12", "trixie", "6.1-iolatency", "all"];
 
 impl Series {
     pub fn by_name(name: &str) -> Option<Series> {
@@ -90,11 +123,19 @@ impl Series {
     /// (number, rebuild) in `pkg` if it is one of this series' packages: "…-57-…" is
     /// (57, 0), "…6.12.115+deb13.1-…" (115, 1).
     fn number(&self, pkg: &str) -> Option<(u64, u64)> {
+        let Origin::Prebuilt {
+            prefix,
+            infix,
+            suffix,
+        } = self.origin
+        else {
+            return None;
+        };
         let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-        let mid = pkg.strip_prefix(self.prefix)?.strip_suffix(self.suffix)?;
+        let mid = pkg.strip_prefix(prefix)?.strip_suffix(suffix)?;
         let end = mid.find(|c: char| !c.is_ascii_digit()).unwrap_or(mid.len());
         let (n, rest) = mid.split_at(end);
-        let rest = rest.strip_prefix(self.infix)?;
+        let rest = rest.strip_prefix(infix)?;
         let rebuild = match rest {
             "" => 0,
             r => {
@@ -109,6 +150,18 @@ impl Series {
             return None;
         }
         Some((n.parse().ok()?, rebuild))
+    }
+
+    /// Its package names, with N for the number.
+    fn pattern(&self) -> String {
+        match self.origin {
+            Origin::Prebuilt {
+                prefix,
+                infix,
+                suffix,
+            } => format!("{prefix}N{infix}{suffix}"),
+            Origin::Built { source, .. } => source.to_string(),
+        }
     }
 
     /// The newest of `pkgs` in this series.
@@ -163,18 +216,27 @@ fn pick_package(series: Series, apt: &Apt, cache: &Path) -> Result<String> {
         .newest(cached.iter().map(String::as_str))
         .with_context(|| {
             format!(
-                "no package {}N{}{} in the lab's apt lists ({} suites), even after apt-get update, and none cached",
-                series.prefix, series.infix, series.suffix, series.suite
+                "no package {} in the lab's apt lists ({} suites), even after apt-get update, and none cached",
+                series.pattern(),
+                series.suite
             )
         })
 }
 
-/// Marks a fully unpacked kernel tree.
-const READY: &str = ".mt-lab-ready";
+/// Marks a fully unpacked (or built and installed) kernel tree.
+pub(super) const READY: &str = ".mt-lab-ready";
 
-/// Fetches and unpacks the newest kernel of `series` into `cache/kernels/<package>`, unless
-/// it is already there.
+/// The kernel of `series`: Debian's newest package of it, fetched and unpacked into
+/// `cache/kernels/<package>`, or built there from source ([`super::build`]), unless it is
+/// already there.
 pub fn fetch(series: Series, apt: &Apt, cache: &Path) -> Result<Kernel> {
+    if let Origin::Built { source, fragment } = series.origin {
+        let tree = super::build::build(source, fragment, apt, cache)?;
+        return installed(
+            &tree,
+            tree.file_name().unwrap().to_string_lossy().into_owned(),
+        );
+    }
     let package = pick_package(series, apt, cache)?;
     let tree = cache.join("kernels").join(&package);
     if !tree.join(READY).exists() {
@@ -224,7 +286,12 @@ pub fn fetch(series: Series, apt: &Apt, cache: &Path) -> Result<Kernel> {
             .with_context(|| format!("cannot rename {} to {}", tmp.display(), tree.display()))?;
         let _ = fs::remove_file(&deb);
     }
-    let release = release_of(&tree)?;
+    installed(&tree, package)
+}
+
+/// The kernel unpacked or installed in `tree`.
+fn installed(tree: &Path, package: String) -> Result<Kernel> {
+    let release = release_of(tree)?;
     let vmlinuz = tree.join("boot").join(format!("vmlinuz-{release}"));
     ensure!(vmlinuz.exists(), "{} is missing", vmlinuz.display());
     Ok(Kernel {
@@ -235,7 +302,7 @@ pub fn fetch(series: Series, apt: &Apt, cache: &Path) -> Result<Kernel> {
     })
 }
 
-fn depmod() -> PathBuf {
+pub(super) fn depmod() -> PathBuf {
     ["/usr/sbin/depmod", "/sbin/depmod"]
         .iter()
         .map(PathBuf::from)
@@ -243,7 +310,7 @@ fn depmod() -> PathBuf {
         .unwrap_or_else(|| "depmod".into())
 }
 
-fn find_deb(dir: &Path, package: &str) -> Option<PathBuf> {
+pub(super) fn find_deb(dir: &Path, package: &str) -> Option<PathBuf> {
     let prefix = format!("{package}_");
     fs::read_dir(dir)
         .ok()?
