@@ -46,14 +46,16 @@ fn check_finding(lo: &BlockDev) -> (String, Option<String>) {
     )
 }
 
-/// fio's 4 KiB writes in batches of 32 in `cg`, traced: the output, the diskstats delta.
+/// fio's 4 KiB writes in batches of 32 in `cg`, traced in 500 ms intervals until every one of
+/// them is printed (an idle interval after the last write): the output, the diskstats delta.
 fn traced_writes(lo: &BlockDev, cg: &Cgroup) -> (TraceOutput, DiskStats) {
-    let tracer = Tracer::on(lo);
+    let tracer = Tracer::start(&["-d", lo.name.as_str(), "-i", "500ms"]);
     let before = lo.diskstats();
-    Fio::sequential("iolat", lo, "write", 4 << 20, 32)
+    Fio::sequential("iolat", lo, "write", 16 << 20, 32)
         .in_cgroup(cg)
         .run();
     let d = lo.diskstats().since(&before);
+    std::thread::sleep(std::time::Duration::from_millis(1200));
     (tracer.stop(), d)
 }
 
@@ -143,5 +145,35 @@ fn targets_are_read_and_requests_counted(lo: &BlockDev, cg: &Cgroup) {
             .unwrap_or_default()
             .contains("io.latency (targets: "),
         "{w}"
+    );
+    // True in every interval: each one the cgroup wrote in names io.latency with that
+    // interval's own count, and the intervals add up to the run.
+    let (mut sum, mut said_in) = (0, 0);
+    for row in out.interval_rows(lo, &cg.path()).into_iter().flatten() {
+        let iw = &row["write"];
+        let n = u(&iw["meters"]["iolatency"], "requests");
+        sum += n;
+        if n == 0 {
+            continue;
+        }
+        let said = format!("it counted {} new request", thousands(n));
+        let verdict = iw["verdict"].as_str().unwrap_or_default();
+        assert!(
+            verdict.contains("io.latency (targets: ") && verdict.contains(&said),
+            "an interval's verdict does not say its {n} requests: {iw}"
+        );
+        assert_eq!(
+            u(&iw["meters"]["iolatency"], "target_us"),
+            TARGET_US,
+            "{iw}"
+        );
+        said_in += 1;
+    }
+    assert_eq!(sum, d.writes, "the intervals' requests vs diskstats writes");
+    eprintln!(
+        "io.latency: {} requests for {} bios ({said_in} intervals said so); the run's verdict: {}",
+        d.writes,
+        u(w, "bios"),
+        w["verdict"]
     );
 }

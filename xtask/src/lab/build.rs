@@ -75,7 +75,7 @@ pub fn build(source: &str, fragment: &str, apt: &Apt, cache: &Path) -> Result<Pa
     let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
     eprintln!(
         "lab: building {source} {version} with scripts/lab/{fragment} (make -j{jobs}; about \
-         10 min on 2 CPUs; log {})",
+         22 CPU-minutes; log {})",
         log.display()
     );
     make(&src, &[&format!("-j{jobs}"), "bzImage", "modules"], &log)?;
