@@ -473,7 +473,8 @@ pub const LOST_COUNTS_FULL: u32 = kind::COUNT;
 /// Lost slot: a cgroup birth or removal could not be reported (its ring was full); user
 /// space then learns the name by rescanning the hierarchy, as before.
 pub const LOST_CGROUP_NAMES: u32 = kind::COUNT + 1;
-/// Lost slot: a request's latency could not be counted because the latency map was full.
+/// Lost slot: a request's latency could not be counted: its key had no counter slot and the
+/// latency hash map was full.
 pub const LOST_LATENCY_FULL: u32 = kind::COUNT + 2;
 
 /// Counter slots after the first [`MAX_SLOTS`]: one per (disk slot, direction), where the

@@ -1,14 +1,11 @@
 //! An event's way out: counted in this CPU's counters with the counting rule user space also
 //! applies to captures (`mergetrace_common::count`), and/or sent to user space.
 use aya_ebpf::helpers::bpf_ktime_get_ns;
-use mergetrace_common::{
-    count::dir_of_op, flags, kind, unplug_slot, CountKey, Counters, Event, SlotRef,
-    LOST_COUNTS_FULL,
-};
+use mergetrace_common::{flags, kind, unplug_slot, CountKey, Counters, Event, LOST_COUNTS_FULL};
 
-use crate::maps::{
-    frozen, COUNTERS, COUNTS, EVENTS, LOST, METER_UNITS, SLOT_CACHE, SLOT_GEN, SLOT_OF, UNPLUGS,
-    ZERO,
+use crate::{
+    maps::{frozen, COUNTERS, COUNTS, EVENTS, LOST, METER_UNITS, UNPLUGS, ZERO},
+    slot::{self, key_of},
 };
 
 const BPF_RB_NO_WAKEUP: u64 = 1;
@@ -37,45 +34,70 @@ pub fn now() -> u64 {
 /// `disk` is the event's disk slot.
 #[inline(always)]
 pub fn emit(ev: &Event, disk: u32) {
-    if frozen!(MODES.aggregate) != 0 {
-        aggregate(ev, disk);
-    }
-    if emitting() {
-        match EVENTS.reserve::<Event>(0) {
-            Some(mut entry) => {
-                entry.write(*ev);
-                // Batched wake-ups: wake the reader only once a good batch is waiting (it
-                // also polls on a short timer), instead of once per event.
-                let flags = if EVENTS.query(BPF_RB_AVAIL_DATA) >= WAKEUP_BYTES {
-                    BPF_RB_FORCE_WAKEUP
-                } else {
-                    BPF_RB_NO_WAKEUP
-                };
-                entry.submit(flags);
-            }
-            None => count_lost(ev.kind as u32),
+    if counting() {
+        if ev.kind == kind::UNPLUG {
+            count_unplug(ev, disk);
+        } else {
+            count(ev, slot::of(&key_of(ev)));
         }
+    }
+    send(ev);
+}
+
+/// As [`emit`], for a request event whose key's slot the caller has looked up already
+/// (`slot::of`), to count its latency in the same slot.
+#[inline(always)]
+pub fn emit_slotted(ev: &Event, slot: Option<u32>) {
+    if counting() {
+        count(ev, slot);
+    }
+    send(ev);
+}
+
+/// A run that counts in the kernel (live view, exporter).
+#[inline(always)]
+fn counting() -> bool {
+    frozen!(MODES.aggregate) != 0
+}
+
+/// Sends the event to user space, in a run that sends events.
+#[inline(always)]
+fn send(ev: &Event) {
+    if !emitting() {
+        return;
+    }
+    match EVENTS.reserve::<Event>(0) {
+        Some(mut entry) => {
+            entry.write(*ev);
+            // Batched wake-ups: wake the reader only once a good batch is waiting (it also
+            // polls on a short timer), instead of once per event.
+            let flags = if EVENTS.query(BPF_RB_AVAIL_DATA) >= WAKEUP_BYTES {
+                BPF_RB_FORCE_WAKEUP
+            } else {
+                BPF_RB_NO_WAKEUP
+            };
+            entry.submit(flags);
+        }
+        None => count_lost(ev.kind as u32),
     }
 }
 
-/// Counts `ev` in this CPU's counters, with the same rule user space applies to captures.
+/// Counts a plug flush by (disk slot, explicit, depth).
 #[inline(always)]
-fn aggregate(ev: &Event, disk: u32) {
-    if ev.kind == kind::UNPLUG {
-        let slot = unplug_slot(disk, ev.flags & flags::UNPLUG_EXPLICIT != 0, ev.aux);
-        if let Some(n) = UNPLUGS.get_ptr_mut(slot) {
-            unsafe { *n += 1 };
-        }
-        return;
+fn count_unplug(ev: &Event, disk: u32) {
+    let slot = unplug_slot(disk, ev.flags & flags::UNPLUG_EXPLICIT != 0, ev.aux);
+    if let Some(n) = UNPLUGS.get_ptr_mut(slot) {
+        unsafe { *n += 1 };
     }
-    let key = CountKey {
-        cgroup_id: ev.cgroup_id,
-        dev: ev.dev,
-        dir: dir_of_op(ev.op),
-    };
-    let counters = match slot_counters(&key) {
+}
+
+/// Counts `ev` (not an unplug) in this CPU's counters, with the same rule user space applies
+/// to captures: in its key's `slot`, or without one in the `COUNTS` hash map.
+#[inline(always)]
+fn count(ev: &Event, slot: Option<u32>) {
+    let counters = match slot.and_then(|s| COUNTERS.get_ptr_mut(s)) {
         Some(c) => c,
-        None => match hashed_counters(&key) {
+        None => match hashed_counters(&key_of(ev)) {
             Some(c) => c,
             None => return,
         },
@@ -83,31 +105,6 @@ fn aggregate(ev: &Event, disk: u32) {
     // Volatile: the compiler must not fold the build-time zeros of a read-only global.
     let units = unsafe { core::ptr::read_volatile(&raw const METER_UNITS) };
     unsafe { (*counters).count(ev, &units) };
-}
-
-/// The key's counters in `COUNTERS`, if user space gave the key a slot: from this CPU's cache
-/// when the last event of the direction had the same key, else from `SLOT_OF`.
-#[inline(always)]
-fn slot_counters(key: &CountKey) -> Option<*mut Counters> {
-    let cached = SLOT_CACHE.get_ptr_mut(key.dir & 3)?;
-    let mut slot = unsafe { (*cached).slot };
-    if unsafe { (*cached).key } != *key || !current(slot) {
-        slot = *unsafe { SLOT_OF.get(key) }?;
-        if !current(slot) {
-            return None;
-        }
-        unsafe {
-            (*cached).key = *key;
-            (*cached).slot = slot;
-        }
-    }
-    COUNTERS.get_ptr_mut(slot.slot)
-}
-
-/// The slot still belongs to the key it was given for (its generation has not moved on).
-#[inline(always)]
-fn current(slot: SlotRef) -> bool {
-    slot.gen != 0 && SLOT_GEN.get(slot.slot).is_some_and(|g| *g == slot.gen)
 }
 
 /// The key's counters in the `COUNTS` hash map, inserted when new.

@@ -1,7 +1,11 @@
 //! `--latency`: each request's queue latency (created → first issued) at its issue and device
-//! latency (last issue → completed) at its completion, counted in the `LATENCY` histograms of
-//! its (cgroup, disk, direction), apart for requests that carried merged bios. Only in runs
-//! that ask (`MODES.latency`).
+//! latency (last issue → completed) at its completion, counted in the histograms of its
+//! (cgroup, disk, direction), apart for requests that carried merged bios. Only in runs that
+//! ask (`MODES.latency`).
+//!
+//! The histograms are kept as the counters are: in `LATENCY` at the key's counter slot, found
+//! by the slot lookup the request's counters make anyway (`slot::of`); a key without a slot in
+//! the `LATENCY_HASHED` hash map, until user space gives it one.
 //!
 //! The issue's time waits for the completion in `ISSUE_SLOTS`, at the request's (disk,
 //! hardware queue, driver tag): the kernel gives a tag to one request in flight at a time, so
@@ -10,7 +14,6 @@
 //! the LRU map `ISSUED_AT`.
 use aya_ebpf::helpers::bpf_ktime_get_ns;
 use mergetrace_common::{
-    count::dir_of_op,
     latency::{
         lat_bucket, IssuedAt, LatencyHist, ISSUE_QUEUES, ISSUE_SLOTS_PER_DISK, ISSUE_TAGS, MERGED,
         SINGLE,
@@ -20,8 +23,9 @@ use mergetrace_common::{
 
 use crate::{
     emit::count_lost,
-    maps::{frozen, off, ISSUED_AT, ISSUE_SLOTS, LATENCY, LATENCY_ZERO},
+    maps::{frozen, off, ISSUED_AT, ISSUE_SLOTS, LATENCY, LATENCY_HASHED, LATENCY_ZERO},
     read::{read, Disk},
+    slot::{self, key_of},
 };
 
 /// Whether this run counts latency.
@@ -32,7 +36,7 @@ pub fn wanted() -> bool {
 
 /// The request's index in `ISSUE_SLOTS`, if its hardware queue and tag fit.
 #[inline(always)]
-fn slot_of(rq: u64, disk: Disk) -> Option<u32> {
+fn issue_index(rq: u64, disk: Disk) -> Option<u32> {
     let tag: i32 = read(rq, off!(rq_tag));
     let queue: u32 = read(read::<u64>(rq, off!(rq_mq_hctx)), off!(hctx_queue_num));
     if tag < 0 || tag as u32 >= ISSUE_TAGS || queue >= ISSUE_QUEUES {
@@ -41,20 +45,22 @@ fn slot_of(rq: u64, disk: Disk) -> Option<u32> {
     Some(disk.slot * ISSUE_SLOTS_PER_DISK + queue * ISSUE_TAGS + tag as u32)
 }
 
-/// At a request's issue (`ev` the issue event, `bios` its chain): its queue latency on its
-/// first issue, and the issue's time for its completion.
+/// At a request's issue (`ev` the issue event, `bios` its chain, `slot` its key's counter
+/// slot): its queue latency on its first issue, and the issue's time for its completion.
 #[inline(always)]
-pub fn issued(rq: u64, ev: &Event, bios: u32, reissue: bool, disk: Disk) {
+pub fn issued(rq: u64, ev: &Event, bios: u32, reissue: bool, disk: Disk, slot: Option<u32>) {
     let now = unsafe { bpf_ktime_get_ns() };
     let class = if bios > 1 { MERGED } else { SINGLE };
-    // Where the kernel keeps no request times (no I/O statistics, no scheduler), 0.
-    let created: u64 = read(rq, off!(rq_start_time_ns));
-    if !reissue && created != 0 {
-        if let Some(h) = hist(ev.cgroup_id, ev) {
-            let ns = now.saturating_sub(created);
-            unsafe { (*h).queue_ns[class & 1] += ns };
-            if let Some(n) = unsafe { (*h).queue[class & 1].get_mut(lat_bucket(ns)) } {
-                *n += 1;
+    if !reissue {
+        // Where the kernel keeps no request times (no I/O statistics, no scheduler), 0.
+        let created: u64 = read(rq, off!(rq_start_time_ns));
+        if created != 0 {
+            if let Some(h) = hist(&key_of(ev), slot) {
+                let ns = now.saturating_sub(created);
+                unsafe { (*h).queue_ns[class & 1] += ns };
+                if let Some(n) = unsafe { (*h).queue[class & 1].get_mut(lat_bucket(ns)) } {
+                    *n += 1;
+                }
             }
         }
     }
@@ -65,8 +71,8 @@ pub fn issued(rq: u64, ev: &Event, bios: u32, reissue: bool, disk: Disk) {
         class: class as u32,
         _pad: 0,
     };
-    match slot_of(rq, disk).and_then(|i| ISSUE_SLOTS.get_ptr_mut(i)) {
-        Some(slot) => unsafe { *slot = at },
+    match issue_index(rq, disk).and_then(|i| ISSUE_SLOTS.get_ptr_mut(i)) {
+        Some(entry) => unsafe { *entry = at },
         None => {
             let _ = ISSUED_AT.insert(&rq, &at, 0);
         }
@@ -74,20 +80,21 @@ pub fn issued(rq: u64, ev: &Event, bios: u32, reissue: bool, disk: Disk) {
 }
 
 /// At a completion of `nr_bytes` of a request (`ev` the completion event, whose `bytes` are
-/// what the request had left): on the final one, its device latency from its last issue.
+/// what the request had left; `slot` its key's counter slot): on the final one, its device
+/// latency from its last issue.
 #[inline(always)]
-pub fn completed(rq: u64, ev: &Event, nr_bytes: u64, disk: Disk) {
+pub fn completed(rq: u64, ev: &Event, nr_bytes: u64, disk: Disk, slot: Option<u32>) {
     if nr_bytes < ev.bytes as u64 {
         return; // partial: the request goes on
     }
-    let at = match slot_of(rq, disk).and_then(|i| ISSUE_SLOTS.get_ptr_mut(i)) {
-        Some(slot) => {
-            let at = unsafe { *slot };
+    let at = match issue_index(rq, disk).and_then(|i| ISSUE_SLOTS.get_ptr_mut(i)) {
+        Some(entry) => {
+            let at = unsafe { *entry };
             // Taken, if it is this request's: an entry is counted once. Another request's
             // stays (a flush request borrows a waiting request's tag; a data request that
             // waited for a post-flush ends again, with no bytes left, after it).
             if at.rq == rq {
-                unsafe { (*slot).rq = 0 };
+                unsafe { (*entry).rq = 0 };
             }
             at
         }
@@ -104,8 +111,17 @@ pub fn completed(rq: u64, ev: &Event, nr_bytes: u64, disk: Disk) {
     }
     let now = unsafe { bpf_ktime_get_ns() };
     // The issue's cgroup: a flush request's (it has no bio) is told by the disk, which may
-    // have moved on since.
-    if let Some(h) = hist(at.cgroup_id, ev) {
+    // have moved on since, and then has a slot of its own.
+    let key = CountKey {
+        cgroup_id: at.cgroup_id,
+        ..key_of(ev)
+    };
+    let slot = if at.cgroup_id == ev.cgroup_id {
+        slot
+    } else {
+        slot::of(&key)
+    };
+    if let Some(h) = hist(&key, slot) {
         let (ns, class) = (now.saturating_sub(at.ts_ns), at.class as usize & 1);
         unsafe { (*h).device_ns[class] += ns };
         if let Some(n) = unsafe { (*h).device[class].get_mut(lat_bucket(ns)) } {
@@ -114,21 +130,20 @@ pub fn completed(rq: u64, ev: &Event, nr_bytes: u64, disk: Disk) {
     }
 }
 
-/// This CPU's histograms of (`cgroup_id`, the event's disk and direction), inserted when new.
+/// This CPU's histograms of `key`: at its counter `slot`, or without one in the hash map
+/// (inserted when new; counted lost when it is full, as the counters are).
 #[inline(always)]
-fn hist(cgroup_id: u64, ev: &Event) -> Option<*mut LatencyHist> {
-    let key = CountKey {
-        cgroup_id,
-        dev: ev.dev,
-        dir: dir_of_op(ev.op),
-    };
-    if let Some(h) = LATENCY.get_ptr_mut(&key) {
+fn hist(key: &CountKey, slot: Option<u32>) -> Option<*mut LatencyHist> {
+    if let Some(h) = slot.and_then(|s| LATENCY.get_ptr_mut(s)) {
+        return Some(h);
+    }
+    if let Some(h) = LATENCY_HASHED.get_ptr_mut(key) {
         return Some(h);
     }
     let zero = LATENCY_ZERO.get(0)?;
-    if LATENCY.insert(&key, zero, 0).is_err() {
+    if LATENCY_HASHED.insert(key, zero, 0).is_err() {
         count_lost(LOST_LATENCY_FULL);
         return None;
     }
-    LATENCY.get_ptr_mut(&key)
+    LATENCY_HASHED.get_ptr_mut(key)
 }

@@ -8,6 +8,7 @@
 //! - [`maps`]: the maps and the frozen globals;
 //! - [`read`]: reading kernel memory, the traced-disk filter, cgroup ids;
 //! - [`emit`]: counting an event (the shared counting rule) and sending it;
+//! - [`slot`]: a key's counter slot, the one lookup an event's counts and latency share;
 //! - [`bio`]: programs on bio tracepoints (queue, split, merges, new request);
 //! - [`request`]: programs on request tracepoints (merge, insert, issue, requeue, complete,
 //!   plug flush);
@@ -29,6 +30,7 @@ mod latency;
 mod maps;
 mod read;
 mod request;
+mod slot;
 mod throttle;
 
 #[cfg(not(test))]

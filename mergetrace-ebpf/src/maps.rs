@@ -135,14 +135,19 @@ pub struct Inserted {
     pub _pad: [u8; 7],
 }
 
-/// `--latency`: per CPU, each key's request latency histograms. User space sizes it to one
-/// entry when latency is not asked for. Preallocated, like `COUNTS`; a request whose key finds
-/// it full counts as lost (`LOST_LATENCY_FULL`).
+/// `--latency`: per CPU, request latency histograms by counter slot, as `COUNTERS` (the
+/// removed slots too). User space sizes it to one entry when latency is not asked for.
 #[map]
-pub static LATENCY: PerCpuHashMap<CountKey, LatencyHist> =
-    PerCpuHashMap::with_max_entries(MAX_SLOTS, 0);
+pub static LATENCY: PerCpuArray<LatencyHist> = PerCpuArray::with_max_entries(1, 0);
 
-/// Zeros to insert a new `LATENCY` entry from (too large for the stack).
+/// `--latency`: per CPU, the histograms of keys without a slot, as `COUNTS` (moved over by
+/// user space once the key has one). A request whose key finds it full counts as lost
+/// (`LOST_LATENCY_FULL`).
+#[map]
+pub static LATENCY_HASHED: PerCpuHashMap<CountKey, LatencyHist> =
+    PerCpuHashMap::with_max_entries(1, 0);
+
+/// Zeros to insert a new `LATENCY_HASHED` entry from (too large for the stack).
 #[map]
 pub static LATENCY_ZERO: PerCpuArray<LatencyHist> = PerCpuArray::with_max_entries(1, 0);
 

@@ -10,13 +10,14 @@ use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 use mergetrace_common::{flags, kind, path, rq_aux, DeviceState, Event, MAX_CHAIN};
 
 use crate::{
-    emit::{emit, now},
+    emit::{emit, emit_slotted, now},
     latency,
     maps::{off, Inserted, ABSORBED, INSERTED, REQUEUED, SPLIT_PIECES},
     read::{
         blkg_cgroup_id, disk_dev, elevator_is_kyber, forget, pending_add, queue_disk, read,
         read_probe, ready, rq_disk, traced, Disk,
     },
+    slot::{self, key_of},
 };
 
 /// A request's start sector as the kernel's own block tracepoints report it
@@ -292,15 +293,20 @@ pub fn block_rq_issue(ctx: BtfTracePointContext) -> u32 {
         // A requeued request issued again: only what joined it since it was put back counts
         // (without an insert entry, nothing did: the rule counts no plug merges again).
         account(&mut ev, rq, at, disk, reissue);
-        if latency::wanted() {
-            latency::issued(rq, &ev, rq_aux::chain(ev.aux), reissue, disk);
-        }
+        let bios = rq_aux::chain(ev.aux);
         if reissue {
             ev.flags |= flags::REISSUE;
-        } else if rq_aux::chain(ev.aux) == 1 && split_piece(ev.aux64, disk) {
+        } else if bios == 1 && split_piece(ev.aux64, disk) {
             ev.aux |= rq_aux::SPLIT_PIECE;
         }
-        emit(&ev, disk.slot);
+        if latency::wanted() {
+            // One slot lookup for the request's counters and its latency.
+            let slot = slot::of(&key_of(&ev));
+            latency::issued(rq, &ev, bios, reissue, disk, slot);
+            emit_slotted(&ev, slot);
+        } else {
+            emit(&ev, disk.slot);
+        }
     }
     0
 }
@@ -377,9 +383,12 @@ pub fn block_rq_complete(ctx: BtfTracePointContext) -> u32 {
         ev.path = error as u8;
         ev.aux = nr_bytes as u32;
         if latency::wanted() {
-            latency::completed(ctx.arg(0), &ev, nr_bytes, disk);
+            let slot = slot::of(&key_of(&ev));
+            latency::completed(ctx.arg(0), &ev, nr_bytes, disk, slot);
+            emit_slotted(&ev, slot);
+        } else {
+            emit(&ev, disk.slot);
         }
-        emit(&ev, disk.slot);
     }
     0
 }

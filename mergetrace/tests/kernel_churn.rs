@@ -507,10 +507,17 @@ fn rows<'a>(snapshot: &'a serde_json::Value, dev: &BlockDev) -> Vec<&'a serde_js
         .collect()
 }
 
-/// The live view (100 ms intervals, reclaim after 200 ms) while 3 rounds of 144 short-lived
-/// cgroups come and go: each is named in the intervals with exactly its one bio, none is
-/// "(unknown cgroup id N)", the intervals add up to the total (a reclaimed cgroup's counts are
-/// not new in "(removed)"), and the total equals /proc/diskstats.
+/// A row's `--latency` count of `stage` (queue, device) in direction `dir`.
+fn latency_count(row: &serde_json::Value, dir: &str, stage: &str) -> u64 {
+    u(&row[dir]["latency"][stage]["all"], "count")
+}
+
+/// The live view with `--latency` (100 ms intervals, reclaim after 200 ms) while 3 rounds of
+/// 144 short-lived cgroups come and go: each is named in the intervals with exactly its one
+/// bio, none is "(unknown cgroup id N)", the intervals add up to the total (a reclaimed
+/// cgroup's counts and latency are not new in "(removed)"), the total equals
+/// /proc/diskstats, and every row's latency counts equal its requests: a reclaimed cgroup's
+/// histograms follow its counters into "(removed)", slot by slot.
 #[test]
 fn live_view_names_short_lived_cgroups_and_intervals_add_up() {
     const SIZE: u64 = 16 << 20;
@@ -522,6 +529,7 @@ fn live_view_names_short_lived_cgroups_and_intervals_add_up() {
         "100ms",
         "--reclaim-after",
         "200ms",
+        "--latency",
     ]);
     let before = lo.diskstats();
     let churn = Arc::new(Churn::new(&parent, &lo, SIZE));
@@ -542,6 +550,8 @@ fn live_view_names_short_lived_cgroups_and_intervals_add_up() {
     );
     assert_eq!(out.lost_events(), 0);
     let mut bios_of: BTreeMap<String, u64> = BTreeMap::new();
+    // Each churned cgroup's (queue, device) latency counts in the intervals.
+    let mut timed_of: BTreeMap<String, [u64; 2]> = BTreeMap::new();
     for row in rows(&out.total, &lo) {
         cgroup_name(row);
     }
@@ -550,6 +560,9 @@ fn live_view_names_short_lived_cgroups_and_intervals_add_up() {
             let path = cgroup_name(row);
             if path.starts_with(&format!("{}/c", churn.parent_path)) {
                 *bios_of.entry(path.to_string()).or_default() += u(&row["write"], "bios");
+                let timed = timed_of.entry(path.to_string()).or_default();
+                timed[0] += latency_count(row, "write", "queue");
+                timed[1] += latency_count(row, "write", "device");
             }
         }
     }
@@ -561,6 +574,8 @@ fn live_view_names_short_lived_cgroups_and_intervals_add_up() {
             n == 1 || (n == 0 && to_parent > 0),
             "{p}: {n} bios in the intervals (the kernel charged {to_parent} to the parent)"
         );
+        let timed = timed_of.get(&p).copied().unwrap_or_default();
+        assert_eq!(timed, [n, n], "{p}: its request's queue and device latency");
     }
     assert_eq!(
         bios_of.values().sum::<u64>(),
@@ -582,6 +597,38 @@ fn live_view_names_short_lived_cgroups_and_intervals_add_up() {
         .cgroup_row(&lo, "(removed)")
         .expect("reclaimed cgroups' counters in the (removed) row");
     assert!(u(&removed["write"], "bios") > 0, "{removed}");
+    // Each churned cgroup's request completed before its removal, so before its reclaim:
+    // every row, (removed) too, holds the latency of exactly its own requests.
+    for row in rows(&out.total, &lo) {
+        for dir in ["read", "write"] {
+            for stage in ["queue", "device"] {
+                assert_eq!(
+                    latency_count(row, dir, stage),
+                    u(&row[dir], "requests"),
+                    "{dir} latency.{stage} count == requests; {row}"
+                );
+            }
+        }
+    }
+    // The intervals add up to the total: each cgroup's latency is new once, under its own
+    // row, not again in (removed) when it is reclaimed.
+    for stage in ["queue", "device"] {
+        let in_intervals: u64 = out
+            .intervals
+            .iter()
+            .flat_map(|i| rows(i, &lo))
+            .map(|r| latency_count(r, "write", stage))
+            .sum();
+        let in_total: u64 = rows(&out.total, &lo)
+            .into_iter()
+            .map(|r| latency_count(r, "write", stage))
+            .sum();
+        assert_eq!(
+            in_intervals, in_total,
+            "write latency.{stage}: the intervals add up to the total"
+        );
+        assert_eq!(in_total, d.writes, "write latency.{stage}: diskstats {d:?}");
+    }
     eprintln!(
         "kernel_churn: live view, {total} cgroups, {} intervals, (removed) {} bios, {to_parent} charged to the parent",
         out.intervals.len(),

@@ -39,8 +39,8 @@ pub struct TraceArgs {
     pub plug_flushes: bool,
     /// Also count each request's queue latency (created → issued) and device latency (issued
     /// → completed) per cgroup, apart for requests that carried merged bios ("latency" in the
-    /// JSON): one more program run per completion and a hash update at each end. Captures
-    /// always have the events for it.
+    /// JSON): one more program run per completion, and at each end an update of the
+    /// histograms in the cgroup's counter slot. Captures always have the events for it.
     #[arg(long)]
     pub latency: bool,
     /// fentry tier: also count every merge attempt, failed ones included ("merge_attempts" in

@@ -12,8 +12,8 @@ use aya::{
 };
 use mergetrace_common::{
     latency::{LatencyHist, ISSUED_AT_ENTRIES, ISSUE_SLOTS_PER_DISK},
-    unplug_slot, CountKey, KernelSymbols, MeterUnits, Modes, TracedDevices, UnplugKey, LOST_SLOTS,
-    MAX_DEVICES, MAX_SLOTS, UNPLUG_MAX_DEPTH,
+    unplug_slot, Counters, KernelSymbols, MeterUnits, Modes, TracedDevices, UnplugKey, LOST_SLOTS,
+    MAX_DEVICES, MAX_SLOTS, REMOVED_SLOTS, UNPLUG_MAX_DEPTH,
 };
 
 use super::{
@@ -25,7 +25,7 @@ use super::{
         hooks::{self, Attach, Hook, Program, Wants},
         Kallsyms,
     },
-    slots::Slots,
+    slots::{Slots, Table},
     Tier, TierChoice, TierKind,
 };
 use crate::{
@@ -118,7 +118,8 @@ fn load_object(
         .override_global("METER_UNITS", meter_units, true)
         .override_global("TRACED", traced, true)
         .map_max_entries("EVENTS", ring_bytes)
-        .map_max_entries("LATENCY", latency_map(MAX_SLOTS))
+        .map_max_entries("LATENCY", latency_map(MAX_SLOTS + REMOVED_SLOTS))
+        .map_max_entries("LATENCY_HASHED", latency_map(MAX_SLOTS))
         .map_max_entries("ISSUED_AT", latency_map(ISSUED_AT_ENTRIES))
         .map_max_entries(
             "ISSUE_SLOTS",
@@ -362,11 +363,9 @@ pub struct Session {
     ring: Option<RingBuf<MapData>>,
     lost: PerCpuArray<MapData, u64>,
     lost_seen: [u64; LOST_SLOTS as usize],
-    /// The in-kernel counters: slots, the hash map of keys without one, removed cgroups'.
+    /// The in-kernel counters and `--latency` histograms: slots, the hash maps of keys
+    /// without one, removed cgroups'.
     slots: Slots,
-    /// `--latency`: each key's request latency histograms, per CPU (never reclaimed: a key
-    /// holds its histograms for the whole run).
-    latency: Option<PerCpuHashMap<MapData, CountKey, LatencyHist>>,
     /// Cgroup births and removals in the traced hierarchy.
     cgroup_ring: RingBuf<MapData>,
     /// Removed cgroups whose counters are not reclaimed yet: when the removal was seen.
@@ -460,19 +459,28 @@ impl Session {
                 .with_context(|| format!("{name} map missing"))
         };
         let devs: Vec<u32> = devices.iter().map(|d| d.dev().0).collect();
-        let slots = Slots::new(
+        let counters = Table::<Counters>::new(
             PerCpuHashMap::try_from(take("COUNTS")?)?,
-            BpfHashMap::try_from(take("SLOT_OF")?)?,
-            Array::try_from(take("SLOT_GEN")?)?,
             PerCpuArray::try_from(take("COUNTERS")?)?,
-            devs.clone(),
-        )?;
-        let cgroup_ring = RingBuf::try_from(take("CGROUP_EVENTS")?)?;
+            ["COUNTS", "COUNTERS"],
+        );
         let latency = if modes.latency != 0 {
-            Some(PerCpuHashMap::try_from(take("LATENCY")?)?)
+            Some(Table::<LatencyHist>::new(
+                PerCpuHashMap::try_from(take("LATENCY_HASHED")?)?,
+                PerCpuArray::try_from(take("LATENCY")?)?,
+                ["LATENCY_HASHED", "LATENCY"],
+            ))
         } else {
             None
         };
+        let slots = Slots::new(
+            counters,
+            latency,
+            BpfHashMap::try_from(take("SLOT_OF")?)?,
+            Array::try_from(take("SLOT_GEN")?)?,
+            devs.clone(),
+        )?;
+        let cgroup_ring = RingBuf::try_from(take("CGROUP_EVENTS")?)?;
         Ok(Session {
             ebpf: Some(ebpf),
             tier,
@@ -483,7 +491,6 @@ impl Session {
             lost,
             lost_seen: [0; LOST_SLOTS as usize],
             slots,
-            latency,
             cgroup_ring,
             removed: HashMap::new(),
             reclaim_after_ns: opts.reclaim_after.as_nanos() as u64,
@@ -513,13 +520,15 @@ impl Session {
         self.poll_cgroups();
         let now = super::monotonic_ns();
         let (removed, grace) = (&self.removed, self.reclaim_after_ns);
-        let counts = self.slots.totals(|id| {
+        let totals = self.slots.totals(|id| {
             removed
                 .get(&id)
                 .is_some_and(|t| now.saturating_sub(*t) >= grace)
         })?;
-        // Removals whose cgroup holds no counters (any more) need not be remembered.
-        let counted: HashSet<u64> = counts.iter().map(|(k, _)| k.cgroup_id).collect();
+        // Removals whose cgroup holds nothing (any more) need not be remembered.
+        let counted: HashSet<u64> = (totals.counts.iter().map(|(k, _)| k.cgroup_id))
+            .chain(totals.latency.iter().map(|(k, _)| k.cgroup_id))
+            .collect();
         self.removed
             .retain(|id, t| counted.contains(id) || now.saturating_sub(*t) < grace);
         let mut unplugs = Vec::new();
@@ -544,16 +553,10 @@ impl Session {
                 }
             }
         }
-        let mut w = Window::from_kernel(counts, unplugs);
-        if let Some(latency) = &self.latency {
-            for item in latency.iter() {
-                let (k, per_cpu) = item.context("cannot read the LATENCY map")?;
-                let h = w.latency.entry(Window::key_of(&k)).or_default();
-                for c in per_cpu.iter() {
-                    h.add(c);
-                }
-            }
-        }
+        let mut w = Window::from_kernel(totals.counts, unplugs);
+        w.latency = (totals.latency.iter())
+            .map(|(k, h)| (Window::key_of(k), *h))
+            .collect();
         for k in 0..LOST_SLOTS {
             if let Ok(per_cpu) = self.lost.get(&k, 0) {
                 let n: u64 = per_cpu.iter().sum();

@@ -1,10 +1,12 @@
 //! Counter slots. The programs count a (cgroup, disk, direction) key in a per-CPU array slot
 //! when user space has given the key one (`SLOT_OF`), with an array index and a per-CPU cache
-//! instead of a hash lookup per event (mergetrace-ebpf/src/emit.rs); a key without one is
-//! counted in the `COUNTS` hash map. User space gives every key it finds there a slot, at most
-//! `MAX_SLOTS`; at the next read, when no program counts in the key's hash entry any more,
-//! what it counted there is moved to user space (the key's base) and the entry deleted, so
-//! the hash map only holds keys newer than a read and those beyond `MAX_SLOTS`.
+//! instead of a hash lookup per event (mergetrace-ebpf/src/slot.rs); a key without one is
+//! counted in a hash map. What a key holds is its counters (`COUNTERS` by slot, `COUNTS`
+//! hashed) and with `--latency` its latency histograms (`LATENCY`, `LATENCY_HASHED`): each
+//! kind is a [`Table`], and both go through every step below together. User space gives every key it finds hashed a
+//! slot, at most `MAX_SLOTS`; at the next read, when no program counts in the key's hash
+//! entries any more, what they hold is moved to user space (the key's base) and the entries
+//! deleted, so the hash maps only hold keys newer than a read and those beyond `MAX_SLOTS`.
 //!
 //! Each slot has a generation (`SLOT_GEN`) the programs check, so that a slot can later be given
 //! to another key without a stale per-CPU cache entry counting into it.
@@ -14,20 +16,171 @@
 //! that nothing is read while a program may still count into it:
 //! 1. its `SLOT_OF` entry is pointed at its disk's *removed* slot (`removed_slot`) and its own
 //!    slot's generation moves on: from then on the programs count it there;
-//! 2. at the next read its own slot and `COUNTS` entry, idle since, are read a last time,
-//!    added to the disk's removed counters, zeroed / deleted, and its `SLOT_OF` entry goes (a
-//!    late event then starts a new `COUNTS` entry, reclaimed the same way).
+//! 2. at the next read its own slot and hash entries, idle since, are read a last time, added
+//!    to the disk's removed counters, zeroed / deleted, and its `SLOT_OF` entry goes (a late
+//!    event then starts a new hash entry, reclaimed the same way).
 //!
 //! The removed counters are returned as the key (disk, [`REMOVED_CGROUP`], direction): every
 //! count stays in exactly one key, and the sum over keys only grows.
 use std::collections::{HashMap, HashSet};
 
 use anyhow::{Context, Result};
-use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues};
-use mergetrace_common::{removed_slot, CountKey, Counters, SlotRef, MAX_SLOTS, REMOVED_CGROUP};
+use aya::{
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues},
+    Pod,
+};
+use mergetrace_common::{
+    latency::LatencyHist, removed_slot, CountKey, Counters, SlotRef, MAX_SLOTS, REMOVED_CGROUP,
+};
 
 /// The generation of the removed slots: fixed, they never change hands.
 const REMOVED_GEN: u32 = 1;
+
+/// A value the programs keep per key, summed field by field.
+pub trait Tally: Pod + Default + PartialEq {
+    fn add(&mut self, o: &Self);
+}
+
+impl Tally for Counters {
+    fn add(&mut self, o: &Self) {
+        Counters::add(self, o);
+    }
+}
+
+impl Tally for LatencyHist {
+    fn add(&mut self, o: &Self) {
+        LatencyHist::add(self, o);
+    }
+}
+
+/// One kind of value: its two maps (per CPU, by slot and, for keys without one, hashed) and
+/// what user space has taken out of them.
+pub struct Table<T: Pod> {
+    hashed: PerCpuHashMap<MapData, CountKey, T>,
+    by_slot: PerCpuArray<MapData, T>,
+    /// The maps' names, for errors.
+    names: [&'static str; 2],
+    /// What keys with a slot held in the hash map before they had it.
+    base: HashMap<CountKey, T>,
+    /// What the reclaimed keys held in their own slots and hash entries, per (disk, dir).
+    removed: HashMap<(u32, u32), T>,
+}
+
+impl<T: Tally> Table<T> {
+    pub fn new(
+        hashed: PerCpuHashMap<MapData, CountKey, T>,
+        by_slot: PerCpuArray<MapData, T>,
+        names: [&'static str; 2],
+    ) -> Table<T> {
+        Table {
+            hashed,
+            by_slot,
+            names,
+            base: HashMap::new(),
+            removed: HashMap::new(),
+        }
+    }
+
+    /// Every key's value so far: hashed, and for the keys with a slot its slot's and base;
+    /// then per disk and direction the removed keys' under [`REMOVED_CGROUP`]. Zeros left out.
+    fn totals(
+        &self,
+        by_key: &HashMap<CountKey, SlotRef>,
+        devs: &[u32],
+    ) -> Result<Vec<(CountKey, T)>> {
+        let mut sum: HashMap<CountKey, T> = HashMap::new();
+        for item in self.hashed.iter() {
+            let (k, per_cpu) =
+                item.with_context(|| format!("cannot read the {} map", self.names[0]))?;
+            sum.entry(k).or_default().add(&per_cpu_sum(&per_cpu));
+        }
+        for (key, r) in by_key {
+            let v = sum.entry(*key).or_default();
+            v.add(&self.read_slot(r.slot)?);
+            if let Some(b) = self.base.get(key) {
+                v.add(b);
+            }
+        }
+        for (disk, dev) in devs.iter().enumerate() {
+            for dir in 0..4 {
+                let mut v = self.read_slot(removed_slot(disk as u32, dir))?;
+                if let Some(folded) = self.removed.get(&(*dev, dir)) {
+                    v.add(folded);
+                }
+                let key = CountKey {
+                    cgroup_id: REMOVED_CGROUP,
+                    dev: *dev,
+                    dir,
+                };
+                sum.insert(key, v);
+            }
+        }
+        Ok(sum
+            .into_iter()
+            .filter(|(_, v)| *v != T::default())
+            .collect())
+    }
+
+    fn hashed_keys(&self) -> impl Iterator<Item = CountKey> + '_ {
+        self.hashed.keys().filter_map(|k| k.ok())
+    }
+
+    /// Moves the key's hash entry, if any, to its base.
+    fn move_to_base(&mut self, key: &CountKey) {
+        if let Ok(per_cpu) = self.hashed.get(key, 0) {
+            self.base
+                .entry(*key)
+                .or_default()
+                .add(&per_cpu_sum(&per_cpu));
+            let _ = self.hashed.remove(key);
+        }
+    }
+
+    /// Step 2 of reclaiming `d.key`: what it held (base, own slot, hash entry) to its disk's
+    /// removed value; the slot zeroed, the hash entry deleted.
+    fn drain(&mut self, d: &Draining, cpus: usize) -> Result<()> {
+        let mut last = self.base.remove(&d.key).unwrap_or_default();
+        if let Some(slot) = d.slot {
+            last.add(&self.read_slot(slot)?);
+            let zeros = PerCpuValues::try_from(vec![T::default(); cpus])?;
+            self.by_slot
+                .set(slot, zeros, 0)
+                .with_context(|| format!("cannot zero a {} slot", self.names[1]))?;
+        }
+        if let Ok(per_cpu) = self.hashed.get(&d.key, 0) {
+            last.add(&per_cpu_sum(&per_cpu));
+            let _ = self.hashed.remove(&d.key);
+        }
+        self.removed
+            .entry((d.key.dev, d.key.dir))
+            .or_default()
+            .add(&last);
+        Ok(())
+    }
+
+    fn read_slot(&self, slot: u32) -> Result<T> {
+        let per_cpu = self
+            .by_slot
+            .get(&slot, 0)
+            .with_context(|| format!("cannot read the {} map", self.names[1]))?;
+        Ok(per_cpu_sum(&per_cpu))
+    }
+}
+
+fn per_cpu_sum<T: Tally>(per_cpu: &PerCpuValues<T>) -> T {
+    let mut sum = T::default();
+    for v in per_cpu.iter() {
+        sum.add(v);
+    }
+    sum
+}
+
+/// What every key holds so far (see [`Slots::totals`]).
+pub struct Totals {
+    pub counts: Vec<(CountKey, Counters)>,
+    /// Empty without `--latency`.
+    pub latency: Vec<(CountKey, LatencyHist)>,
+}
 
 /// A key being reclaimed (step 1 done): what it still holds, read at the next read.
 #[derive(Debug, Clone, Copy)]
@@ -37,10 +190,11 @@ struct Draining {
 }
 
 pub struct Slots {
-    hashed: PerCpuHashMap<MapData, CountKey, Counters>,
+    counters: Table<Counters>,
+    /// `--latency`'s histograms, kept by the same slots.
+    latency: Option<Table<LatencyHist>>,
     slot_of: BpfHashMap<MapData, CountKey, SlotRef>,
     generation: Array<MapData, u32>,
-    counters: PerCpuArray<MapData, Counters>,
     /// The traced disks' `dev_t`s, by disk slot.
     devs: Vec<u32>,
     /// The keys with a slot, and the slot.
@@ -49,15 +203,11 @@ pub struct Slots {
     free: Vec<u32>,
     gens: Vec<u32>,
     draining: Vec<Draining>,
-    /// Keys given a slot at the last read (or adopted before it), whose hash entry is moved
-    /// at the next: by then no program counts in it any more.
+    /// Keys given a slot at the last read (or adopted before it), whose hash entries are
+    /// moved at the next: by then no program counts in them any more.
     moving: Vec<CountKey>,
     /// Keys given a slot between reads ([`Slots::adopt`]), moved at the read after next.
     adopted: Vec<CountKey>,
-    /// What keys with a slot counted in the hash map before they had it.
-    base: HashMap<CountKey, Counters>,
-    /// What the reclaimed keys counted in their own slots and hash entries, per (disk, dir).
-    removed: HashMap<(u32, u32), Counters>,
     /// The keys the last read returned: only a key returned once may be reclaimed, so that
     /// every key is seen (and named) by at least one read.
     reported: HashSet<CountKey>,
@@ -65,10 +215,10 @@ pub struct Slots {
 
 impl Slots {
     pub fn new(
-        hashed: PerCpuHashMap<MapData, CountKey, Counters>,
+        counters: Table<Counters>,
+        latency: Option<Table<LatencyHist>>,
         slot_of: BpfHashMap<MapData, CountKey, SlotRef>,
         mut generation: Array<MapData, u32>,
-        counters: PerCpuArray<MapData, Counters>,
         devs: Vec<u32>,
     ) -> Result<Slots> {
         for disk in 0..devs.len() as u32 {
@@ -79,10 +229,10 @@ impl Slots {
             }
         }
         Ok(Slots {
-            hashed,
+            counters,
+            latency,
             slot_of,
             generation,
-            counters,
             devs,
             by_key: HashMap::new(),
             free: (0..MAX_SLOTS).rev().collect(),
@@ -90,35 +240,37 @@ impl Slots {
             draining: Vec::new(),
             moving: Vec::new(),
             adopted: Vec::new(),
-            base: HashMap::new(),
-            removed: HashMap::new(),
             reported: HashSet::new(),
         })
     }
 
-    /// Every key's counters so far: what the `COUNTS` hash map counted (before the key had a
-    /// slot, or with none free) plus its slot's, and per disk and direction the removed
-    /// cgroups' under [`REMOVED_CGROUP`]. Keys found only in the hash map are given a slot for
-    /// the events to come; keys whose cgroup `reclaim` says to let go are reclaimed (their
-    /// counters show under their own key this time, under the removed one from the next).
-    pub fn totals(&mut self, reclaim: impl Fn(u64) -> bool) -> Result<Vec<(CountKey, Counters)>> {
+    /// What every key holds so far: what the hash maps counted (before the key had a slot,
+    /// or with none free) plus its slot's, and per disk and direction the removed cgroups'
+    /// under [`REMOVED_CGROUP`]. Keys found only in the hash maps are given a slot for the
+    /// events to come; keys whose cgroup `reclaim` says to let go are reclaimed (what they
+    /// hold shows under their own key this time, under the removed one from the next).
+    pub fn totals(&mut self, reclaim: impl Fn(u64) -> bool) -> Result<Totals> {
         self.finish_draining()?;
         self.finish_moving();
-        let mut sum: HashMap<CountKey, Counters> = HashMap::new();
-        for item in self.hashed.iter() {
-            let (k, per_cpu) = item.context("cannot read the COUNTS map")?;
-            sum.entry(k).or_default().add(&per_cpu_sum(&per_cpu));
-        }
-        for (key, r) in &self.by_key {
-            let c = sum.entry(*key).or_default();
-            c.add(&self.read_slot(r.slot)?);
-            if let Some(b) = self.base.get(key) {
-                c.add(b);
-            }
-        }
+        let t = Totals {
+            counts: self.counters.totals(&self.by_key, &self.devs)?,
+            latency: match &self.latency {
+                Some(l) => l.totals(&self.by_key, &self.devs)?,
+                None => Vec::new(),
+            },
+        };
+        let keys: HashSet<CountKey> = t
+            .counts
+            .iter()
+            .map(|(k, _)| *k)
+            .chain(t.latency.iter().map(|(k, _)| *k))
+            .collect();
         let mut retire = Vec::new();
         let mut assign = Vec::new();
-        for k in sum.keys() {
+        for k in &keys {
+            if k.cgroup_id == REMOVED_CGROUP {
+                continue;
+            }
             if reclaim(k.cgroup_id) && self.reported.contains(k) {
                 retire.push(*k);
             } else if !self.by_key.contains_key(k) {
@@ -138,38 +290,26 @@ impl Slots {
             }
             self.moving.push(k);
         }
-        for (disk, dev) in self.devs.iter().enumerate() {
-            for dir in 0..4 {
-                let mut c = self.read_slot(removed_slot(disk as u32, dir))?;
-                if let Some(folded) = self.removed.get(&(*dev, dir)) {
-                    c.add(folded);
-                }
-                if c != Counters::default() {
-                    let key = CountKey {
-                        cgroup_id: REMOVED_CGROUP,
-                        dev: *dev,
-                        dir,
-                    };
-                    sum.insert(key, c);
-                }
-            }
-        }
-        self.reported = sum.keys().copied().collect();
-        Ok(sum.into_iter().collect())
+        self.reported = keys;
+        Ok(t)
     }
 
-    /// Gives the keys the programs count in the hash map a slot now, without reading any
-    /// counters: between reads, so that a new cgroup's events take the cheap path (an array
+    /// Gives the keys the programs count in the hash maps a slot now, without reading what
+    /// they hold: between reads, so that a new cgroup's events take the cheap path (an array
     /// slot instead of two hash lookups) within moments, whatever the report interval. Their
     /// hash entries are moved at the read after next, when nothing counts in them any more.
     pub fn adopt(&mut self) -> Result<()> {
         if self.free.is_empty() {
             return Ok(());
         }
-        let new: Vec<CountKey> = self
-            .hashed
-            .keys()
-            .filter_map(|k| k.ok())
+        let mut hashed: Vec<CountKey> = self.counters.hashed_keys().collect();
+        if let Some(l) = &self.latency {
+            hashed.extend(l.hashed_keys());
+        }
+        hashed.sort();
+        hashed.dedup();
+        let new: Vec<CountKey> = hashed
+            .into_iter()
             .filter(|k| !self.by_key.contains_key(k))
             .filter(|k| !self.draining.iter().any(|d| d.key == *k))
             .filter(|k| !self.moving.contains(k))
@@ -233,11 +373,11 @@ impl Slots {
     fn finish_moving(&mut self) {
         for k in std::mem::take(&mut self.moving) {
             if !self.by_key.contains_key(&k) {
-                continue; // retired since: drained with its hash entry
+                continue; // retired since: drained with its hash entries
             }
-            if let Ok(per_cpu) = self.hashed.get(&k, 0) {
-                self.base.entry(k).or_default().add(&per_cpu_sum(&per_cpu));
-                let _ = self.hashed.remove(&k);
+            self.counters.move_to_base(&k);
+            if let Some(l) = &mut self.latency {
+                l.move_to_base(&k);
             }
         }
     }
@@ -246,24 +386,14 @@ impl Slots {
     fn finish_draining(&mut self) -> Result<()> {
         let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
         for d in std::mem::take(&mut self.draining) {
-            let mut last = self.base.remove(&d.key).unwrap_or_default();
+            self.counters.drain(&d, cpus)?;
+            if let Some(l) = &mut self.latency {
+                l.drain(&d, cpus)?;
+            }
             if let Some(slot) = d.slot {
-                last.add(&self.read_slot(slot)?);
-                let zeros = PerCpuValues::try_from(vec![Counters::default(); cpus])?;
-                self.counters
-                    .set(slot, zeros, 0)
-                    .context("cannot zero a COUNTERS slot")?;
                 self.free.push(slot);
             }
-            if let Ok(per_cpu) = self.hashed.get(&d.key, 0) {
-                last.add(&per_cpu_sum(&per_cpu));
-                let _ = self.hashed.remove(&d.key);
-            }
             let _ = self.slot_of.remove(&d.key);
-            self.removed
-                .entry((d.key.dev, d.key.dir))
-                .or_default()
-                .add(&last);
         }
         Ok(())
     }
@@ -277,20 +407,4 @@ impl Slots {
             .context("cannot write the SLOT_GEN map")?;
         Ok(gen)
     }
-
-    fn read_slot(&self, slot: u32) -> Result<Counters> {
-        let per_cpu = self
-            .counters
-            .get(&slot, 0)
-            .context("cannot read the COUNTERS map")?;
-        Ok(per_cpu_sum(&per_cpu))
-    }
-}
-
-fn per_cpu_sum(per_cpu: &PerCpuValues<Counters>) -> Counters {
-    let mut sum = Counters::default();
-    for c in per_cpu.iter() {
-        sum.add(c);
-    }
-    sum
 }

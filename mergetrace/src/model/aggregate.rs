@@ -62,6 +62,26 @@ pub struct Unplugs {
     pub from_schedule: BTreeMap<u32, u64>,
 }
 
+/// `earlier`, with what each of its keys missing from `later` (reclaimed since) held added
+/// to its device's [`REMOVED_CGROUP`] key, where `later` has it now.
+fn folded<T: Clone + Default>(
+    earlier: &HashMap<Key, T>,
+    later: &HashMap<Key, T>,
+    add: impl Fn(&mut T, &T),
+) -> HashMap<Key, T> {
+    let mut before = earlier.clone();
+    for (k, v) in earlier {
+        if k.cgroup_id != REMOVED_CGROUP && !later.contains_key(k) {
+            let removed = Key {
+                cgroup_id: REMOVED_CGROUP,
+                ..*k
+            };
+            add(before.entry(removed).or_default(), v);
+        }
+    }
+    before
+}
+
 /// Everything counted over one time span.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Window {
@@ -136,16 +156,7 @@ impl Window {
             end_ns: self.end_ns,
             ..Window::default()
         };
-        let mut before = earlier.counts.clone();
-        for (k, c) in &earlier.counts {
-            if k.cgroup_id != REMOVED_CGROUP && !self.counts.contains_key(k) {
-                let folded = Key {
-                    cgroup_id: REMOVED_CGROUP,
-                    ..*k
-                };
-                before.entry(folded).or_default().add(c);
-            }
-        }
+        let before = folded(&earlier.counts, &self.counts, Counts::add);
         for (k, c) in &self.counts {
             let mut d = *c;
             if let Some(e) = before.get(k) {
@@ -175,8 +186,9 @@ impl Window {
                 }
             }
         }
+        let earlier_latency = folded(&earlier.latency, &self.latency, LatencyHist::add);
         for (k, h) in &self.latency {
-            let d = match earlier.latency.get(k) {
+            let d = match earlier_latency.get(k) {
                 Some(e) => h.since(e),
                 None => *h,
             };
@@ -628,6 +640,37 @@ pub(crate) mod tests {
                 ..Counts::default()
             }
         );
+    }
+
+    #[test]
+    fn a_reclaimed_key_s_latency_is_not_new_in_the_removed_histograms() {
+        // Cgroup 21's 3 requests were timed, then it was reclaimed: its histograms and 1 late
+        // request's are now the device's removed ones. The interval shows the late one only.
+        let key = |cgroup_id| Key {
+            dev: 7 << 20 | 3,
+            cgroup_id,
+            dir: Dir::Write,
+        };
+        let mut h = LatencyHist::default();
+        h.queue[0][2] = 3;
+        h.queue_ns[0] = 6000;
+        let first = Window {
+            latency: [(key(21), h)].into_iter().collect(),
+            ..Window::default()
+        };
+        let mut removed = h;
+        removed.queue[0][2] += 1;
+        removed.queue_ns[0] += 2000;
+        let second = Window {
+            latency: [(key(REMOVED_CGROUP), removed)].into_iter().collect(),
+            ..Window::default()
+        };
+        let d = second.since(&first);
+        let mut late = LatencyHist::default();
+        late.queue[0][2] = 1;
+        late.queue_ns[0] = 2000;
+        assert_eq!(d.latency.len(), 1);
+        assert_eq!(d.latency[&key(REMOVED_CGROUP)], late);
     }
 
     #[test]
