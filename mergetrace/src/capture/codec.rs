@@ -413,21 +413,33 @@ fn dictionary<T: Copy>(
 }
 
 /// Decodes events chunks. Reusable: keeps its dictionaries' allocations between chunks.
+///
+/// The prediction state is the chunk's events decoded so far: `prev` is the last one and
+/// each slot an index into them, so an event is written once, into the output.
+#[derive(Default)]
 pub struct EventDecoder {
-    state: Box<State>,
+    /// Per slot: the index of its last event in the output (`NONE`: none yet), and its modes.
+    slots: [(u32, u8); SLOTS],
     devs: Vec<u32>,
     cgroups: Vec<u64>,
 }
 
-impl Default for EventDecoder {
-    fn default() -> Self {
-        EventDecoder {
-            state: Box::new(State::new(0)),
-            devs: Vec::new(),
-            cgroups: Vec::new(),
-        }
-    }
-}
+/// A slot without an event in the chunk yet: it predicts from the all-zero event.
+const NONE: u32 = u32::MAX;
+const ZERO: Event = Event {
+    ts_ns: 0,
+    cgroup_id: 0,
+    id: 0,
+    aux64: 0,
+    sector: 0,
+    dev: 0,
+    bytes: 0,
+    aux: 0,
+    kind: 0,
+    op: 0,
+    path: 0,
+    flags: 0,
+};
 
 impl EventDecoder {
     /// Decodes `count` events of a payload into `out` (cleared first). The payload must hold
@@ -448,12 +460,16 @@ impl EventDecoder {
             });
         }
         out.reserve(count as usize);
-        *self.state = State::new(base_ts);
+        self.slots = [(NONE, 0); SLOTS];
         self.devs.clear();
         self.cgroups.clear();
+        let start = Event {
+            ts_ns: base_ts,
+            ..ZERO
+        };
         let mut c = Cursor::new(payload);
         for _ in 0..count {
-            let ev = self.event(&mut c)?;
+            let ev = self.event(&mut c, out.last().unwrap_or(&start), out)?;
             out.push(ev);
         }
         if !c.at_end() {
@@ -462,22 +478,26 @@ impl EventDecoder {
         Ok(())
     }
 
-    /// One event: its head, then what the head says follows.
+    /// One event: its head, then what the head says follows. `p` is the previous event,
+    /// `done` the chunk's events so far (the slots index them).
     #[inline]
-    fn event(&mut self, c: &mut Cursor) -> Result<Event, DecodeError> {
+    fn event(&mut self, c: &mut Cursor, p: &Event, done: &[Event]) -> Result<Event, DecodeError> {
         let head = c.u8()?;
         let kind = match head & 0x0f {
             KIND_ESCAPE => c.u8()?,
             k => k,
         };
         let si = slot_of(kind);
-        let slot = self.state.slots[si];
-        let sp = slot.prev;
-        let p = self.state.prev;
+        let (last, slot_modes) = self.slots[si];
+        let sp = if last == NONE {
+            &ZERO
+        } else {
+            &done[last as usize]
+        };
         let modes = if head & H_MODES != 0 {
             c.u8()?
         } else {
-            slot.modes
+            slot_modes
         };
         let (op, path, flags) = if head & H_ATTRS != 0 {
             (c.u8()?, c.u8()?, c.u8()?)
@@ -535,7 +555,8 @@ impl EventDecoder {
             A64_XOR_PREV_ID => p.id ^ c.varint()?,
             _ => sp.aux64 ^ c.varint()?,
         };
-        let ev = Event {
+        self.slots[si] = (done.len() as u32, modes);
+        Ok(Event {
             ts_ns,
             cgroup_id,
             id,
@@ -548,10 +569,7 @@ impl EventDecoder {
             op,
             path,
             flags,
-        };
-        self.state.slots[si] = Slot { prev: ev, modes };
-        self.state.prev = ev;
-        Ok(ev)
+        })
     }
 }
 

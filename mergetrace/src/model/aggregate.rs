@@ -100,19 +100,6 @@ impl Window {
         self.lost_by_kind.values().sum()
     }
 
-    fn apply(&mut self, ev: &Event, units: &MeterUnits) {
-        if ev.kind == kind::UNPLUG {
-            self.add_unplugs(ev.dev, ev.aux, ev.flags & flags::UNPLUG_EXPLICIT != 0, 1);
-            return;
-        }
-        let key = Key {
-            dev: ev.dev,
-            cgroup_id: ev.cgroup_id,
-            dir: Dir::of_op(ev.op),
-        };
-        self.counts.entry(key).or_default().count(ev, units);
-    }
-
     fn add_unplugs(&mut self, dev: u32, depth: u32, explicit: bool, n: u64) {
         let u = self.unplugs.entry(dev).or_default();
         let hist = if explicit {
@@ -226,11 +213,63 @@ pub fn meter_units(sizes: &[u64]) -> MeterUnits {
     MeterUnits::new(sizes)
 }
 
+/// A map whose lookups mostly repeat the key before (a capture's events come in runs of one
+/// device, cgroup and direction): that key's entry is found without hashing.
+#[derive(Debug, Clone)]
+pub struct RunMap<K, V> {
+    index: HashMap<K, usize>,
+    entries: Vec<(K, V)>,
+    /// The entry of the last lookup.
+    last: usize,
+}
+
+impl<K, V> Default for RunMap<K, V> {
+    fn default() -> Self {
+        RunMap {
+            index: HashMap::default(),
+            entries: Vec::new(),
+            last: 0,
+        }
+    }
+}
+
+impl<K: Copy + Eq + std::hash::Hash, V: Default> RunMap<K, V> {
+    /// The entry of `key`, a default one if it had none.
+    #[inline]
+    pub fn get_or_default(&mut self, key: K) -> &mut V {
+        if self.entries.get(self.last).is_none_or(|(k, _)| *k != key) {
+            let entries = &mut self.entries;
+            self.last = *self.index.entry(key).or_insert_with(|| {
+                entries.push((key, V::default()));
+                entries.len() - 1
+            });
+        }
+        &mut self.entries[self.last].1
+    }
+
+    pub fn get(&self, key: &K) -> Option<&V> {
+        self.index.get(key).map(|i| &self.entries[*i].1)
+    }
+
+    /// In the order the keys were first seen.
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+        self.entries.iter().map(|(k, v)| (k, v))
+    }
+
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&K, &mut V)> {
+        self.entries.iter_mut().map(|(k, v)| (&*k, v))
+    }
+}
+
 /// Counts events (from a capture) into a running total of the whole run. Intervals are
 /// differences of running totals ([`Window::since`]), as in the live view.
 #[derive(Debug)]
 pub struct Aggregator {
+    /// The run's window but its counts and plug flushes, which are in `counts` and
+    /// `unplugs` (by device, depth, explicit).
     total: Window,
+    counts: RunMap<Key, Counts>,
+    unplugs: RunMap<(u32, u32, bool), u64>,
     units: MeterUnits,
 }
 
@@ -246,12 +285,25 @@ impl Aggregator {
                 start_ns,
                 ..Window::default()
             },
+            counts: RunMap::default(),
+            unplugs: RunMap::default(),
             units: meter_units(units),
         }
     }
 
+    #[inline]
     pub fn apply(&mut self, ev: &Event) {
-        self.total.apply(ev, &self.units);
+        if ev.kind == kind::UNPLUG {
+            let explicit = ev.flags & flags::UNPLUG_EXPLICIT != 0;
+            *self.unplugs.get_or_default((ev.dev, ev.aux, explicit)) += 1;
+            return;
+        }
+        let key = Key {
+            dev: ev.dev,
+            cgroup_id: ev.cgroup_id,
+            dir: Dir::of_op(ev.op),
+        };
+        self.counts.get_or_default(key).count(ev, &self.units);
     }
 
     #[cfg(test)]
@@ -271,6 +323,10 @@ impl Aggregator {
     /// The whole run so far, up to `end_ns`.
     pub fn total(&self, end_ns: u64) -> Window {
         let mut t = self.total.clone();
+        t.counts = self.counts.iter().map(|(k, c)| (*k, *c)).collect();
+        for ((dev, depth, explicit), n) in self.unplugs.iter() {
+            t.add_unplugs(*dev, *depth, *explicit, *n);
+        }
         t.end_ns = end_ns;
         t
     }
@@ -671,6 +727,17 @@ pub(crate) mod tests {
         late.queue_ns[0] = 2000;
         assert_eq!(d.latency.len(), 1);
         assert_eq!(d.latency[&key(REMOVED_CGROUP)], late);
+    }
+
+    #[test]
+    fn run_map_keeps_keys_apart_across_runs() {
+        let mut m: RunMap<u32, u64> = RunMap::default();
+        for k in [1, 1, 2, 1, 3, 3, 2] {
+            *m.get_or_default(k) += 1;
+        }
+        let all: Vec<(u32, u64)> = m.iter().map(|(k, v)| (*k, *v)).collect();
+        assert_eq!(all, [(1, 3), (2, 2), (3, 2)], "first-seen order");
+        assert_eq!((m.get(&2), m.get(&4)), (Some(&2), None));
     }
 
     #[test]
