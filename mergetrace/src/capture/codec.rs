@@ -1,7 +1,7 @@
 //! The event codec of events chunks: each event a head byte and the fields it cannot predict
 //! from the previous event of the chunk or of its kind, as varints. Pure; the layout is in
 //! docs/capture-format.md, and any change to what a byte means bumps the format version.
-use bytes::BufMut;
+use bytes::{BufMut, BytesMut};
 use foldhash::{HashMap, HashMapExt};
 
 use mergetrace_common::Event;
@@ -21,7 +21,65 @@ pub fn put_varint(out: &mut impl BufMut, mut v: u64) {
 /// Bytes [`put_varint`] writes for `v`.
 #[inline]
 pub fn varint_len(v: u64) -> u32 {
-    (64 - (v | 1).leading_zeros()).div_ceil(7)
+    VARINT_LEN[(v | 1).leading_zeros() as usize] as u32
+}
+
+/// [`varint_len`] by the value's leading zeros (a load instead of a division by 7).
+const VARINT_LEN: [u8; 64] = {
+    let mut t = [0u8; 64];
+    let mut lz = 0;
+    while lz < 64 {
+        t[lz] = (64 - lz as u32).div_ceil(7) as u8;
+        lz += 1;
+    }
+    t
+};
+
+/// The longest an encoded event can be: head, kind, modes, 3 attribute bytes, timestamp,
+/// device and cgroup references with their new values, id, sector, bytes, aux, aux64.
+pub const MAX_EVENT_LEN: usize = 1 + 1 + 1 + 3 + 10 + (1 + 5) + (1 + 10) + 10 + 10 + 5 + 5 + 10;
+
+/// One event's bytes, built on the stack and appended to the chunk in one fixed-size copy:
+/// a plain store per byte (the mask bounds the index) instead of a capacity check per byte.
+struct Scratch {
+    buf: [u8; SCRATCH_LEN],
+    len: usize,
+}
+
+const SCRATCH_LEN: usize = 128;
+const _: () = assert!(MAX_EVENT_LEN <= SCRATCH_LEN);
+
+impl Scratch {
+    #[inline(always)]
+    fn u8(&mut self, b: u8) {
+        self.buf[self.len & (SCRATCH_LEN - 1)] = b;
+        self.len += 1;
+    }
+
+    #[inline(always)]
+    fn varint(&mut self, mut v: u64) {
+        while v >= 0x80 {
+            self.u8(v as u8 | 0x80);
+            v >>= 7;
+        }
+        self.u8(v as u8);
+    }
+
+    /// Appends the event's bytes to `out`.
+    #[inline(always)]
+    fn append_to(&self, out: &mut BytesMut) {
+        let at = out.len();
+        out.reserve(SCRATCH_LEN);
+        for (to, b) in out.spare_capacity_mut()[..SCRATCH_LEN]
+            .iter_mut()
+            .zip(&self.buf)
+        {
+            to.write(*b);
+        }
+        // SAFETY: the `len` bytes past `at` were just written (len <= MAX_EVENT_LEN <=
+        // SCRATCH_LEN: no event is longer, `capture_max_event_len_holds`).
+        unsafe { out.set_len(at + self.len.min(SCRATCH_LEN)) };
+    }
 }
 
 #[inline]
@@ -150,6 +208,20 @@ const A64_XOR_ID: u8 = 1;
 const A64_XOR_PREV_ID: u8 = 2;
 // 3: aux64 = slot.aux64 ^ varint
 
+// The encoder and decoder pick each field's base by indexing an array with its mode (a jump
+// table per field mispredicts): the arrays follow these values.
+const _: () = assert!(
+    ID_PREV == 0
+        && ID_XOR_SLOT == 1
+        && ID_XOR_PREV == 2
+        && SEC_PREV == 0
+        && SEC_SEQ == 1
+        && SEC_DELTA_PREV == 2
+        && A64_SLOT == 0
+        && A64_XOR_ID == 1
+        && A64_XOR_PREV_ID == 2
+);
+
 const NO: u32 = 1 << 16; // cost of an option that cannot encode the value
 
 #[inline]
@@ -238,7 +310,7 @@ impl EventEncoder {
 
     /// Appends `ev` to `out`. The first event after a reset sets the chunk's base timestamp.
     #[inline]
-    pub fn encode(&mut self, ev: &Event, out: &mut impl BufMut) {
+    pub fn encode(&mut self, ev: &Event, out: &mut BytesMut) {
         if self.count == 0 {
             self.base_ts = ev.ts_ns;
             self.state = State::new(ev.ts_ns);
@@ -255,7 +327,17 @@ impl EventEncoder {
 
     /// The head byte, then what it says follows.
     #[inline]
-    fn write(&mut self, ev: &Event, slot: &Slot, p: &Event, modes: u8, out: &mut impl BufMut) {
+    fn write(&mut self, ev: &Event, slot: &Slot, p: &Event, modes: u8, out: &mut BytesMut) {
+        let mut o = Scratch {
+            buf: [0; SCRATCH_LEN],
+            len: 0,
+        };
+        self.write_into(ev, slot, p, modes, &mut o);
+        o.append_to(out);
+    }
+
+    #[inline(always)]
+    fn write_into(&mut self, ev: &Event, slot: &Slot, p: &Event, modes: u8, out: &mut Scratch) {
         let (sp, m) = (slot.prev, slot.modes);
         let mut head = ev.kind.min(KIND_ESCAPE);
         if modes != m {
@@ -271,60 +353,59 @@ impl EventEncoder {
         if ev.cgroup_id != p.cgroup_id {
             head |= H_CGROUP;
         }
-        out.put_u8(head);
+        out.u8(head);
         if ev.kind >= KIND_ESCAPE {
-            out.put_u8(ev.kind);
+            out.u8(ev.kind);
         }
         if modes != m {
-            out.put_u8(modes);
+            out.u8(modes);
         }
         if attrs {
-            out.put_slice(&[ev.op, ev.path, ev.flags]);
+            out.u8(ev.op);
+            out.u8(ev.path);
+            out.u8(ev.flags);
         }
-        put_varint(out, zigzag(ev.ts_ns.wrapping_sub(p.ts_ns) as i64));
+        out.varint(zigzag(ev.ts_ns.wrapping_sub(p.ts_ns) as i64));
         if ev.dev != p.dev {
             match self.devs.iter().position(|d| *d == ev.dev) {
-                Some(i) => put_varint(out, i as u64 + 1),
+                Some(i) => out.varint(i as u64 + 1),
                 None => {
-                    out.put_u8(0);
-                    put_varint(out, ev.dev as u64);
+                    out.u8(0);
+                    out.varint(ev.dev as u64);
                     self.devs.push(ev.dev);
                 }
             }
         }
         if ev.cgroup_id != p.cgroup_id {
             match self.cgroups.get(&ev.cgroup_id) {
-                Some(i) => put_varint(out, *i + 1),
+                Some(i) => out.varint(*i + 1),
                 None => {
-                    out.put_u8(0);
-                    put_varint(out, ev.cgroup_id);
+                    out.u8(0);
+                    out.varint(ev.cgroup_id);
                     let n = self.cgroups.len() as u64;
                     self.cgroups.insert(ev.cgroup_id, n);
                 }
             }
         }
-        match modes & 3 {
-            ID_PREV => {}
-            ID_XOR_SLOT => put_varint(out, ev.id ^ sp.id),
-            ID_XOR_PREV => put_varint(out, ev.id ^ p.id),
-            _ => put_varint(out, ev.id ^ p.aux64),
+        // The field modes pick a base by index (not a `match`: its jump table mispredicts).
+        let id_mode = modes & 3;
+        if id_mode != ID_PREV {
+            out.varint(ev.id ^ [0, sp.id, p.id, p.aux64][id_mode as usize]);
         }
-        match modes >> 2 & 3 {
-            SEC_PREV | SEC_SEQ => {}
-            SEC_DELTA_PREV => put_varint(out, zigzag(ev.sector.wrapping_sub(p.sector) as i64)),
-            _ => put_varint(out, zigzag(ev.sector.wrapping_sub(sp.sector) as i64)),
+        let sec_mode = modes >> 2 & 3;
+        if sec_mode >= SEC_DELTA_PREV {
+            let base = [p.sector, sp.sector][(sec_mode - SEC_DELTA_PREV) as usize];
+            out.varint(zigzag(ev.sector.wrapping_sub(base) as i64));
         }
         if modes >> 4 & 1 == VAL_LIT {
-            put_varint(out, ev.bytes as u64);
+            out.varint(ev.bytes as u64);
         }
         if modes >> 5 & 1 == VAL_LIT {
-            put_varint(out, ev.aux as u64);
+            out.varint(ev.aux as u64);
         }
-        match modes >> 6 {
-            A64_SLOT => {}
-            A64_XOR_ID => put_varint(out, ev.aux64 ^ ev.id),
-            A64_XOR_PREV_ID => put_varint(out, ev.aux64 ^ p.id),
-            _ => put_varint(out, ev.aux64 ^ sp.aux64),
+        let a64_mode = modes >> 6;
+        if a64_mode != A64_SLOT {
+            out.varint(ev.aux64 ^ [0, ev.id, p.id, sp.aux64][a64_mode as usize]);
         }
     }
 }
@@ -527,17 +608,20 @@ impl EventDecoder {
         } else {
             p.cgroup_id
         };
-        let id = match modes & 3 {
-            ID_PREV => p.id,
-            ID_XOR_SLOT => sp.id ^ c.varint()?,
-            ID_XOR_PREV => p.id ^ c.varint()?,
-            _ => p.aux64 ^ c.varint()?,
+        // As the encoder, the field modes pick a base by index, not with a jump table.
+        let id_mode = modes & 3;
+        let id = if id_mode == ID_PREV {
+            p.id
+        } else {
+            [0, sp.id, p.id, p.aux64][id_mode as usize] ^ c.varint()?
         };
-        let sector = match modes >> 2 & 3 {
-            SEC_PREV => p.sector,
-            SEC_SEQ => sp.sector.wrapping_add((sp.bytes >> 9) as u64),
-            SEC_DELTA_PREV => p.sector.wrapping_add(unzigzag(c.varint()?) as u64),
-            _ => sp.sector.wrapping_add(unzigzag(c.varint()?) as u64),
+        let sec_mode = modes >> 2 & 3;
+        let sector = if sec_mode < SEC_DELTA_PREV {
+            let seq = sp.sector.wrapping_add((sp.bytes >> 9) as u64);
+            [p.sector, seq][sec_mode as usize]
+        } else {
+            let base = [p.sector, sp.sector][(sec_mode - SEC_DELTA_PREV) as usize];
+            base.wrapping_add(unzigzag(c.varint()?) as u64)
         };
         let bytes = if modes >> 4 & 1 == VAL_SLOT {
             sp.bytes
@@ -549,11 +633,11 @@ impl EventDecoder {
         } else {
             c.varint_u32()?
         };
-        let aux64 = match modes >> 6 {
-            A64_SLOT => sp.aux64,
-            A64_XOR_ID => id ^ c.varint()?,
-            A64_XOR_PREV_ID => p.id ^ c.varint()?,
-            _ => sp.aux64 ^ c.varint()?,
+        let a64_mode = modes >> 6;
+        let aux64 = if a64_mode == A64_SLOT {
+            sp.aux64
+        } else {
+            [0, id, p.id, sp.aux64][a64_mode as usize] ^ c.varint()?
         };
         self.slots[si] = (done.len() as u32, modes);
         Ok(Event {
@@ -576,9 +660,6 @@ impl EventDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The longest an encoded event can be (the bound `MAX_PAYLOAD` is sized from).
-    const MAX_EVENT_LEN: usize = 1 + 1 + 1 + 3 + 10 + (1 + 5) + (1 + 10) + 10 + 10 + 5 + 5 + 10;
 
     #[test]
     fn capture_varints() {
@@ -629,7 +710,7 @@ mod tests {
             flags: 1,
         };
         let mut enc = EventEncoder::default();
-        let mut out = Vec::new();
+        let mut out = BytesMut::new();
         enc.encode(&Event::default(), &mut out);
         let before = out.len();
         enc.encode(&worst, &mut out);

@@ -165,11 +165,11 @@ fn assert_same(got: &[Event], want: &[Event]) {
 
 fn encode_chunk(events: &[Event]) -> (Vec<u8>, u64) {
     let mut enc = EventEncoder::default();
-    let mut out = Vec::new();
+    let mut out = bytes::BytesMut::new();
     for e in events {
         enc.encode(e, &mut out);
     }
-    (out, enc.base_ts())
+    (out.to_vec(), enc.base_ts())
 }
 
 fn quick(cases: u32) -> ProptestConfig {
