@@ -203,7 +203,7 @@ impl Apt {
     }
 
     /// `apt-get download PACKAGE` into `dir`.
-    pub(super) fn download(&self, package: &str, dir: &Path) -> Result<()> {
+    fn download(&self, package: &str, dir: &Path) -> Result<()> {
         run_quiet(
             self.apt_get()
                 .args(["-q", "download", package])
@@ -211,11 +211,66 @@ impl Apt {
         )
         .map(drop)
     }
+
+    /// The .deb of `package` in `dir` (of `version` when given), downloaded there first when
+    /// it is not.
+    pub(super) fn fetch_deb(
+        &self,
+        package: &str,
+        version: Option<&str>,
+        dir: &Path,
+    ) -> Result<PathBuf> {
+        let cached = || {
+            find_debs(dir, package)
+                .into_iter()
+                .find(|d| version.is_none() || deb_version(d) == version)
+        };
+        if let Some(d) = cached() {
+            return Ok(d);
+        }
+        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let what = version.map_or(package.to_string(), |v| format!("{package} {v}"));
+        eprintln!("lab: downloading {what} (apt-get download, the lab's sources)");
+        self.download(package, dir)
+            .with_context(|| format!("cannot download {package}"))?;
+        cached()
+            .with_context(|| format!("apt-get download left no {what} .deb in {}", dir.display()))
+    }
+}
+
+/// The .debs of `package` in `dir`.
+fn find_debs(dir: &Path, package: &str) -> Vec<PathBuf> {
+    let prefix = format!("{package}_");
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".deb"))
+        })
+        .collect()
+}
+
+/// The version in a .deb's name (`PACKAGE_VERSION_ARCH.deb`).
+fn deb_version(deb: &Path) -> Option<&str> {
+    deb.file_name()?.to_str()?.split('_').nth(1)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn package_versions_from_deb_names() {
+        assert_eq!(
+            deb_version(Path::new("/c/linux-source-6.1_6.1.192-3_all.deb")),
+            Some("6.1.192-3")
+        );
+    }
 
     #[test]
     fn sources_list_has_each_suite_once_and_only_debian_keys() {

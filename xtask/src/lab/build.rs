@@ -15,10 +15,7 @@ use std::{
 
 use anyhow::{bail, ensure, Context, Result};
 
-use super::{
-    apt::Apt,
-    kernel::{find_deb, READY},
-};
+use super::{apt::Apt, kernel::READY};
 use crate::run_quiet;
 
 /// Bumped when the recipe below changes, so that trees built by an older one are rebuilt.
@@ -53,18 +50,7 @@ pub fn build(source: &str, fragment: &str, apt: &Apt, cache: &Path) -> Result<Pa
     if tree.join(READY).exists() {
         return Ok(tree);
     }
-    let debs = cache.join("debs");
-    fs::create_dir_all(&debs).with_context(|| format!("cannot create {}", debs.display()))?;
-    let deb = match find_deb(&debs, source).filter(|d| deb_version(d) == Some(&*version)) {
-        Some(d) => d,
-        None => {
-            eprintln!("lab: downloading {source} {version} (apt-get download, the lab's sources)");
-            apt.download(source, &debs)
-                .with_context(|| format!("cannot download {source}"))?;
-            find_deb(&debs, source)
-                .with_context(|| format!("apt-get download left no {source}_*.deb"))?
-        }
-    };
+    let deb = apt.fetch_deb(source, Some(&version), &cache.join("debs"))?;
     let work = cache.join("build").join(format!("{source}-{tag}"));
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work)?;
@@ -138,11 +124,6 @@ fn built_trees(kernels: &Path, source: &str, tag: &str) -> Vec<PathBuf> {
         .collect();
     v.sort();
     v
-}
-
-/// "linux-source-6.1_6.1.192-3_all.deb" -> "6.1.192-3".
-fn deb_version(deb: &Path) -> Option<&str> {
-    deb.file_name()?.to_str()?.split('_').nth(1)
 }
 
 /// The source tree of Debian's linux-source package `deb` (its /usr/src/linux-source-X.tar.xz,
@@ -239,14 +220,6 @@ fn make(src: &Path, args: &[&str], log: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn source_package_versions() {
-        assert_eq!(
-            deb_version(Path::new("/c/linux-source-6.1_6.1.192-3_all.deb")),
-            Some("6.1.192-3")
-        );
-    }
 
     #[test]
     fn fragment_is_in_the_tree_and_asks_for_io_latency() {

@@ -240,22 +240,7 @@ pub fn fetch(series: Series, apt: &Apt, cache: &Path) -> Result<Kernel> {
     let package = pick_package(series, apt, cache)?;
     let tree = cache.join("kernels").join(&package);
     if !tree.join(READY).exists() {
-        let debs = cache.join("debs");
-        fs::create_dir_all(&debs).with_context(|| format!("cannot create {}", debs.display()))?;
-        let deb = match find_deb(&debs, &package) {
-            Some(d) => d,
-            None => {
-                eprintln!("lab: downloading {package} (apt-get download, the lab's sources)");
-                apt.download(&package, &debs)
-                    .with_context(|| format!("cannot download {package}"))?;
-                find_deb(&debs, &package).with_context(|| {
-                    format!(
-                        "apt-get download left no {package}_*.deb in {}",
-                        debs.display()
-                    )
-                })?
-            }
-        };
+        let deb = apt.fetch_deb(&package, None, &cache.join("debs"))?;
         eprintln!("lab: unpacking {} (dpkg -x, not installed)", deb.display());
         // Not tree.with_extension, which makes "linux-image-6.12.117+deb12-…" into
         // "linux-image-6.12.partial", the same for bookworm's and trixie's 6.12.
@@ -308,19 +293,6 @@ pub(super) fn depmod() -> PathBuf {
         .map(PathBuf::from)
         .find(|p| p.exists())
         .unwrap_or_else(|| "depmod".into())
-}
-
-pub(super) fn find_deb(dir: &Path, package: &str) -> Option<PathBuf> {
-    let prefix = format!("{package}_");
-    fs::read_dir(dir)
-        .ok()?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".deb"))
-        })
 }
 
 /// The one `lib/modules/<release>` in an unpacked tree.
