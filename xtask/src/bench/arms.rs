@@ -1,5 +1,5 @@
-//! The arms of the benchmark (no tracer, the live view, with --latency, record, record
-//! --requests, bpftrace, perf, --stats),
+//! The arms of the benchmark (no tracer, the live view, with --latency, the exporter scraped
+//! every second, record, record --requests, bpftrace, perf, --stats),
 //! the order they run in each round, and what one run of an arm measured.
 
 use super::{
@@ -12,6 +12,7 @@ pub enum Arm {
     Baseline,
     Live,
     LiveLatency,
+    Serve,
     Record,
     RecordRequests,
     Bpftrace,
@@ -20,10 +21,11 @@ pub enum Arm {
 }
 
 impl Arm {
-    pub const ALL: [Arm; 8] = [
+    pub const ALL: [Arm; 9] = [
         Arm::Baseline,
         Arm::Live,
         Arm::LiveLatency,
+        Arm::Serve,
         Arm::Record,
         Arm::RecordRequests,
         Arm::Bpftrace,
@@ -36,6 +38,7 @@ impl Arm {
             Arm::Baseline => "baseline",
             Arm::Live => "live",
             Arm::LiveLatency => "live_latency",
+            Arm::Serve => "serve",
             Arm::Record => "record",
             Arm::RecordRequests => "record_requests",
             Arm::Bpftrace => "bpftrace",
@@ -49,6 +52,7 @@ impl Arm {
             Arm::Baseline => "baseline (no tracer)",
             Arm::Live => "mergetrace live",
             Arm::LiveLatency => "mergetrace live --latency",
+            Arm::Serve => "mergetrace serve",
             Arm::Record => "mergetrace record",
             Arm::RecordRequests => "mergetrace record --requests",
             Arm::Bpftrace => "bpftrace",
@@ -63,6 +67,7 @@ impl Arm {
             Arm::Baseline => "",
             Arm::Live => "mergetrace -d DEV --json -i 10s",
             Arm::LiveLatency => "mergetrace -d DEV --json -i 10s --latency",
+            Arm::Serve => "mergetrace serve -d DEV --listen 127.0.0.1:0, GET /metrics every second",
             Arm::Record => "mergetrace record -d DEV -o /dev/shm/... --force",
             Arm::RecordRequests => "mergetrace record -d DEV -o /dev/shm/... --force --requests",
             Arm::Bpftrace => {

@@ -3,8 +3,13 @@
 
 use std::{
     fs,
+    net::SocketAddr,
     path::{Path, PathBuf},
     process::Command,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
     time::Duration,
 };
 
@@ -62,6 +67,11 @@ impl Ctx<'_> {
                 }
                 (c, 60)
             }
+            Arm::Serve => {
+                let mut c = Command::new(&self.mergetrace);
+                c.args(["serve", "-d", dev, "--listen", "127.0.0.1:0"]);
+                (c, 60)
+            }
             Arm::Record | Arm::RecordRequests => {
                 let mut c = Command::new(&self.mergetrace);
                 c.args(["record", "-d", dev, "--force", "-o"])
@@ -94,6 +104,7 @@ impl Ctx<'_> {
                 p.stderr().contains("mergetrace: tracing")
             }
             Arm::Record | Arm::RecordRequests => p.stderr().contains("mergetrace: recording to"),
+            Arm::Serve => serving_at(&p.stderr()).is_some(),
             Arm::Bpftrace => p.stdout().contains("bench: attached"),
             Arm::Perf => sys::perf_event_fds(p.pid()) >= perf_fds,
             Arm::Baseline => true,
@@ -123,14 +134,28 @@ impl Ctx<'_> {
     ) -> Result<std::result::Result<Sample, String>> {
         let mergetrace_arm = matches!(
             arm,
-            Arm::Live | Arm::LiveLatency | Arm::LiveStats | Arm::Record | Arm::RecordRequests
+            Arm::Live
+                | Arm::LiveLatency
+                | Arm::LiveStats
+                | Arm::Serve
+                | Arm::Record
+                | Arm::RecordRequests
         );
         let mut tracer = match self.start(arm)? {
             Ok(t) => t,
             Err(why) if mergetrace_arm => bail!("{}: {why}", arm.label()),
             Err(why) => return Ok(Err(why)),
         };
-        let mut s = Sample::of(&fio::run(fio, self.lp, self.dir, seconds)?);
+        // The exporter is scraped every second while fio runs (Prometheus' default is 15 s).
+        let scraper = match (arm, &tracer) {
+            (Arm::Serve, Some(p)) => Some(Scraper::start(
+                serving_at(&p.stderr()).context("mergetrace serve: no address")?,
+            )),
+            _ => None,
+        };
+        let run = fio::run(fio, self.lp, self.dir, seconds);
+        let scrapes = scraper.map(Scraper::stop);
+        let mut s = Sample::of(&run?);
         let Some(p) = tracer.as_mut() else {
             return Ok(Ok(s));
         };
@@ -169,6 +194,19 @@ impl Ctx<'_> {
                     }
                 }
             }
+            Arm::Serve => {
+                let scrapes = scrapes.expect("the serve arm scrapes");
+                if scrapes.ok == 0 || scrapes.failed > 0 {
+                    bail!(
+                        "mergetrace serve: {} of {} scrapes of /metrics failed{}",
+                        scrapes.failed,
+                        scrapes.ok + scrapes.failed,
+                        scrapes.error.map(|e| format!(": {e}")).unwrap_or_default()
+                    );
+                }
+                s.lost = Some(parse_lost_metric(&scrapes.last));
+                s.notes.push(format!("{} scrapes", scrapes.ok));
+            }
             Arm::Record | Arm::RecordRequests => {
                 let (events, lost, bytes) = parse_record_summary(&f.stderr).with_context(|| {
                     format!(
@@ -201,6 +239,94 @@ impl Ctx<'_> {
         }
         Ok(Ok(s))
     }
+}
+
+/// Where `mergetrace serve` listens, from its "serving http://ADDR/metrics" line.
+fn serving_at(stderr: &str) -> Option<SocketAddr> {
+    stderr.lines().find_map(|l| {
+        l.strip_prefix("mergetrace: serving http://")?
+            .strip_suffix("/metrics")?
+            .parse()
+            .ok()
+    })
+}
+
+/// The sum of `mergetrace_lost_events_total` in an exposition.
+pub fn parse_lost_metric(body: &str) -> u64 {
+    body.lines()
+        .filter(|l| l.starts_with("mergetrace_lost_events_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// GETs /metrics every second on a thread until stopped.
+struct Scraper {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Scrapes>,
+}
+
+/// What the scrapes got: how many answered 200, how many did not (and the first error), the
+/// last body.
+#[derive(Default)]
+struct Scrapes {
+    ok: u64,
+    failed: u64,
+    error: Option<String>,
+    last: String,
+}
+
+impl Scraper {
+    fn start(addr: SocketAddr) -> Scraper {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut got = Scrapes::default();
+            loop {
+                match scrape(addr) {
+                    Ok(body) => {
+                        got.ok += 1;
+                        got.last = body;
+                    }
+                    Err(e) => {
+                        got.failed += 1;
+                        got.error.get_or_insert(format!("{e:#}"));
+                    }
+                }
+                // Sleep a second in short naps, so that a stop does not wait for it.
+                for _ in 0..10 {
+                    if flag.load(Ordering::Relaxed) {
+                        return got;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        });
+        Scraper { stop, thread }
+    }
+
+    /// Stops the scrapes after one last one (the counts at the end of the run).
+    fn stop(self) -> Scrapes {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap_or_default()
+    }
+}
+
+/// One `GET /metrics`: the body of a 200 answer.
+fn scrape(addr: SocketAddr) -> Result<String> {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    c.set_read_timeout(Some(Duration::from_secs(10)))?;
+    c.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+    let mut answer = String::new();
+    c.read_to_string(&mut answer)?;
+    let (head, body) = answer
+        .split_once("\r\n\r\n")
+        .context("no end of the HTTP header")?;
+    let status = head.lines().next().unwrap_or("");
+    if !status.contains(" 200 ") {
+        bail!("GET /metrics: {status}");
+    }
+    Ok(body.to_string())
 }
 
 /// The last line of NDJSON output that parses.
@@ -298,6 +424,12 @@ mod tests {
             last_json("{\"kind\":\"interval\"}\n{\"kind\":\"total\"}\n").unwrap()["kind"],
             "total"
         );
+        let serve =
+            "mergetrace: tracing loop4\nmergetrace: serving http://127.0.0.1:40123/metrics\n";
+        assert_eq!(serving_at(serve), Some("127.0.0.1:40123".parse().unwrap()));
+        assert_eq!(serving_at("mergetrace: tracing loop4\n"), None);
+        let metrics = "# TYPE mergetrace_lost_events counter\nmergetrace_lost_events_total{kind=\"rq_issue\"} 3\nmergetrace_lost_events_total{kind=\"counters_map_full\"} 2\nmergetrace_bios_total{device=\"loop4\"} 9\n";
+        assert_eq!(parse_lost_metric(metrics), 5);
     }
 
     #[test]
