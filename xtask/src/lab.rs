@@ -107,7 +107,10 @@ pub(crate) fn lock(path: &Path, what: &str) -> Result<fs::File> {
         .with_context(|| format!("cannot open {}", path.display()))?;
     // SAFETY: flock on a file descriptor we own; no memory is involved.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        eprintln!("lab: waiting for another lab run to finish with {what} ({})", path.display());
+        eprintln!(
+            "lab: waiting for another lab run to finish with {what} ({})",
+            path.display()
+        );
         loop {
             // SAFETY: as above.
             if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {

@@ -152,9 +152,21 @@ fn a_window_with_only_a_release_and_its_charge_is_not_empty() {
     released.throttled.queued = Some(0);
     assert!(!released.is_empty());
     for one in [
-        DirStats { charged_ios: 1, ..Default::default() },
-        DirStats { charged_bytes: 4096, ..Default::default() },
-        DirStats { throttled: Throttled { bios: 1, ..Default::default() }, ..Default::default() },
+        DirStats {
+            charged_ios: 1,
+            ..Default::default()
+        },
+        DirStats {
+            charged_bytes: 4096,
+            ..Default::default()
+        },
+        DirStats {
+            throttled: Throttled {
+                bios: 1,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
     ] {
         assert!(!one.is_empty(), "{one:?}");
     }
