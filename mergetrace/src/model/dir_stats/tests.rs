@@ -145,11 +145,16 @@ fn split_pieces_and_flush_only_writes() {
 #[test]
 fn a_window_with_only_a_release_and_its_charge_is_not_empty() {
     assert!(DirStats::default().is_empty());
-    let mut released = DirStats::default();
-    released.charged_ios = 1;
-    released.charged_bytes = 262_144;
-    released.throttled.bios = 1;
-    released.throttled.queued = Some(0);
+    let released = DirStats {
+        charged_ios: 1,
+        charged_bytes: 262_144,
+        throttled: Throttled {
+            bios: 1,
+            queued: Some(0),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
     assert!(!released.is_empty());
     for one in [
         DirStats {
