@@ -71,7 +71,12 @@ fn interval_dirs<'a>(
         .flatten()
         .map(|r| &r[dir])
         .filter(|d| {
-            u(d, "bios") > 0 || u(d, "requests") > 0 || d["throttled"]["queued"].as_u64() > Some(0)
+            u(d, "bios") > 0
+                || u(d, "requests") > 0
+                || u(d, "charged_ios") > 0
+                || u(d, "charged_bytes") > 0
+                || u(&d["throttled"], "bios") > 0
+                || d["throttled"]["queued"].as_u64() > Some(0)
         })
         .collect()
 }

@@ -90,6 +90,41 @@ fn target_dir() -> PathBuf {
         .unwrap_or_else(|| crate::workspace_root().join("target"))
 }
 
+/// An exclusive lock on `path` (created if missing), held until the file is dropped, so that
+/// concurrent lab runs (CI runs guests side by side) never prepare the same kernel, initramfs
+/// or apt state at once. flock: released by the kernel when the holder exits, however it
+/// exits. Not reentrant: a process that holds it must not take it again.
+pub(crate) fn lock(path: &Path, what: &str) -> Result<fs::File> {
+    use std::os::fd::AsRawFd;
+    if let Some(d) = path.parent() {
+        fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+    }
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    // SAFETY: flock on a file descriptor we own; no memory is involved.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        eprintln!(
+            "lab: waiting for another lab run to finish with {what} ({})",
+            path.display()
+        );
+        loop {
+            // SAFETY: as above.
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                break;
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e).with_context(|| format!("cannot lock {}", path.display()));
+            }
+        }
+    }
+    Ok(f)
+}
+
 /// Quotes `s` for sh.
 fn sh_quote(s: &str) -> String {
     if !s.is_empty()
@@ -270,9 +305,10 @@ fn tests_body(exes: &[TestExe], args: &[String]) -> String {
         let _ = writeln!(
             s,
             "echo {begin}\n\
+             t0=$(date +%s)\n\
              (cd {dir} && CARGO_MANIFEST_DIR={dir} CARGO_PKG_NAME={pkg} exec {exe} {args})\n\
              rc=$?\n\
-             echo \"lab: end {label}: exit $rc\"\n\
+             echo \"lab: end {label} ($(( $(date +%s) - t0 )) s): exit $rc\"\n\
              [ $rc -eq 0 ] || status=1",
             begin = sh_quote(&format!("lab: run {}", e.label)),
             pkg = sh_quote(&e.package),
@@ -414,9 +450,17 @@ fn run_series(
     init: &Path,
 ) -> Result<Outcome> {
     let t0 = Instant::now();
+    // One lab run at a time prepares a series (download, unpack or build, initramfs); another
+    // run of the same series waits, then finds it ready. Each run then boots its own guest from
+    // its own run directory (disks, logs, virtiofsd socket), so runs can go side by side.
+    let prep_lock = lock(
+        &cache.join("locks").join(format!("{}.lock", s.name)),
+        &format!("the {} kernel", s.name),
+    )?;
     let k = kernel::fetch(s, apt, cache)
         .with_context(|| format!("getting the {} guest kernel", s.name))?;
     let initramfs = initramfs::initramfs(&k, cache, init)?;
+    drop(prep_lock);
     let run_dir = lab_dir.join(format!("run-{}-{}", s.name, std::process::id()));
     let _ = fs::remove_dir_all(&run_dir);
     fs::create_dir_all(&run_dir)?;

@@ -144,8 +144,20 @@ impl Apt {
         !same || age.is_none_or(|a| a > LISTS_MAX_AGE)
     }
 
+    /// The lock on the lab's apt state, held around every apt-get and apt-cache call: two lab
+    /// runs at once (CI's side-by-side guests) would otherwise update the same lists, or
+    /// rebuild the same package cache, together (apt's own lock makes the second update fail).
+    fn lock(&self) -> Result<fs::File> {
+        super::lock(&self.dir.join("lab.lock"), "the lab's apt state")
+    }
+
     /// `apt-get update` with the lab's configuration.
     pub(super) fn update(&self) -> Result<()> {
+        let _lock = self.lock()?;
+        self.update_locked()
+    }
+
+    fn update_locked(&self) -> Result<()> {
         self.tried.set(true);
         ensure!(
             Path::new(DEBIAN_KEYRING).exists(),
@@ -170,6 +182,7 @@ impl Apt {
         if let Some(k) = self.known.borrow().as_ref() {
             return Ok(k.clone());
         }
+        let _lock = self.lock()?;
         let out = run_quiet(Command::new("apt-cache").args(self.opts()).args([
             "search",
             "--names-only",
@@ -186,8 +199,9 @@ impl Apt {
     /// The version of `package` that `apt-get download` would fetch (after an update when
     /// the lists are stale).
     pub(super) fn candidate_version(&self, package: &str) -> Result<String> {
+        let _lock = self.lock()?;
         if self.stale() {
-            if let Err(e) = self.update() {
+            if let Err(e) = self.update_locked() {
                 eprintln!("lab: apt-get update failed: {e:#}");
             }
         }
@@ -204,6 +218,7 @@ impl Apt {
 
     /// `apt-get download PACKAGE` into `dir`.
     fn download(&self, package: &str, dir: &Path) -> Result<()> {
+        let _lock = self.lock()?;
         run_quiet(
             self.apt_get()
                 .args(["-q", "download", package])

@@ -139,3 +139,40 @@ fn split_pieces_and_flush_only_writes() {
         (2, 2, 3, 0, 1)
     );
 }
+
+/// fentry tier: a bio queued in one window is charged and released in a later one, maybe
+/// with its request in the window after that. The window of the release is not empty.
+#[test]
+fn a_window_with_only_a_release_and_its_charge_is_not_empty() {
+    assert!(DirStats::default().is_empty());
+    let released = DirStats {
+        charged_ios: 1,
+        charged_bytes: 262_144,
+        throttled: Throttled {
+            bios: 1,
+            queued: Some(0),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    assert!(!released.is_empty());
+    for one in [
+        DirStats {
+            charged_ios: 1,
+            ..Default::default()
+        },
+        DirStats {
+            charged_bytes: 4096,
+            ..Default::default()
+        },
+        DirStats {
+            throttled: Throttled {
+                bios: 1,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    ] {
+        assert!(!one.is_empty(), "{one:?}");
+    }
+}
