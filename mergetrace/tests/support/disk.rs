@@ -70,6 +70,12 @@ impl BlockDev {
         sched == "none" || self.schedulers().iter().any(|s| s == sched)
     }
 
+    /// Writes `sched` to the device's scheduler, which the kernel refuses for a scheduler it
+    /// does not have: the error of the write, `None` if it was taken.
+    pub fn refuses_scheduler(&self, sched: &str) -> Option<std::io::Error> {
+        fs::write(self.queue("scheduler"), sched).err()
+    }
+
     /// Sets the I/O scheduler ("none", "mq-deadline", ...) and checks it took. Panics naming
     /// the cause when the device does not offer it at all (5.10's loop devices list only
     /// "[none]", and writing another name there is silently ignored): use a disk that offers

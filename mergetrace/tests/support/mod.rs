@@ -85,6 +85,24 @@ pub fn mergetrace_bin() -> &'static str {
     })
 }
 
+/// Whether the running kernel was built with `option` (`=y` or `=m`), by its own config:
+/// `/proc/config.gz` (through zcat), else `/boot/config-RELEASE`. `None` when neither can be
+/// read: the caller then requires the feature, as without this.
+pub fn kernel_config(option: &str) -> Option<bool> {
+    let text = std::process::Command::new("zcat")
+        .arg("/proc/config.gz")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .or_else(|| {
+            let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
+            std::fs::read_to_string(format!("/boot/config-{}", release.trim())).ok()
+        })?;
+    let set = [format!("{option}=y"), format!("{option}=m")];
+    Some(text.lines().any(|l| set.iter().any(|s| l == s)))
+}
+
 /// Running inside a guest of `cargo xtask lab` (`MERGETRACE_LAB=1`).
 pub fn in_lab() -> bool {
     std::env::var("MERGETRACE_LAB").is_ok_and(|v| v == "1")
