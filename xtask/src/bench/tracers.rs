@@ -304,7 +304,7 @@ impl Scraper {
         Scraper { stop, thread }
     }
 
-    /// Stops the scrapes after one last one (the counts at the end of the run).
+    /// Stops the scrapes (the last one is at most a second old) and returns what they got.
     fn stop(self) -> Scrapes {
         self.stop.store(true, Ordering::Relaxed);
         self.thread.join().unwrap_or_default()
