@@ -7,7 +7,8 @@
 //! same paths.
 //!
 //! Facts this relies on: shared/docs/kvm-lab.md. Pieces: [`kernel`] (fetch, unpack),
-//! [`build`] (the kernels the lab builds), [`initramfs`], [`vm`] (virtiofsd + QEMU + timeout), scripts/lab/init (the guest's /init).
+//! [`build`] (the kernels the lab builds), [`initramfs`], [`vm`] (virtiofsd + QEMU +
+//! timeout), scripts/lab/init (the guest's /init).
 mod apt;
 mod build;
 mod initramfs;
