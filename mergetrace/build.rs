@@ -5,6 +5,7 @@
 //! 2. `nightly` with rust-src: the usual aya route;
 //! 3. `mergetrace-bpf`: Debian's rustc-web + rust-web-src linked into rustup by
 //!    `scripts/setup` (a stable compiler, so `-Z build-std` needs `RUSTC_BOOTSTRAP=1`).
+//!
 //! Without rustup, the `cargo` on PATH is used.
 use std::{path::Path, process::Command};
 
@@ -31,10 +32,8 @@ fn main() -> anyhow::Result<()> {
     let have_rustup = Command::new("rustup").arg("--version").output().is_ok();
     let toolchain: String = if let Ok(t) = std::env::var("MERGETRACE_EBPF_TOOLCHAIN") {
         t
-    } else if !have_rustup {
-        "nightly".into() // ignored by aya-build without rustup
-    } else if rustup_sysroot("nightly").is_some_and(|s| has_rust_src(&s)) {
-        "nightly".into()
+    } else if !have_rustup || rustup_sysroot("nightly").is_some_and(|s| has_rust_src(&s)) {
+        "nightly".into() // without rustup aya-build ignores the name
     } else if rustup_sysroot(DEBIAN_TOOLCHAIN).is_some_and(|s| has_rust_src(&s)) {
         DEBIAN_TOOLCHAIN.into()
     } else {

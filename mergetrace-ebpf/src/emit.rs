@@ -1,18 +1,16 @@
 //! An event's way out: counted in this CPU's counters with the counting rule user space also
 //! applies to captures (`mergetrace_common::count`), and/or sent to user space.
-use aya_ebpf::helpers::bpf_ktime_get_ns;
+use aya_ebpf::helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_ringbuf_query};
 use mergetrace_common::{flags, kind, unplug_slot, CountKey, Counters, Event, LOST_COUNTS_FULL};
 
 use crate::{
-    maps::{frozen, COUNTERS, COUNTS, EVENTS, LOST, METER_UNITS, UNPLUGS, ZERO},
+    maps::{frozen, COUNTERS, COUNTS, EVENTS, LOST, METER_UNITS, RING_WAKE_BYTES, UNPLUGS, ZERO},
     slot::{self, key_of},
 };
 
 const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
 const BPF_RB_AVAIL_DATA: u64 = 0;
-/// Wake the reader when this much is waiting: about 4,600 events.
-const WAKEUP_BYTES: u64 = 256 << 10;
 
 /// A run that sends events (capture): only then are timestamps taken.
 #[inline(always)]
@@ -60,23 +58,34 @@ fn counting() -> bool {
     frozen!(MODES.aggregate) != 0
 }
 
-/// Sends the event to user space, in a run that sends events.
+/// Sends the event to user space on this CPU's ring, in a run that sends events. A CPU
+/// without a ring (brought online after the start) counts its events as lost.
 #[inline(always)]
 fn send(ev: &Event) {
     if !emitting() {
         return;
     }
-    match EVENTS.reserve::<Event>(0) {
+    let Some(ring) = EVENTS.get(unsafe { bpf_get_smp_processor_id() }) else {
+        count_lost(ev.kind as u32);
+        return;
+    };
+    match ring.reserve(0) {
         Some(mut entry) => {
             entry.write(*ev);
             // Batched wake-ups: wake the reader only once a good batch is waiting (it also
             // polls on a short timer), instead of once per event.
-            let flags = if EVENTS.query(BPF_RB_AVAIL_DATA) >= WAKEUP_BYTES {
+            let waiting = unsafe {
+                bpf_ringbuf_query(
+                    core::ptr::from_ref(ring).cast_mut().cast(),
+                    BPF_RB_AVAIL_DATA,
+                )
+            };
+            let wake = unsafe { core::ptr::read_volatile(&raw const RING_WAKE_BYTES) };
+            entry.submit(if waiting >= wake {
                 BPF_RB_FORCE_WAKEUP
             } else {
                 BPF_RB_NO_WAKEUP
-            };
-            entry.submit(flags);
+            });
         }
         None => count_lost(ev.kind as u32),
     }

@@ -1,12 +1,13 @@
 //! The maps and the frozen read-only globals every program shares.
 use aya_ebpf::{
-    macros::map,
+    btf_maps::{ArrayOfMaps, RingBuf as BtfRingBuf},
+    macros::{btf_map, map},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use mergetrace_common::{
     latency::{IssuedAt, LatencyHist, ISSUED_AT_ENTRIES},
-    CountKey, Counters, DeviceState, KernelOffsets, KernelSymbols, MeterUnits, Modes, SlotRef,
-    TracedDevices, LOST_SLOTS, MAX_DEVICES, MAX_SLOTS, REMOVED_SLOTS, UNPLUG_SLOTS,
+    CountKey, Counters, DeviceState, Event, KernelOffsets, KernelSymbols, MeterUnits, Modes,
+    SlotRef, TracedDevices, LOST_SLOTS, MAX_DEVICES, MAX_SLOTS, REMOVED_SLOTS, UNPLUG_SLOTS,
 };
 
 use crate::throttle::Dispatch;
@@ -25,6 +26,11 @@ pub static METER_UNITS: MeterUnits = unsafe { core::mem::zeroed() };
 
 #[no_mangle]
 pub static TRACED: TracedDevices = unsafe { core::mem::zeroed() };
+
+/// Wake the reader once this many bytes wait in a CPU's ring of `EVENTS` (a quarter of a
+/// ring, at most 256 KiB); it also looks on a short timer.
+#[no_mangle]
+pub static RING_WAKE_BYTES: u64 = 0;
 
 /// Reads one field of a frozen global. Volatile, so the compiler cannot fold the zero it sees
 /// at build time; the verifier sees the real, frozen value (and drops the code it rules out).
@@ -89,9 +95,13 @@ pub static UNPLUGS: PerCpuArray<u64> = PerCpuArray::with_max_entries(UNPLUG_SLOT
 #[map]
 pub static ZERO: PerCpuArray<Counters> = PerCpuArray::with_max_entries(1, 0);
 
-/// Events for user space. User space sizes it (`set_max_entries`) before load.
-#[map]
-pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 24, 0);
+/// Events for user space: a ring buffer per CPU, at the CPU's index, so that the CPUs that
+/// submit I/O and those that complete it share no lock and no cache line (user space merges
+/// the rings back into time order). User space creates and sizes the rings and sets the
+/// array's length to the possible CPUs before load; the inner definition is only the template
+/// the verifier checks the rings against.
+#[btf_map]
+pub static EVENTS: ArrayOfMaps<BtfRingBuf<Event, 4096>, 1> = ArrayOfMaps::new();
 
 /// Cgroup births and removals for user space (`cgroup_mkdir`, `cgroup_rmdir`).
 #[map]

@@ -161,6 +161,84 @@ fn capture_round_trip_report_lineage_and_exports() {
     check_perfetto_export(&run, cap, &w, &ctx);
 }
 
+/// Writers bound one to each CPU, every CPU's events in a ring of its own: the capture is in
+/// one time order (the rings merged back in user space), with every bio and request counted.
+#[test]
+fn a_capture_of_every_cpu_is_in_one_time_order() {
+    require_root();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert!(
+        cpus >= 2,
+        "this test needs two CPUs or more to write two rings ({cpus} here)"
+    );
+    let lo = LoopDevice::new(256 << 20);
+    let groups: Vec<Cgroup> = (0..2).map(|_| Cgroup::new()).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let capture = dir.path().join("cpus.mtr");
+    let rec = Recorder::start(&lo, &capture, None);
+    let before = lo.diskstats();
+    let ios = 4096;
+    thread::scope(|s| {
+        for (cpu, cg) in groups.iter().enumerate() {
+            let lo = &lo;
+            s.spawn(move || {
+                let offset = (cpu << 26).to_string(); // 64 MiB apart
+                let ios = ios.to_string();
+                run_workload_on(
+                    cpu,
+                    lo,
+                    Some(cg),
+                    &["--ios", &ios, "--batch", "8", "--offset", &offset],
+                )
+            });
+        }
+    });
+    let disk = lo.diskstats().since(&before);
+    let stderr = rec.stop();
+    assert!(!stderr.contains("after later ones"), "{stderr}");
+    let cap = capture.to_str().unwrap();
+    let csv = dir.path().join("cpus.csv");
+    succeeded(
+        mergetrace(&[
+            "export",
+            cap,
+            "--format",
+            "csv",
+            "-o",
+            csv.to_str().unwrap(),
+        ]),
+        "csv",
+    );
+    let text = fs::read_to_string(&csv).unwrap();
+    let mut last = 0u64;
+    let mut bios: BTreeMap<String, u64> = BTreeMap::new();
+    for (n, l) in text.lines().skip(1).enumerate() {
+        let f: Vec<&str> = l.split(',').collect();
+        let ts: u64 = f[0].parse().unwrap();
+        assert!(
+            ts >= last,
+            "event {n} at {ts} ns comes after one at {last} ns"
+        );
+        last = ts;
+        if f[2] == "bio_queue" {
+            *bios.entry(f[6].to_string()).or_default() += 1;
+        }
+    }
+    for cg in &groups {
+        let path = format!("/{}", cg.name);
+        assert_eq!(bios.get(&path).copied(), Some(ios), "{path}: bios queued");
+    }
+    let (out, err) = succeeded(mergetrace(&["report", cap, "--json"]), "report --json");
+    assert!(!err.contains("warning"), "{err}");
+    let rep: Value = serde_json::from_str(out.trim()).unwrap();
+    let w = &rep["devices"][0]["total"]["write"];
+    assert_eq!(
+        w["requests"].as_u64(),
+        Some(disk.writes),
+        "requests = diskstats: {w}"
+    );
+}
+
 /// The round trip's `report --json`: the live view's total object, plus distributions.
 /// Returns its device's write total.
 fn check_report_json(run: &Run, cap: &str, ios: u64, ctx: &str) -> Value {
@@ -472,11 +550,25 @@ fn check_csv_and_jsonl(run: &Run, cap: &str, ctx: &str) -> BTreeMap<String, u64>
         "{ctx}: csv lines"
     );
     let mut kinds: BTreeMap<String, u64> = BTreeMap::new();
-    for l in csv_text.lines().skip(1) {
+    let mut last_ts = 0u64;
+    for (n, l) in csv_text.lines().skip(1).enumerate() {
         *kinds
             .entry(l.split(',').nth(2).unwrap().to_string())
             .or_default() += 1;
+        // The two workloads ran on both CPUs, each CPU writing its own ring: the capture
+        // still has one time order (the rings merged in user space).
+        let ts: u64 = l.split(',').next().unwrap().parse().unwrap();
+        assert!(
+            ts >= last_ts,
+            "{ctx}: event {n} at {ts} ns comes after one at {last_ts} ns"
+        );
+        last_ts = ts;
     }
+    assert!(
+        !run.record_stderr.contains("after later ones"),
+        "{ctx}: {}",
+        run.record_stderr
+    );
     let jsonl = dir.join("run.jsonl");
     succeeded(
         mergetrace(&[

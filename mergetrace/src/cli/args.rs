@@ -86,7 +86,8 @@ pub struct RunArgs {
     /// Stop after this long (e.g. 10s); otherwise run until Ctrl-C or SIGTERM.
     #[arg(long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
-    /// Size in MiB of the ring buffer events cross to user space (a power of two up to 1024).
+    /// MiB of ring buffers events cross to user space in, shared by the CPUs (a ring each, of
+    /// at least 64 KiB; a power of two up to 1024).
     #[arg(long, default_value_t = RING_MIB, value_name = "MIB", value_parser = parse_ring_mib)]
     pub ring_mib: u32,
 }

@@ -242,7 +242,7 @@ pub async fn run(args: RecordArgs) -> Result<()> {
     }
     eprintln!("mergetrace: recording to {}", args.output.display());
 
-    let ring = session.take_ring().context("ring buffer already taken")?;
+    let rings = session.take_rings();
     let (stop_tx, stop_rx) = watch::channel(false);
     // The writer is shared by the collector (events) and the ticker (losses, flushes); the
     // first write error stops the recording.
@@ -253,7 +253,7 @@ pub async fn run(args: RecordArgs) -> Result<()> {
     }));
     let collector = {
         let shared = shared.clone();
-        tokio::spawn(collector::run(ring, stop_rx, move |batch| {
+        tokio::spawn(collector::run(rings, stop_rx, move |batch| {
             shared.lock().expect("recording lock").write(batch)
         }))
     };
@@ -276,13 +276,22 @@ pub async fn run(args: RecordArgs) -> Result<()> {
     // Detach, let the collector drain the ring, record the last losses.
     session.detach();
     let _ = stop_tx.send(true);
-    collector.await.context("collector task failed")??;
+    let collected = collector.await.context("collector task failed")??;
     let mut rec = Arc::try_unwrap(shared)
         .map_err(|_| anyhow::anyhow!("collector still holds the capture"))?
         .into_inner()
         .expect("recording lock");
     kernel::cgroup_events::apply(session.take_cgroup_changes(), &mut cgroups);
     rec.interval(session.new_losses(), &mut cgroups, &devices);
+    if collected.late > 0 {
+        // Kept, not lost: a CPU held them past the merge's grace (a stalled virtual CPU).
+        eprintln!(
+            "mergetrace: {} events reached user space more than {} ms after their time and \
+             are written after later ones",
+            collected.late,
+            kernel::time_order::GRACE_NS / 1_000_000
+        );
+    }
     rec.finish(&args)
 }
 

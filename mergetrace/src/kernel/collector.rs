@@ -1,11 +1,22 @@
-//! Moves events from the kernel's ring buffer to a consumer in batches.
-use anyhow::Result;
-use aya::maps::{MapData, RingBuf};
+//! Moves events from the kernel's per-CPU rings to a consumer in batches, in time order
+//! ([`TimeOrder`]).
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use anyhow::{Context, Result};
 use mergetrace_common::Event;
 use tokio::{io::unix::AsyncFd, sync::watch};
 
+use super::{monotonic_ns, rings::CpuRing, time_order::TimeOrder};
+
 /// How often the reader looks without a wake-up (the programs wake it for big batches only).
 const POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// What a collection did beside handing out the events.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Collected {
+    /// Events that reached user space after later ones had been written (kept, out of order).
+    pub late: u64,
+}
 
 /// Decodes one ring buffer record; `None` for a record of the wrong size.
 pub fn decode(bytes: &[u8]) -> Option<Event> {
@@ -14,55 +25,111 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
         .then(|| unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const Event) })
 }
 
-/// Drains everything available into `batch`; returns how many records it read.
-fn drain(ring: &mut RingBuf<MapData>, batch: &mut Vec<Event>) -> usize {
-    let mut n = 0;
-    while let Some(item) = ring.next() {
-        if let Some(ev) = decode(&item) {
-            batch.push(ev);
-        }
-        n += 1;
-    }
-    n
+/// The rings, the merge, and the batches in between.
+struct Reader {
+    rings: Vec<CpuRing>,
+    order: TimeOrder,
+    batch: Vec<Event>,
 }
 
-/// Reads `ring` until `stop` changes, handing each batch to `sink`; after the stop it drains
-/// what is left (call it after detaching the programs so that nothing more arrives).
+impl Reader {
+    /// Drains every ring into the merge, then hands `sink` what is in time order by now (all
+    /// of it once `last`).
+    fn step(&mut self, last: bool, sink: &mut impl FnMut(&[Event])) {
+        // The time is read before the rings: an event not in its ring by then and older than
+        // the watermark would have had to wait longer than the grace.
+        let read_at = monotonic_ns();
+        for (i, r) in self.rings.iter_mut().enumerate() {
+            let records = std::iter::from_fn(|| loop {
+                if let Some(ev) = decode(&r.ring.next()?) {
+                    return Some(ev);
+                }
+            });
+            self.order.push(i, records);
+        }
+        if last {
+            self.order.release_all(&mut self.batch);
+        } else {
+            self.order
+                .release(TimeOrder::watermark(read_at), &mut self.batch);
+        }
+        if !self.batch.is_empty() {
+            sink(&self.batch);
+            self.batch.clear();
+        }
+    }
+}
+
+/// An epoll instance watching every ring: readable when a program woke any of them.
+fn watch_rings(rings: &[CpuRing]) -> Result<OwnedFd> {
+    // SAFETY: plain syscalls; the fd is owned from here on.
+    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error()).context("epoll_create1");
+    }
+    let epoll = unsafe { OwnedFd::from_raw_fd(fd) };
+    for r in rings {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: r.cpu as u64,
+        };
+        let rc = unsafe {
+            libc::epoll_ctl(
+                epoll.as_raw_fd(),
+                libc::EPOLL_CTL_ADD,
+                r.ring.as_raw_fd(),
+                &mut ev,
+            )
+        };
+        if rc < 0 {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("cannot watch CPU {}'s event ring", r.cpu));
+        }
+    }
+    Ok(epoll)
+}
+
+/// Empties the epoll instance's ready list (the rings are drained right after).
+fn clear_wakeups(epoll: &OwnedFd) {
+    let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
+    // SAFETY: the buffer holds 64 entries; a zero timeout never blocks.
+    while unsafe { libc::epoll_wait(epoll.as_raw_fd(), events.as_mut_ptr(), 64, 0) } == 64 {}
+}
+
+/// Reads the rings until `stop` changes, handing each batch to `sink` in time order; after
+/// the stop it drains what is left (call it after detaching the programs so that nothing
+/// more arrives).
 pub async fn run(
-    ring: RingBuf<MapData>,
+    rings: Vec<CpuRing>,
     mut stop: watch::Receiver<bool>,
     mut sink: impl FnMut(&[Event]) + Send,
-) -> Result<()> {
-    // SAFETY: the AsyncFd owns the ring buffer, so its fd stays open while registered.
-    let mut fd = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE)? };
-    let mut batch = Vec::with_capacity(4096);
+) -> Result<Collected> {
+    // SAFETY: the AsyncFd owns the epoll fd, so it stays open while registered.
+    let fd = unsafe {
+        AsyncFd::register_with_interest(watch_rings(&rings)?, tokio::io::Interest::READABLE)?
+    };
+    let mut reader = Reader {
+        order: TimeOrder::new(rings.len()),
+        rings,
+        batch: Vec::with_capacity(4096),
+    };
     // The programs wake us only once a batch is waiting; this picks up the rest.
     let mut poll = tokio::time::interval(POLL);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = poll.tick() => {
-                drain(fd.get_mut(), &mut batch);
-                if !batch.is_empty() {
-                    sink(&batch);
-                    batch.clear();
-                }
-            }
-            guard = fd.readable_mut() => {
+            _ = poll.tick() => reader.step(false, &mut sink),
+            guard = fd.readable() => {
                 let mut guard = guard?;
-                drain(guard.get_inner_mut(), &mut batch);
+                clear_wakeups(fd.get_ref());
                 guard.clear_ready();
-                if !batch.is_empty() {
-                    sink(&batch);
-                    batch.clear();
-                }
+                reader.step(false, &mut sink);
             }
             _ = stop.changed() => break,
         }
     }
-    drain(fd.get_mut(), &mut batch);
-    if !batch.is_empty() {
-        sink(&batch);
-    }
-    Ok(())
+    reader.step(true, &mut sink);
+    Ok(Collected {
+        late: reader.order.late(),
+    })
 }

@@ -25,6 +25,7 @@ use super::{
         hooks::{self, Attach, Hook, Program, Wants},
         Kallsyms,
     },
+    rings::{self, CpuRing},
     slots::{Slots, Table},
     Tier, TierChoice, TierKind,
 };
@@ -44,12 +45,9 @@ pub const ADOPT_EVERY: std::time::Duration = std::time::Duration::from_millis(10
 /// Births and removals kept for a caller that does not take them, at most.
 const MAX_PENDING_CHANGES: usize = 1 << 16;
 
-/// The smallest ring buffer: where no events are sent, the ring only has to exist.
-const MIN_RING_BYTES: u32 = 4096;
-
 pub struct Options {
-    /// Ring buffer size in bytes (a power of two, at least one page). Only used when
-    /// `modes.emit` is set.
+    /// Bytes of event rings in all (a power of two), shared by the online CPUs (a ring each,
+    /// [`rings::bytes_per_cpu`]). Only used when `modes.emit` is set.
     pub ring_bytes: u32,
     pub tier: TierChoice,
     /// Count in the kernel (live view), send events (capture, demo), or both.
@@ -98,11 +96,13 @@ fn load_object(
     };
     let aya_btf = aya::Btf::parse_file(Btf::kernel_path(), aya::Endianness::default())
         .context("cannot read the kernel's BTF")?;
-    let ring_bytes = if modes.emit != 0 {
-        ring_bytes
+    // A ring per CPU where events are sent; else the array only has to exist.
+    let ring_slots = if modes.emit != 0 {
+        rings::possible_cpus()?
     } else {
-        MIN_RING_BYTES
+        1
     };
+    let wake_bytes = rings::wake_bytes(ring_bytes);
     // The latency maps get one entry each where no latency is counted: their memory only
     // where it is.
     let latency_map = |entries: u32| if modes.latency != 0 { entries } else { 1 };
@@ -117,7 +117,8 @@ fn load_object(
         .override_global("MODES", &modes, true)
         .override_global("METER_UNITS", meter_units, true)
         .override_global("TRACED", traced, true)
-        .map_max_entries("EVENTS", ring_bytes)
+        .override_global("RING_WAKE_BYTES", &wake_bytes, true)
+        .map_max_entries("EVENTS", ring_slots)
         .map_max_entries("LATENCY", latency_map(MAX_SLOTS + REMOVED_SLOTS))
         .map_max_entries("LATENCY_HASHED", latency_map(MAX_SLOTS))
         .map_max_entries("ISSUED_AT", latency_map(ISSUED_AT_ENTRIES))
@@ -360,7 +361,8 @@ pub struct Session {
     pub per_bio: bool,
     /// Things the user should know (missing symbols, fallbacks).
     pub notes: Vec<String>,
-    ring: Option<RingBuf<MapData>>,
+    /// The event rings, a ring per online CPU (where events are sent).
+    rings: Vec<CpuRing>,
     lost: PerCpuArray<MapData, u64>,
     lost_seen: [u64; LOST_SLOTS as usize],
     /// The in-kernel counters and `--latency` histograms: slots, the hash maps of keys
@@ -441,7 +443,9 @@ impl Session {
             .ok()
             .and_then(|t| crate::sys::cgroups::io_hierarchy_id(&t))
             .map_or(0, |h| h + 1);
-        let mut loaded = load_object(modes, opts.ring_bytes, &opts.meter_units, &traced)?;
+        let cpus = aya::util::online_cpus().map_or(1, |c| c.len() as u32);
+        let ring_bytes = rings::bytes_per_cpu(opts.ring_bytes, cpus);
+        let mut loaded = load_object(modes, ring_bytes, &opts.meter_units, &traced)?;
         loaded.attach_tracepoints(opts.modes, wants)?;
         let tier = loaded.choose_tier(opts.tier, opts.modes, wants)?;
         let Loaded {
@@ -450,7 +454,11 @@ impl Session {
         if opts.ebpf_log {
             forward_ebpf_log(&mut ebpf)?;
         }
-        let ring = RingBuf::try_from(ebpf.take_map("EVENTS").context("EVENTS map missing")?)?;
+        let rings = if modes.emit != 0 {
+            rings::install(&mut ebpf, ring_bytes)?
+        } else {
+            Vec::new()
+        };
         let lost = PerCpuArray::try_from(ebpf.take_map("LOST").context("LOST map missing")?)?;
         let unplugs =
             PerCpuArray::try_from(ebpf.take_map("UNPLUGS").context("UNPLUGS map missing")?)?;
@@ -487,7 +495,7 @@ impl Session {
             wants,
             per_bio: modes.merge_path_from_stack != 0,
             notes,
-            ring: Some(ring),
+            rings,
             lost,
             lost_seen: [0; LOST_SLOTS as usize],
             slots,
@@ -503,9 +511,9 @@ impl Session {
         })
     }
 
-    /// The event ring buffer (once).
-    pub fn take_ring(&mut self) -> Option<RingBuf<MapData>> {
-        self.ring.take()
+    /// The event rings (once; empty where no events are sent).
+    pub fn take_rings(&mut self) -> Vec<CpuRing> {
+        std::mem::take(&mut self.rings)
     }
 
     /// The in-kernel counters so far (summed over CPUs) and every loss so far: a running
@@ -664,7 +672,12 @@ pub fn fentry_allowed(btf: &Btf) -> Result<Option<&'static str>, String> {
     let modes = Modes::COUNTING;
     let refused = |e: &anyhow::Error| errno(e) == Some(libc::EPERM);
     let traced = TracedDevices::default();
-    let mut loaded = match load_object(modes, MIN_RING_BYTES, &MeterUnits::default(), &traced) {
+    let mut loaded = match load_object(
+        modes,
+        rings::MIN_RING_BYTES,
+        &MeterUnits::default(),
+        &traced,
+    ) {
         Ok(l) => l,
         Err(e) if refused(&e) => return Ok(None),
         Err(e) => return Err(format!("{e:#}")),

@@ -1,14 +1,17 @@
 //! The kernel side, as user space sees it: which hooks exist where ([`compat`]), the kernel's
 //! BTF ([`btf`]), loading and attaching the programs from the hook table ([`load`]), who may
 //! load them ([`privileges`]), the counter slots the programs count in ([`slots`]), the
-//! event stream ([`collector`]) and cgroup births and removals ([`cgroup_events`]).
+//! event rings ([`rings`]) and their stream in time order ([`collector`], [`time_order`]), and
+//! cgroup births and removals ([`cgroup_events`]).
 pub mod btf;
 pub mod cgroup_events;
 pub mod collector;
 pub mod compat;
 pub mod load;
 pub mod privileges;
+pub mod rings;
 pub mod slots;
+pub mod time_order;
 
 use std::fmt;
 

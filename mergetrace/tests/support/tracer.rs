@@ -278,8 +278,33 @@ pub fn u(v: &Value, field: &str) -> u64 {
 /// Runs the built-in workload: `mergetrace __workload --target <dev> <args>`, optionally
 /// inside `cg`, and returns what it printed ({"ios", "bytes", "submit_calls"}).
 pub fn run_workload(dev: &BlockDev, cg: Option<&Cgroup>, args: &[&str]) -> Value {
-    let bin = mergetrace_bin();
-    let mut cmd = Command::new(bin);
+    run_workload_with(Command::new(mergetrace_bin()), dev, cg, args)
+}
+
+/// As [`run_workload`], the process bound to one CPU (`sched_setaffinity`).
+pub fn run_workload_on(cpu: usize, dev: &BlockDev, cg: Option<&Cgroup>, args: &[&str]) -> Value {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(mergetrace_bin());
+    // SAFETY: only an async-signal-safe syscall between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            if libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    };
+    run_workload_with(cmd, dev, cg, args)
+}
+
+fn run_workload_with(
+    mut cmd: Command,
+    dev: &BlockDev,
+    cg: Option<&Cgroup>,
+    args: &[&str],
+) -> Value {
     cmd.arg("__workload")
         .arg("--target")
         .arg(&dev.path)

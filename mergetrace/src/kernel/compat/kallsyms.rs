@@ -68,14 +68,11 @@ pub const MERGE_CALLER_FUNCTIONS: [(u8, &str); MERGE_CALLERS] = [
 pub fn resolve_symbols(kallsyms: &Kallsyms) -> (KernelSymbols, Vec<String>) {
     let mut notes = Vec::new();
     let mut syms = KernelSymbols::default();
-    let mut need = |name: &str| {
-        let a = kallsyms.address(name);
-        if a.is_none() {
-            notes.push(format!("kernel symbol {name} not found in /proc/kallsyms"));
-        }
-        a.unwrap_or(0)
-    };
-    syms.throtl_dispatch_fn = need(super::hooks::THROTTLE_WORK);
+    let work = super::hooks::THROTTLE_WORK;
+    syms.throtl_dispatch_fn = kallsyms.address(work).unwrap_or_else(|| {
+        notes.push(format!("kernel symbol {work} not found in /proc/kallsyms"));
+        0
+    });
     for (p, name) in MERGE_CALLER_FUNCTIONS {
         match kallsyms.range(name) {
             Some(r) => syms.merge_callers[p as usize - 1] = r,

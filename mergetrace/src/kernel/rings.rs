@@ -1,0 +1,89 @@
+//! The event rings: one BPF ring buffer per CPU, created here and put at the CPU's index of
+//! the programs' `EVENTS` array. A ring per CPU means the CPUs that submit I/O and those that
+//! complete it take no common lock and write no common cache line for each event; the price,
+//! merging the rings back into time order, is paid in user space ([`super::time_order`]).
+use anyhow::{bail, Context, Result};
+use aya::{
+    maps::{ArrayOfMaps, Map, MapData, RingBuf},
+    Ebpf,
+};
+
+/// The smallest ring a CPU gets, whatever `--ring-mib` and the CPU count.
+pub const MIN_RING_BYTES: u32 = 64 << 10;
+/// Wake the reader at most this late: a quarter of a ring, or this much waiting.
+const MAX_WAKE_BYTES: u32 = 256 << 10;
+
+/// One CPU's ring.
+pub struct CpuRing {
+    pub cpu: u32,
+    pub ring: RingBuf<MapData>,
+}
+
+/// How the `total` bytes asked for (`--ring-mib`) are shared by `cpus` CPUs: each a power of
+/// two of at least [`MIN_RING_BYTES`].
+pub fn bytes_per_cpu(total: u32, cpus: u32) -> u32 {
+    let share = total / cpus.max(1);
+    if share <= MIN_RING_BYTES {
+        MIN_RING_BYTES
+    } else {
+        1 << (31 - share.leading_zeros()) // the power of two at or below the share
+    }
+}
+
+/// When a CPU's program wakes the reader: with this many bytes waiting in its ring.
+pub fn wake_bytes(ring_bytes: u32) -> u64 {
+    (ring_bytes / 4).min(MAX_WAKE_BYTES) as u64
+}
+
+/// The length of the programs' `EVENTS` array: every CPU id the kernel may run on.
+pub fn possible_cpus() -> Result<u32> {
+    aya::util::nr_cpus()
+        .map(|n| n as u32)
+        .map_err(|(path, e)| anyhow::anyhow!("cannot read {path}: {e}"))
+}
+
+/// Creates a ring of `ring_bytes` for each online CPU and puts it in the loaded object's
+/// `EVENTS` array. A CPU brought online later has no ring: its events count as lost.
+pub fn install(ebpf: &mut Ebpf, ring_bytes: u32) -> Result<Vec<CpuRing>> {
+    let cpus =
+        aya::util::online_cpus().map_err(|(path, e)| anyhow::anyhow!("cannot read {path}: {e}"))?;
+    let mut array: ArrayOfMaps<MapData, RingBuf<MapData>> =
+        ArrayOfMaps::try_from(ebpf.take_map("EVENTS").context("EVENTS map missing")?)?;
+    let mut rings = Vec::with_capacity(cpus.len());
+    for cpu in cpus {
+        if cpu >= array.len() {
+            bail!("CPU {cpu} is online but not among the kernel's possible CPUs");
+        }
+        let def = aya_obj::Map::new_from_params(
+            aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_RINGBUF as u32,
+            0,
+            0,
+            ring_bytes,
+            0,
+        );
+        let data = MapData::create(def, "mt_events", None)
+            .with_context(|| format!("cannot create the event ring of CPU {cpu}"))?;
+        let ring = RingBuf::try_from(Map::RingBuf(data))?;
+        array
+            .set(cpu, &ring, 0)
+            .with_context(|| format!("cannot hand CPU {cpu}'s event ring to the programs"))?;
+        rings.push(CpuRing { cpu, ring });
+    }
+    Ok(rings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rings_share_the_total_in_powers_of_two() {
+        assert_eq!(bytes_per_cpu(64 << 20, 2), 32 << 20);
+        assert_eq!(bytes_per_cpu(64 << 20, 3), 16 << 20);
+        assert_eq!(bytes_per_cpu(64 << 20, 96), 512 << 10);
+        assert_eq!(bytes_per_cpu(1 << 20, 64), MIN_RING_BYTES);
+        assert_eq!(bytes_per_cpu(1 << 20, 0), 1 << 20);
+        assert_eq!(wake_bytes(32 << 20), 256 << 10);
+        assert_eq!(wake_bytes(MIN_RING_BYTES), 16 << 10);
+    }
+}

@@ -1,0 +1,255 @@
+//! Merges the per-CPU event rings back into one time order.
+//!
+//! Each CPU's ring holds that CPU's events nearly in time order: a program takes its
+//! timestamp first and writes its event last, so an interrupt's program in between can write
+//! a later event first. Across CPUs, one ring can be drained while another still holds
+//! earlier events, and a program can be between its timestamp and its write while the rings
+//! are read. So events wait here until no ring can still bring an earlier one: until they
+//! are older than the moment the rings were read, less [`GRACE_NS`]. An event later than
+//! that (its CPU stalled longer, e.g. a descheduled virtual CPU) is still written, never
+//! dropped, in the next batch, and counted as late.
+use std::{
+    cmp::Reverse,
+    collections::{BinaryHeap, VecDeque},
+};
+
+use mergetrace_common::Event;
+
+/// How long an event can take from its timestamp to its ring, at most, in the merge's view.
+pub const GRACE_NS: u64 = 100_000_000;
+
+/// Events waiting for their turn, a queue per CPU ring, each in time order.
+#[derive(Default)]
+pub struct TimeOrder {
+    queues: Vec<VecDeque<Event>>,
+    /// The k-way merge's heads: (timestamp, queue), earliest first.
+    heads: BinaryHeap<Reverse<(u64, usize)>>,
+    /// How many events of each queue go out in the current release.
+    due: Vec<usize>,
+    /// The latest timestamp handed out so far.
+    released: u64,
+    late: u64,
+}
+
+impl TimeOrder {
+    /// A merge of `rings` rings.
+    pub fn new(rings: usize) -> TimeOrder {
+        TimeOrder {
+            queues: vec![VecDeque::new(); rings],
+            due: vec![0; rings],
+            ..TimeOrder::default()
+        }
+    }
+
+    /// Takes what ring `ring` delivered, in its order.
+    pub fn push(&mut self, ring: usize, events: impl IntoIterator<Item = Event>) {
+        let queue = &mut self.queues[ring];
+        let old = queue.len();
+        queue.extend(events);
+        let mut late = 0;
+        let mut sorted = true;
+        let mut prev = if old > 0 { queue[old - 1].ts_ns } else { 0 };
+        let mut first_new = u64::MAX;
+        for e in queue.range(old..) {
+            late += (e.ts_ns < self.released) as u64;
+            sorted &= e.ts_ns >= prev;
+            prev = e.ts_ns;
+            first_new = first_new.min(e.ts_ns);
+        }
+        self.late += late;
+        if sorted {
+            return;
+        }
+        // An interrupted program wrote its event after the interrupt's: sort from where the
+        // earliest new event belongs (near the end: the inversions are short).
+        let (mut from, mut end) = (0, old); // binary search of the sorted part
+        while from < end {
+            let mid = (from + end) / 2;
+            if queue[mid].ts_ns <= first_new {
+                from = mid + 1;
+            } else {
+                end = mid;
+            }
+        }
+        let (front, back) = queue.as_mut_slices();
+        if from >= front.len() {
+            back[from - front.len()..].sort_by_key(|e| e.ts_ns);
+        } else {
+            queue.make_contiguous()[from..].sort_by_key(|e| e.ts_ns);
+        }
+    }
+
+    /// Appends to `out`, in time order, every waiting event not later than `watermark`.
+    pub fn release(&mut self, watermark: u64, out: &mut Vec<Event>) {
+        self.heads.clear();
+        for (i, queue) in self.queues.iter().enumerate() {
+            self.due[i] = queue.partition_point(|e| e.ts_ns <= watermark);
+            if self.due[i] > 0 {
+                self.heads.push(Reverse((queue[0].ts_ns, i)));
+            }
+        }
+        // A k-way merge of the queues' due events (equal timestamps: each ring's order kept).
+        while let Some(Reverse((_, i))) = self.heads.pop() {
+            let queue = &mut self.queues[i];
+            if self.heads.is_empty() {
+                out.extend(queue.drain(..self.due[i])); // the last queue with events due
+                break;
+            }
+            let next = self.heads.peek().map_or(u64::MAX, |Reverse((ts, _))| *ts);
+            // This queue's run up to the next queue's head goes out in one piece.
+            let run = queue
+                .range(..self.due[i])
+                .position(|e| e.ts_ns > next)
+                .unwrap_or(self.due[i])
+                .max(1);
+            out.extend(queue.drain(..run));
+            self.due[i] -= run;
+            if self.due[i] > 0 {
+                self.heads.push(Reverse((queue[0].ts_ns, i)));
+            }
+        }
+        if let Some(last) = out.last() {
+            self.released = self.released.max(last.ts_ns);
+        }
+    }
+
+    /// Appends every waiting event to `out`, in time order (the rings are drained for good).
+    pub fn release_all(&mut self, out: &mut Vec<Event>) {
+        self.release(u64::MAX, out);
+    }
+
+    /// The merge's watermark for rings read at `read_at` (CLOCK_MONOTONIC ns).
+    pub fn watermark(read_at: u64) -> u64 {
+        read_at.saturating_sub(GRACE_NS)
+    }
+
+    /// Events that came after later ones had been handed out (written out of time order).
+    pub fn late(&self) -> u64 {
+        self.late
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(ts: u64, id: u64) -> Event {
+        Event {
+            ts_ns: ts,
+            id,
+            ..Default::default()
+        }
+    }
+
+    fn ts(events: &[Event]) -> Vec<u64> {
+        events.iter().map(|e| e.ts_ns).collect()
+    }
+
+    #[test]
+    fn two_cpus_out_of_step_come_out_in_time_order() {
+        let mut m = TimeOrder::new(2);
+        let mut out = Vec::new();
+        // CPU 1 is read first and is ahead; CPU 0's earlier events arrive after.
+        m.push(1, [ev(20, 1), ev(40, 1), ev(60, 1)]);
+        m.push(0, [ev(10, 0), ev(30, 0)]);
+        m.release(45, &mut out);
+        assert_eq!(ts(&out), [10, 20, 30, 40]);
+        m.push(0, [ev(50, 0), ev(70, 0)]);
+        m.release_all(&mut out);
+        assert_eq!(ts(&out), [10, 20, 30, 40, 50, 60, 70]);
+        assert_eq!(m.late(), 0);
+    }
+
+    #[test]
+    fn an_interrupted_write_is_put_back_in_its_place() {
+        let mut m = TimeOrder::new(1);
+        let mut out = Vec::new();
+        // An interrupt's event (35) was written before the event it interrupted (30), and
+        // one batch ended between them.
+        m.push(0, [ev(10, 0), ev(20, 0), ev(35, 0)]);
+        m.push(0, [ev(30, 0), ev(25, 0), ev(40, 0)]);
+        m.release_all(&mut out);
+        assert_eq!(ts(&out), [10, 20, 25, 30, 35, 40]);
+        assert_eq!(m.late(), 0);
+    }
+
+    #[test]
+    fn equal_times_keep_each_ring_order_and_rings_in_index_order() {
+        let mut m = TimeOrder::new(2);
+        let mut out = Vec::new();
+        m.push(1, [ev(5, 10), ev(5, 11)]);
+        m.push(0, [ev(5, 1), ev(5, 2)]);
+        m.release_all(&mut out);
+        assert_eq!(out.iter().map(|e| e.id).collect::<Vec<_>>(), [1, 2, 10, 11]);
+    }
+
+    #[test]
+    fn a_late_event_is_kept_and_counted() {
+        let mut m = TimeOrder::new(2);
+        let mut out = Vec::new();
+        m.push(0, [ev(100, 0), ev(200, 0)]);
+        m.release(250, &mut out);
+        // CPU 1 was stalled past the grace: its event is older than what went out.
+        m.push(1, [ev(150, 1), ev(300, 1)]);
+        m.release(400, &mut out);
+        assert_eq!(ts(&out), [100, 200, 150, 300]);
+        assert_eq!(m.late(), 1);
+    }
+
+    #[test]
+    fn nothing_newer_than_the_watermark_goes_out() {
+        let mut m = TimeOrder::new(3);
+        let mut out = Vec::new();
+        m.push(2, [ev(1_000, 2)]);
+        m.push(0, [ev(2_000, 0)]);
+        m.release(TimeOrder::watermark(1_000 + GRACE_NS - 1), &mut out);
+        assert!(out.is_empty());
+        m.release(TimeOrder::watermark(1_500 + GRACE_NS), &mut out);
+        assert_eq!(ts(&out), [1_000]);
+        assert_eq!(TimeOrder::watermark(5), 0);
+    }
+
+    /// Many CPUs, each in order with small inversions, shuffled across batches: the merge
+    /// gives the sorted whole, with nothing lost or doubled.
+    #[test]
+    fn many_rings_merge_to_the_sorted_whole() {
+        let cpus = 8;
+        let mut m = TimeOrder::new(cpus);
+        let mut all = Vec::new();
+        let mut out = Vec::new();
+        let mut seed = 7u64;
+        let mut rand = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut clock = vec![0u64; cpus];
+        for round in 0..200u64 {
+            for (cpu, t) in clock.iter_mut().enumerate() {
+                let mut batch: Vec<Event> = (0..rand() % 20)
+                    .map(|_| {
+                        *t += 1 + rand() % 50;
+                        ev(*t, (cpu as u64) << 32 | all.len() as u64)
+                    })
+                    .collect();
+                if batch.len() > 2 && rand() % 3 == 0 {
+                    batch.swap(0, 1); // an interrupted program
+                }
+                all.extend(batch.iter().copied());
+                m.push(cpu, batch);
+            }
+            // Read time: the slowest CPU's clock, as if the rest waited in rings.
+            let read_at = clock.iter().min().copied().unwrap_or(0);
+            m.release(read_at.saturating_sub(round % 5), &mut out);
+        }
+        m.release_all(&mut out);
+        assert_eq!(m.late(), 0);
+        assert!(out.windows(2).all(|w| w[0].ts_ns <= w[1].ts_ns));
+        let mut got: Vec<(u64, u64)> = out.iter().map(|e| (e.ts_ns, e.id)).collect();
+        let mut want: Vec<(u64, u64)> = all.iter().map(|e| (e.ts_ns, e.id)).collect();
+        got.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(got, want);
+    }
+}
