@@ -58,8 +58,8 @@ fn counting() -> bool {
     frozen!(MODES.aggregate) != 0
 }
 
-/// Sends the event to user space on this CPU's ring, in a run that sends events. A CPU
-/// without a ring (brought online after the start) counts its events as lost.
+/// Sends the event to user space on this CPU's ring, in a run that sends events (every
+/// possible CPU has one; without it the event counts as lost).
 #[inline(always)]
 fn send(ev: &Event) {
     if !emitting() {

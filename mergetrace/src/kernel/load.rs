@@ -361,7 +361,7 @@ pub struct Session {
     pub per_bio: bool,
     /// Things the user should know (missing symbols, fallbacks).
     pub notes: Vec<String>,
-    /// The event rings, a ring per online CPU (where events are sent).
+    /// The event rings, a ring per possible CPU (where events are sent).
     rings: Vec<CpuRing>,
     lost: PerCpuArray<MapData, u64>,
     lost_seen: [u64; LOST_SLOTS as usize],

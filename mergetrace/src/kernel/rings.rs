@@ -42,23 +42,29 @@ pub fn possible_cpus() -> Result<u32> {
         .map_err(|(path, e)| anyhow::anyhow!("cannot read {path}: {e}"))
 }
 
-/// Creates a ring of `ring_bytes` for each online CPU and puts it in the loaded object's
-/// `EVENTS` array. A CPU brought online later has no ring: its events count as lost.
+/// Creates a ring for each CPU the kernel may run on and puts it in the loaded object's
+/// `EVENTS` array: `ring_bytes` for the CPUs online now, [`MIN_RING_BYTES`] for the others (a
+/// CPU brought online during the run sends on a small ring rather than losing everything).
 pub fn install(ebpf: &mut Ebpf, ring_bytes: u32) -> Result<Vec<CpuRing>> {
-    let cpus =
+    let online =
         aya::util::online_cpus().map_err(|(path, e)| anyhow::anyhow!("cannot read {path}: {e}"))?;
     let mut array: ArrayOfMaps<MapData, RingBuf<MapData>> =
         ArrayOfMaps::try_from(ebpf.take_map("EVENTS").context("EVENTS map missing")?)?;
-    let mut rings = Vec::with_capacity(cpus.len());
-    for cpu in cpus {
-        if cpu >= array.len() {
-            bail!("CPU {cpu} is online but not among the kernel's possible CPUs");
-        }
+    if let Some(cpu) = online.iter().find(|c| **c >= array.len()) {
+        bail!("CPU {cpu} is online but not among the kernel's possible CPUs");
+    }
+    let mut rings = Vec::with_capacity(array.len() as usize);
+    for cpu in 0..array.len() {
+        let bytes = if online.contains(&cpu) {
+            ring_bytes
+        } else {
+            MIN_RING_BYTES
+        };
         let def = aya_obj::Map::new_from_params(
             aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_RINGBUF as u32,
             0,
             0,
-            ring_bytes,
+            bytes,
             0,
         );
         let data = MapData::create(def, "mt_events", None)
