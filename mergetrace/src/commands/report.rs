@@ -76,7 +76,7 @@ fn run_report(args: &ReportArgs) -> Result<()> {
     if args.latency && header.requests_only {
         refuse_requests_only(args, "per-bio latency (--latency)")?;
     }
-    let mut an = analysis::Analysis::new(header.start_monotonic_ns, &header.meter_units);
+    let mut an = analysis::Analysis::new();
     let mut tracker = args.latency.then(lineage::Tracker::new);
     let mut loaded = load(&args.file, args.span.from, args.span.to, |ev| {
         an.apply(ev);
@@ -93,7 +93,7 @@ fn run_report(args: &ReportArgs) -> Result<()> {
     }
     let subtree = subtree_of(args.subtree.cgroup.as_deref());
     let s = snapshot(&loaded, subtree.as_deref());
-    let mut dist = an.finish(&s, loaded.window.end_ns);
+    let mut dist = an.finish(&s, &loaded.intervals);
     if let Some(lin) = &lin {
         dist.bio_wait = latency::bio_waits(lin, &s);
     }
@@ -227,10 +227,10 @@ mod tests {
         w.write_events(&s.events).unwrap();
         w.finish().unwrap();
 
-        let mut an = analysis::Analysis::new(START_NS, &[]);
+        let mut an = analysis::Analysis::new();
         let loaded = load(&file, None, None, |ev| an.apply(ev)).unwrap();
         let snap = snapshot(&loaded, None);
-        let dist = an.finish(&snap, loaded.window.end_ns);
+        let dist = an.finish(&snap, &loaded.intervals);
         let plain = serde_json::to_string(&snap).unwrap();
         let with = serde_json::to_string(&WithDistributions {
             snapshot: &snap,

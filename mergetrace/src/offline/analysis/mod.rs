@@ -1,6 +1,7 @@
 //! Distributions of a capture, for `report` (text and `--json`'s "distributions") and
 //! `report --html`: request latencies (insert → issue, issue → complete) and per-second
-//! series per (device, cgroup, direction). The request size, bios-per-request and plug
+//! series per (device, cgroup, direction), taken from the one-second intervals the capture
+//! was counted in (not counted twice). The request size, bios-per-request and plug
 //! flush histograms are the snapshot's own (counted by the same rule as the live view);
 //! [`buckets`] labels them for the text (`view::distributions`) and HTML reports.
 mod buckets;
@@ -8,7 +9,7 @@ mod buckets;
 use std::collections::hash_map::Entry;
 
 use foldhash::{HashMap, HashMapExt};
-use mergetrace_common::{kind, Event, MeterUnits};
+use mergetrace_common::{kind, Event};
 use serde::Serialize;
 
 pub use buckets::{
@@ -17,12 +18,10 @@ pub use buckets::{
 };
 
 use crate::{
-    model::aggregate::{self, Counts, Dir, RunMap},
+    model::aggregate::{Counts, Dir, Key, RunMap, Window},
     model::snapshot::Snapshot,
     sys::cgroups::in_subtree,
 };
-
-const NS_PER_S: u64 = 1_000_000_000;
 
 /// Request latency samples of one (device, cgroup, direction), in ns.
 #[derive(Debug, Clone, Default)]
@@ -44,14 +43,9 @@ struct Issued {
 
 /// Collects what the distributions need from every event of a capture, in stream order.
 pub struct Analysis {
-    start_ns: u64,
-    units: MeterUnits,
     inserted: HashMap<u64, u64>,
     issued: HashMap<u64, Issued>,
     samples: RunMap<(u32, u64, Dir), Samples>,
-    /// Counters per second since the capture's start.
-    series: RunMap<(u32, u64, Dir), Vec<Counts>>,
-    last_ts: u64,
 }
 
 /// count, min, percentiles and max of a set of latencies, in µs.
@@ -138,7 +132,7 @@ pub struct Series {
 pub struct TimeSeries {
     /// Bucket width in seconds (1).
     pub bucket_s: u64,
-    /// CLOCK_MONOTONIC ns of bucket 0's start: the capture's start.
+    /// CLOCK_MONOTONIC ns of bucket 0's start: the capture's start (or `--from`).
     pub start_ns: u64,
     /// Number of buckets in every series.
     pub buckets: usize,
@@ -156,30 +150,16 @@ pub struct Distributions {
 }
 
 impl Analysis {
-    pub fn new(start_ns: u64, meter_units: &[u64]) -> Analysis {
+    pub fn new() -> Analysis {
         Analysis {
-            start_ns,
-            units: aggregate::meter_units(meter_units),
             inserted: HashMap::new(),
             issued: HashMap::new(),
             samples: RunMap::default(),
-            series: RunMap::default(),
-            last_ts: start_ns,
         }
     }
 
     pub fn apply(&mut self, ev: &Event) {
-        self.last_ts = self.last_ts.max(ev.ts_ns);
-        if ev.kind == kind::UNPLUG {
-            return; // the snapshot has the flush histogram
-        }
         let key = (ev.dev, ev.cgroup_id, Dir::of_op(ev.op));
-        let sec = (ev.ts_ns.saturating_sub(self.start_ns) / NS_PER_S) as usize;
-        let v = self.series.get_or_default(key);
-        if v.len() <= sec {
-            v.resize(sec + 1, Counts::default());
-        }
-        v[sec].count(ev, &self.units);
         match ev.kind {
             kind::RQ_INSERT => {
                 self.inserted.insert(ev.id, ev.ts_ns);
@@ -227,8 +207,9 @@ impl Analysis {
     }
 
     /// The distributions of the devices and cgroups in `snap` (which applied the cgroup
-    /// filter), over `end_ns - start` seconds.
-    pub fn finish(mut self, snap: &Snapshot, end_ns: u64) -> Distributions {
+    /// filter); the per-second series are `intervals`' (the loaded capture's one-second
+    /// intervals, [`crate::offline::load::JUDGED_EVERY_NS`]).
+    pub fn finish(mut self, snap: &Snapshot, intervals: &[Window]) -> Distributions {
         let devs: Vec<(u32, &str)> = snap
             .devices
             .iter()
@@ -269,36 +250,41 @@ impl Analysis {
                 }
             }
         }
-        let last = end_ns.max(self.last_ts);
-        let buckets = (last.saturating_sub(self.start_ns))
-            .div_ceil(NS_PER_S)
-            .max(1) as usize;
-        let buckets = buckets.max(self.series.iter().map(|(_, v)| v.len()).max().unwrap_or(0));
-        let mut series = Vec::new();
-        let mut keys: Vec<&(u32, u64, Dir)> = self.series.iter().map(|(k, _)| k).collect();
-        // devices in the snapshot's order, then cgroup path, then direction
-        keys.sort_by_key(|(dev, cg, dir)| {
+        // Keys with counts in any interval, devices in the snapshot's order, then cgroup
+        // path, then direction.
+        let mut keys: Vec<Key> = intervals
+            .iter()
+            .flat_map(|w| w.counts.keys().copied())
+            .collect();
+        keys.sort_unstable_by_key(|k| (k.dev, k.cgroup_id, k.dir));
+        keys.dedup();
+        keys.sort_by_key(|k| {
             (
-                devs.iter().position(|(d, _)| d == dev),
-                shown.get(&(*dev, *cg)).copied(),
-                *cg,
-                *dir,
+                devs.iter().position(|(d, _)| *d == k.dev),
+                shown.get(&(k.dev, k.cgroup_id)).copied(),
+                k.cgroup_id,
+                k.dir,
             )
         });
-        for key @ (dev, cg, dir) in keys {
-            let (Some(cgroup), Some((_, device))) =
-                (shown.get(&(*dev, *cg)), devs.iter().find(|(d, _)| d == dev))
-            else {
+        let mut series = Vec::new();
+        for key in keys {
+            let (Some(cgroup), Some((_, device))) = (
+                shown.get(&(key.dev, key.cgroup_id)),
+                devs.iter().find(|(d, _)| *d == key.dev),
+            ) else {
                 continue;
             };
-            let v = self.series.get(key).expect("a key of the series");
-            let at = |i: usize, f: &dyn Fn(&Counts) -> u64| v.get(i).map_or(0, f);
-            let col = |f: &dyn Fn(&Counts) -> u64| (0..buckets).map(|i| at(i, f)).collect();
+            let col = |f: &dyn Fn(&Counts) -> u64| {
+                intervals
+                    .iter()
+                    .map(|w| w.counts.get(&key).map_or(0, f))
+                    .collect()
+            };
             let s = Series {
                 device: device.to_string(),
                 cgroup: cgroup.to_string(),
-                cgroup_id: *cg,
-                dir: dir.name(),
+                cgroup_id: key.cgroup_id,
+                dir: key.dir.name(),
                 bios: col(&|c| c.bios_per_request()),
                 requests: col(&|c| c.issues.saturating_sub(c.requeues)),
                 merged: col(&|c| c.merged_per_request()),
@@ -313,8 +299,8 @@ impl Analysis {
             latency,
             timeseries: TimeSeries {
                 bucket_s: 1,
-                start_ns: self.start_ns,
-                buckets,
+                start_ns: intervals.first().map_or(0, |w| w.start_ns),
+                buckets: intervals.len(),
                 series,
             },
             bio_wait: Vec::new(),
@@ -333,6 +319,7 @@ mod tests {
     use crate::{
         model::aggregate::Aggregator,
         model::snapshot::{self, Lookup, SnapshotKind},
+        model::timeline::Cuts,
         sys::device::Device,
         testing::synth::{Synth, START_NS},
     };
@@ -382,14 +369,20 @@ mod tests {
         )
     }
 
+    /// As `report` does: the events counted in one-second intervals from the start, and
+    /// analysed.
     fn analyse(s: &Synth, subtree: Option<&str>) -> (Snapshot, Distributions) {
-        let mut a = Analysis::new(START_NS, &[]);
+        let mut a = Analysis::new();
+        let mut agg = Aggregator::new(START_NS);
+        let mut cuts = Cuts::new(&agg, START_NS, crate::offline::load::JUDGED_EVERY_NS);
         for ev in &s.events {
+            cuts.up_to(&agg, ev.ts_ns);
+            agg.apply(ev);
             a.apply(ev);
         }
         let end = s.last_ts() + 1;
         let sn = snap(&s.events, end, subtree);
-        let d = a.finish(&sn, end);
+        let d = a.finish(&sn, &cuts.finish(&agg, end));
         (sn, d)
     }
 
@@ -460,7 +453,7 @@ mod tests {
     fn analysis_series_per_second_and_cgroup() {
         let mut s = Synth::new();
         s.batch(DEV, 1, 0, 32, 4096, false, path::PLUG);
-        s.sleep(2 * NS_PER_S);
+        s.sleep(2_000_000_000);
         s.batch(DEV, 1, 1024, 8, 4096, false, path::PLUG);
         s.batch(DEV, 2, 4096, 4, 4096, true, path::PLUG);
         let (sn, d) = analyse(&s, None);
