@@ -76,7 +76,7 @@ fn run_report(args: &ReportArgs) -> Result<()> {
     if args.latency && header.requests_only {
         refuse_requests_only(args, "per-bio latency (--latency)")?;
     }
-    let mut an = analysis::Analysis::new();
+    let mut an = analysis::Analysis::default();
     let mut tracker = args.latency.then(lineage::Tracker::new);
     let mut loaded = load(&args.file, args.span.from, args.span.to, |ev| {
         an.apply(ev);
@@ -227,7 +227,7 @@ mod tests {
         w.write_events(&s.events).unwrap();
         w.finish().unwrap();
 
-        let mut an = analysis::Analysis::new();
+        let mut an = analysis::Analysis::default();
         let loaded = load(&file, None, None, |ev| an.apply(ev)).unwrap();
         let snap = snapshot(&loaded, None);
         let dist = an.finish(&snap, &loaded.intervals);

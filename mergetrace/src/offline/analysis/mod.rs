@@ -8,7 +8,7 @@ mod buckets;
 
 use std::collections::hash_map::Entry;
 
-use foldhash::{HashMap, HashMapExt};
+use foldhash::HashMap;
 use mergetrace_common::{kind, Event};
 use serde::Serialize;
 
@@ -42,6 +42,7 @@ struct Issued {
 }
 
 /// Collects what the distributions need from every event of a capture, in stream order.
+#[derive(Default)]
 pub struct Analysis {
     inserted: HashMap<u64, u64>,
     issued: HashMap<u64, Issued>,
@@ -150,14 +151,6 @@ pub struct Distributions {
 }
 
 impl Analysis {
-    pub fn new() -> Analysis {
-        Analysis {
-            inserted: HashMap::new(),
-            issued: HashMap::new(),
-            samples: RunMap::default(),
-        }
-    }
-
     pub fn apply(&mut self, ev: &Event) {
         let key = (ev.dev, ev.cgroup_id, Dir::of_op(ev.op));
         match ev.kind {
@@ -372,7 +365,7 @@ mod tests {
     /// As `report` does: the events counted in one-second intervals from the start, and
     /// analysed.
     fn analyse(s: &Synth, subtree: Option<&str>) -> (Snapshot, Distributions) {
-        let mut a = Analysis::new();
+        let mut a = Analysis::default();
         let mut agg = Aggregator::new(START_NS);
         let mut cuts = Cuts::new(&agg, START_NS, crate::offline::load::JUDGED_EVERY_NS);
         for ev in &s.events {
