@@ -35,11 +35,22 @@ pub fn wake_bytes(ring_bytes: u32) -> u64 {
     (ring_bytes / 4).min(MAX_WAKE_BYTES) as u64
 }
 
-/// The length of the programs' `EVENTS` array: every CPU id the kernel may run on.
+/// The length of the programs' `EVENTS` array: one more than the highest CPU id the kernel
+/// may run on (`/sys/devices/system/cpu/possible`, e.g. `0-3,8-11`).
 pub fn possible_cpus() -> Result<u32> {
-    aya::util::nr_cpus()
-        .map(|n| n as u32)
-        .map_err(|(path, e)| anyhow::anyhow!("cannot read {path}: {e}"))
+    const POSSIBLE: &str = "/sys/devices/system/cpu/possible";
+    let text =
+        std::fs::read_to_string(POSSIBLE).with_context(|| format!("cannot read {POSSIBLE}"))?;
+    cpu_slots(&text).with_context(|| format!("cannot parse {POSSIBLE}: {:?}", text.trim()))
+}
+
+/// One more than the highest CPU of a kernel CPU list (`0-3,8-11` → 12).
+fn cpu_slots(list: &str) -> Option<u32> {
+    list.trim()
+        .split(',')
+        .map(|r| r.rsplit('-').next()?.parse::<u32>().ok())
+        .try_fold(0, |max, last| Some(max.max(last? + 1)))
+        .filter(|n| *n > 0)
 }
 
 /// Creates a ring for each CPU the kernel may run on and puts it in the loaded object's
@@ -81,6 +92,15 @@ pub fn install(ebpf: &mut Ebpf, ring_bytes: u32) -> Result<Vec<CpuRing>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_lists_give_one_slot_past_the_highest_cpu() {
+        assert_eq!(cpu_slots("0-1\n"), Some(2));
+        assert_eq!(cpu_slots("0"), Some(1));
+        assert_eq!(cpu_slots("0-3,8-11"), Some(12));
+        assert_eq!(cpu_slots(""), None);
+        assert_eq!(cpu_slots("0-x"), None);
+    }
 
     #[test]
     fn rings_share_the_total_in_powers_of_two() {
