@@ -195,31 +195,12 @@ fn a_capture_of_every_cpu_is_in_one_time_order() {
     });
     let disk = lo.diskstats().since(&before);
     let stderr = rec.stop();
-    assert!(!stderr.contains("after later ones"), "{stderr}");
     let cap = capture.to_str().unwrap();
-    let csv = dir.path().join("cpus.csv");
-    succeeded(
-        mergetrace(&[
-            "export",
-            cap,
-            "--format",
-            "csv",
-            "-o",
-            csv.to_str().unwrap(),
-        ]),
-        "csv",
-    );
-    let text = fs::read_to_string(&csv).unwrap();
-    let mut last = 0u64;
+    let text = exported_csv(cap, &dir.path().join("cpus.csv"));
+    assert_in_time_order(&text, &stderr, cap);
     let mut bios: BTreeMap<String, u64> = BTreeMap::new();
-    for (n, l) in text.lines().skip(1).enumerate() {
+    for l in text.lines().skip(1) {
         let f: Vec<&str> = l.split(',').collect();
-        let ts: u64 = f[0].parse().unwrap();
-        assert!(
-            ts >= last,
-            "event {n} at {ts} ns comes after one at {last} ns"
-        );
-        last = ts;
         if f[2] == "bio_queue" {
             *bios.entry(f[6].to_string()).or_default() += 1;
         }
@@ -526,11 +507,8 @@ fn check_lineage(cap: &str, w: &Value, ctx: &str) {
     assert_eq!(limited.lines().count(), 3);
 }
 
-/// The round trip's CSV and JSONL exports: one line per event (CSV: plus the header).
-/// Returns the CSV's events by kind, for blkparse.
-fn check_csv_and_jsonl(run: &Run, cap: &str, ctx: &str) -> BTreeMap<String, u64> {
-    let dir = run.capture.parent().unwrap();
-    let csv = dir.join("run.csv");
+/// `export --format csv` of `cap` into `csv`: its text.
+fn exported_csv(cap: &str, csv: &Path) -> String {
     succeeded(
         mergetrace(&[
             "export",
@@ -542,7 +520,29 @@ fn check_csv_and_jsonl(run: &Run, cap: &str, ctx: &str) -> BTreeMap<String, u64>
         ]),
         "csv",
     );
-    let csv_text = fs::read_to_string(&csv).unwrap();
+    fs::read_to_string(csv).unwrap()
+}
+
+/// The CSV export's timestamps never go back, and `record` (its `stderr`) had no event
+/// arrive after later ones.
+fn assert_in_time_order(csv_text: &str, stderr: &str, ctx: &str) {
+    assert!(!stderr.contains("after later ones"), "{ctx}: {stderr}");
+    let mut last = 0u64;
+    for (n, l) in csv_text.lines().skip(1).enumerate() {
+        let ts: u64 = l.split(',').next().unwrap().parse().unwrap();
+        assert!(
+            ts >= last,
+            "{ctx}: event {n} at {ts} ns comes after one at {last} ns"
+        );
+        last = ts;
+    }
+}
+
+/// The round trip's CSV and JSONL exports: one line per event (CSV: plus the header).
+/// Returns the CSV's events by kind, for blkparse.
+fn check_csv_and_jsonl(run: &Run, cap: &str, ctx: &str) -> BTreeMap<String, u64> {
+    let dir = run.capture.parent().unwrap();
+    let csv_text = exported_csv(cap, &dir.join("run.csv"));
     let events = events_written(&run.record_stderr);
     assert_eq!(
         csv_text.lines().count() as u64,
@@ -550,25 +550,14 @@ fn check_csv_and_jsonl(run: &Run, cap: &str, ctx: &str) -> BTreeMap<String, u64>
         "{ctx}: csv lines"
     );
     let mut kinds: BTreeMap<String, u64> = BTreeMap::new();
-    let mut last_ts = 0u64;
-    for (n, l) in csv_text.lines().skip(1).enumerate() {
+    for l in csv_text.lines().skip(1) {
         *kinds
             .entry(l.split(',').nth(2).unwrap().to_string())
             .or_default() += 1;
-        // The two workloads ran on both CPUs, each CPU writing its own ring: the capture
-        // still has one time order (the rings merged in user space).
-        let ts: u64 = l.split(',').next().unwrap().parse().unwrap();
-        assert!(
-            ts >= last_ts,
-            "{ctx}: event {n} at {ts} ns comes after one at {last_ts} ns"
-        );
-        last_ts = ts;
     }
-    assert!(
-        !run.record_stderr.contains("after later ones"),
-        "{ctx}: {}",
-        run.record_stderr
-    );
+    // The two workloads ran on both CPUs, each CPU writing its own ring: the capture still
+    // has one time order (the rings merged in user space).
+    assert_in_time_order(&csv_text, &run.record_stderr, ctx);
     let jsonl = dir.join("run.jsonl");
     succeeded(
         mergetrace(&[
