@@ -240,9 +240,18 @@ pub async fn run(args: RecordArgs) -> Result<()> {
     for line in banner::lines(&devices, &session, &cgroups, &iolatency) {
         eprintln!("mergetrace: {line}");
     }
-    eprintln!("mergetrace: recording to {}", args.output.display());
-
     let rings = session.take_rings();
+    let ring = rings.iter().map(|r| r.ring_bytes).max().unwrap_or(0);
+    eprintln!(
+        "mergetrace: recording to {} (events cross on a ring per CPU, {} each)",
+        args.output.display(),
+        if ring >= 1 << 20 {
+            format!("{} MiB", ring >> 20)
+        } else {
+            format!("{} KiB", ring >> 10)
+        }
+    );
+
     let (stop_tx, stop_rx) = watch::channel(false);
     // The writer is shared by the collector (events) and the ticker (losses, flushes); the
     // first write error stops the recording.
@@ -311,12 +320,19 @@ impl Recording {
         }
         let summary = writer.finish()?;
         eprintln!(
-            "mergetrace: wrote {} events ({} lost) in {} bytes to {} ({:.1} bytes/event)",
+            "mergetrace: wrote {} events ({} lost) in {} bytes to {}{}",
             summary.events,
             summary.lost,
             summary.bytes,
             summary.path.display(),
-            summary.bytes as f64 / summary.events.max(1) as f64
+            if summary.events > 0 {
+                format!(
+                    " ({:.1} bytes/event)",
+                    summary.bytes as f64 / summary.events as f64
+                )
+            } else {
+                String::new()
+            }
         );
         if summary.lost > 0 {
             eprintln!(

@@ -17,6 +17,7 @@ const MAX_WAKE_BYTES: u32 = 256 << 10;
 pub struct CpuRing {
     pub cpu: u32,
     pub ring: RingBuf<MapData>,
+    pub ring_bytes: u32,
 }
 
 /// How the `total` bytes asked for (`--ring-mib`) are shared by `cpus` CPUs: each a power of
@@ -84,7 +85,11 @@ pub fn install(ebpf: &mut Ebpf, ring_bytes: u32) -> Result<Vec<CpuRing>> {
         array
             .set(cpu, &ring, 0)
             .with_context(|| format!("cannot hand CPU {cpu}'s event ring to the programs"))?;
-        rings.push(CpuRing { cpu, ring });
+        rings.push(CpuRing {
+            cpu,
+            ring,
+            ring_bytes: bytes,
+        });
     }
     Ok(rings)
 }
