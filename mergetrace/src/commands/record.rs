@@ -282,7 +282,7 @@ pub async fn run(args: RecordArgs) -> Result<()> {
             _ = stop.wait() => break,
         }
     }
-    // Detach, let the collector drain the ring, record the last losses.
+    // Detach, let the collector drain the rings, record the last losses.
     session.detach();
     let _ = stop_tx.send(true);
     let collected = collector.await.context("collector task failed")??;
