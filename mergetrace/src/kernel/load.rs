@@ -47,7 +47,7 @@ const MAX_PENDING_CHANGES: usize = 1 << 16;
 
 pub struct Options {
     /// Bytes of event rings in all (a power of two), shared by the online CPUs (a ring each,
-    /// [`rings::bytes_per_cpu`]). Only used when `modes.emit` is set.
+    /// [`rings::Plan`]). Only used when `modes.emit` is set.
     pub ring_bytes: u32,
     pub tier: TierChoice,
     /// Count in the kernel (live view), send events (capture, demo), or both.
@@ -76,9 +76,10 @@ struct Loaded {
     notes: Vec<String>,
 }
 
+/// `rings`: the event rings' plan where events are sent (`modes.emit`), else `None`.
 fn load_object(
     modes: Modes,
-    ring_bytes: u32,
+    rings: Option<&rings::Plan>,
     meter_units: &MeterUnits,
     traced: &TracedDevices,
 ) -> Result<Loaded> {
@@ -97,12 +98,7 @@ fn load_object(
     let aya_btf = aya::Btf::parse_file(Btf::kernel_path(), aya::Endianness::default())
         .context("cannot read the kernel's BTF")?;
     // A ring per CPU where events are sent; else the array only has to exist.
-    let ring_slots = if modes.emit != 0 {
-        rings::possible_cpus()?
-    } else {
-        1
-    };
-    let wake_bytes = rings::wake_bytes(ring_bytes);
+    let (ring_slots, wake_bytes) = rings.map_or((1, 0), |p| (p.slots, p.wake_bytes()));
     // The latency maps get one entry each where no latency is counted: their memory only
     // where it is.
     let latency_map = |entries: u32| if modes.latency != 0 { entries } else { 1 };
@@ -443,9 +439,12 @@ impl Session {
             .ok()
             .and_then(|t| crate::sys::cgroups::io_hierarchy_id(&t))
             .map_or(0, |h| h + 1);
-        let cpus = aya::util::online_cpus().map_or(1, |c| c.len() as u32);
-        let ring_bytes = rings::bytes_per_cpu(opts.ring_bytes, cpus);
-        let mut loaded = load_object(modes, ring_bytes, &opts.meter_units, &traced)?;
+        let ring_plan = if modes.emit != 0 {
+            Some(rings::Plan::for_this_machine(opts.ring_bytes)?)
+        } else {
+            None
+        };
+        let mut loaded = load_object(modes, ring_plan.as_ref(), &opts.meter_units, &traced)?;
         loaded.attach_tracepoints(opts.modes, wants)?;
         let tier = loaded.choose_tier(opts.tier, opts.modes, wants)?;
         let Loaded {
@@ -454,10 +453,9 @@ impl Session {
         if opts.ebpf_log {
             forward_ebpf_log(&mut ebpf)?;
         }
-        let rings = if modes.emit != 0 {
-            rings::install(&mut ebpf, ring_bytes)?
-        } else {
-            Vec::new()
+        let rings = match &ring_plan {
+            Some(plan) => rings::install(&mut ebpf, plan)?,
+            None => Vec::new(),
         };
         let lost = PerCpuArray::try_from(ebpf.take_map("LOST").context("LOST map missing")?)?;
         let unplugs =
@@ -672,12 +670,7 @@ pub fn fentry_allowed(btf: &Btf) -> Result<Option<&'static str>, String> {
     let modes = Modes::COUNTING;
     let refused = |e: &anyhow::Error| errno(e) == Some(libc::EPERM);
     let traced = TracedDevices::default();
-    let mut loaded = match load_object(
-        modes,
-        rings::MIN_RING_BYTES,
-        &MeterUnits::default(),
-        &traced,
-    ) {
+    let mut loaded = match load_object(modes, None, &MeterUnits::default(), &traced) {
         Ok(l) => l,
         Err(e) if refused(&e) => return Ok(None),
         Err(e) => return Err(format!("{e:#}")),

@@ -9,7 +9,7 @@ use aya::{
 };
 
 /// The smallest ring a CPU gets, whatever `--ring-mib` and the CPU count.
-pub const MIN_RING_BYTES: u32 = 64 << 10;
+const MIN_RING_BYTES: u32 = 64 << 10;
 /// Wake the reader at most this late: a quarter of a ring, or this much waiting.
 const MAX_WAKE_BYTES: u32 = 256 << 10;
 
@@ -20,9 +20,43 @@ pub struct CpuRing {
     pub ring_bytes: u32,
 }
 
+/// The rings of a run, read from the machine once: what loading the programs and creating
+/// the rings both follow.
+pub struct Plan {
+    /// The length of the programs' `EVENTS` array: one more than the highest possible CPU.
+    pub slots: u32,
+    /// The CPUs online now, each with a ring of [`Plan::bytes`].
+    pub online: Vec<u32>,
+    /// Each online CPU's share of the total asked for (`bytes_per_cpu`).
+    pub bytes: u32,
+}
+
+impl Plan {
+    /// The rings for `total` bytes (`--ring-mib`) on this machine.
+    pub fn for_this_machine(total: u32) -> Result<Plan> {
+        let online = aya::util::online_cpus()
+            .map_err(|(path, e)| anyhow::anyhow!("cannot read {path}: {e}"))?;
+        let slots = possible_cpus()?;
+        if let Some(cpu) = online.iter().find(|c| **c >= slots) {
+            bail!("CPU {cpu} is online but not among the kernel's possible CPUs");
+        }
+        Ok(Plan {
+            slots,
+            bytes: bytes_per_cpu(total, online.len() as u32),
+            online,
+        })
+    }
+
+    /// When a CPU's program wakes the reader: with this many bytes waiting in its ring (a
+    /// quarter of an online CPU's ring, at most `MAX_WAKE_BYTES`).
+    pub fn wake_bytes(&self) -> u64 {
+        (self.bytes / 4).min(MAX_WAKE_BYTES) as u64
+    }
+}
+
 /// How the `total` bytes asked for (`--ring-mib`) are shared by `cpus` CPUs: each a power of
 /// two of at least [`MIN_RING_BYTES`].
-pub fn bytes_per_cpu(total: u32, cpus: u32) -> u32 {
+fn bytes_per_cpu(total: u32, cpus: u32) -> u32 {
     let share = total / cpus.max(1);
     if share <= MIN_RING_BYTES {
         MIN_RING_BYTES
@@ -31,14 +65,9 @@ pub fn bytes_per_cpu(total: u32, cpus: u32) -> u32 {
     }
 }
 
-/// When a CPU's program wakes the reader: with this many bytes waiting in its ring.
-pub fn wake_bytes(ring_bytes: u32) -> u64 {
-    (ring_bytes / 4).min(MAX_WAKE_BYTES) as u64
-}
-
-/// The length of the programs' `EVENTS` array: one more than the highest CPU id the kernel
-/// may run on (`/sys/devices/system/cpu/possible`, e.g. `0-3,8-11`).
-pub fn possible_cpus() -> Result<u32> {
+/// One more than the highest CPU id the kernel may run on
+/// (`/sys/devices/system/cpu/possible`, e.g. `0-3,8-11`).
+fn possible_cpus() -> Result<u32> {
     const POSSIBLE: &str = "/sys/devices/system/cpu/possible";
     let text =
         std::fs::read_to_string(POSSIBLE).with_context(|| format!("cannot read {POSSIBLE}"))?;
@@ -55,20 +84,16 @@ fn cpu_slots(list: &str) -> Option<u32> {
 }
 
 /// Creates a ring for each CPU the kernel may run on and puts it in the loaded object's
-/// `EVENTS` array: `ring_bytes` for the CPUs online now, [`MIN_RING_BYTES`] for the others (a
-/// CPU brought online during the run sends on a small ring rather than losing everything).
-pub fn install(ebpf: &mut Ebpf, ring_bytes: u32) -> Result<Vec<CpuRing>> {
-    let online =
-        aya::util::online_cpus().map_err(|(path, e)| anyhow::anyhow!("cannot read {path}: {e}"))?;
+/// `EVENTS` array (of `plan.slots`): `plan.bytes` for the CPUs online now, `MIN_RING_BYTES`
+/// for the others (a CPU brought online during the run sends on a small ring rather than
+/// losing everything).
+pub fn install(ebpf: &mut Ebpf, plan: &Plan) -> Result<Vec<CpuRing>> {
     let mut array: ArrayOfMaps<MapData, RingBuf<MapData>> =
         ArrayOfMaps::try_from(ebpf.take_map("EVENTS").context("EVENTS map missing")?)?;
-    if let Some(cpu) = online.iter().find(|c| **c >= array.len()) {
-        bail!("CPU {cpu} is online but not among the kernel's possible CPUs");
-    }
-    let mut rings = Vec::with_capacity(array.len() as usize);
-    for cpu in 0..array.len() {
-        let bytes = if online.contains(&cpu) {
-            ring_bytes
+    let mut rings = Vec::with_capacity(plan.slots as usize);
+    for cpu in 0..plan.slots {
+        let bytes = if plan.online.contains(&cpu) {
+            plan.bytes
         } else {
             MIN_RING_BYTES
         };
@@ -114,7 +139,12 @@ mod tests {
         assert_eq!(bytes_per_cpu(64 << 20, 96), 512 << 10);
         assert_eq!(bytes_per_cpu(1 << 20, 64), MIN_RING_BYTES);
         assert_eq!(bytes_per_cpu(1 << 20, 0), 1 << 20);
-        assert_eq!(wake_bytes(32 << 20), 256 << 10);
-        assert_eq!(wake_bytes(MIN_RING_BYTES), 16 << 10);
+        let plan = |bytes| Plan {
+            slots: 2,
+            online: vec![0, 1],
+            bytes,
+        };
+        assert_eq!(plan(32 << 20).wake_bytes(), 256 << 10);
+        assert_eq!(plan(MIN_RING_BYTES).wake_bytes(), 16 << 10);
     }
 }
