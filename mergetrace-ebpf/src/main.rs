@@ -12,6 +12,8 @@
 //! - [`bio`]: programs on bio tracepoints (queue, split, merges, new request);
 //! - [`request`]: programs on request tracepoints (merge, insert, issue, requeue, complete,
 //!   plug flush);
+//! - [`chain`]: the request programs' walks along a request's bio chain (two builds: through
+//!   `bpf_loop`, or as bounded loops before 5.17);
 //! - [`latency`]: `--latency`'s request latency histograms (at issue and completion);
 //! - [`throttle`]: blk-throttle's dispatch work, where throttled bios are released;
 //! - [`fentry`]: the fentry tier's programs (exact throttle delays, merge attempts);
@@ -24,6 +26,7 @@
 
 mod bio;
 mod cgroup;
+mod chain;
 mod emit;
 mod fentry;
 mod latency;

@@ -212,6 +212,7 @@ pub struct CursorKey {
 #[map]
 pub static THROTTLE_POLICY: Array<u32> = Array::with_max_entries(1, 0);
 
-/// Per CPU: one slot to pass a value through so that the verifier stops tracking it.
+/// Per CPU: values the verifier does not track. Slot 0 passes a value through
+/// (`read::forget`), slot 1 holds a loop's running sum (`read::untracked_sum`).
 #[map]
-pub static SCRATCH: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+pub static SCRATCH: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);

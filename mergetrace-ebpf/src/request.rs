@@ -7,15 +7,16 @@
 //! (insert, issue straight from the plug, or absorption before an insert), in the queue
 //! after its insert.
 use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
-use mergetrace_common::{flags, kind, path, rq_aux, DeviceState, Event, MAX_CHAIN};
+use mergetrace_common::{flags, kind, path, rq_aux, DeviceState, Event};
 
 use crate::{
+    chain::walk,
     emit::{emit, emit_slotted, now},
     latency,
     maps::{off, Inserted, ABSORBED, INSERTED, REQUEUED, SPLIT_PIECES},
     read::{
-        blkg_cgroup_id, disk_dev, elevator_is_kyber, forget, pending_add, queue_disk, read,
-        read_probe, ready, rq_disk, traced, Disk,
+        blkg_cgroup_id, disk_dev, elevator_is_kyber, pending_add, queue_disk, read, read_probe,
+        ready, rq_disk, traced, Disk,
     },
     slot::{self, key_of},
 };
@@ -114,77 +115,6 @@ fn discard_ranges(rq: u64, op: u8) -> bool {
     read_probe::<u16>(q, off!(q_max_discard_segments)) > 1
 }
 
-/// What a walk along a request's bio chain found.
-struct Chain {
-    /// Bios in the chain (up to `MAX_CHAIN`).
-    bios: u32,
-    /// Bios before `first_at_insert` (front merges in the queue); 0 without one.
-    front: u32,
-    /// Bios of absorbed requests found in the chain (from `ABSORBED`, taken out).
-    absorbed: u32,
-}
-
-/// Walks the bio chain from `first`. With `first_at_insert`, counts the bios in front of it;
-/// with `absorbed`, looks each bio up in `ABSORBED` (requests this one absorbed start there).
-/// One simple loop per question: a loop that carries several counts, or a flag it tests,
-/// has the verifier check every combination of iterations (E2BIG).
-#[inline(always)]
-fn walk(first: u64, first_at_insert: u64, absorbed: bool, disk: Disk) -> Chain {
-    Chain {
-        bios: chain_len(first, 0),
-        front: if first_at_insert != 0 {
-            chain_len(first, first_at_insert)
-        } else {
-            0
-        },
-        absorbed: if absorbed {
-            absorbed_in(first, disk)
-        } else {
-            0
-        },
-    }
-}
-
-/// Bios from `first` up to `stop` (or the chain's end), at most `MAX_CHAIN`.
-#[inline(always)]
-fn chain_len(first: u64, stop: u64) -> u32 {
-    let next_off = off!(bio_bi_next);
-    let mut bio = first;
-    let mut n = 0u32;
-    while bio != 0 && bio != stop && n < MAX_CHAIN {
-        n += 1;
-        bio = read(bio, next_off);
-    }
-    // Through a map slot: the verifier then forgets which iteration ended the loop, so it
-    // checks the rest of the program once instead of once per possible count (6.1 gave up
-    // with E2BIG).
-    forget(n as u64) as u32
-}
-
-/// The bios of requests absorbed into the chain from `first`, whose first bios `ABSORBED`
-/// names (each entry taken out as found).
-///
-/// The loop body is the same whether a bio is found or not (a lookup, a delete, an add of
-/// what was found or 0): a branch that calls helpers on one side only left the verifier
-/// unable to tell the two paths alike, and it checked the rest of the loop once per bio.
-#[inline(always)]
-fn absorbed_in(first: u64, disk: Disk) -> u32 {
-    let next_off = off!(bio_bi_next);
-    let mut bio = first;
-    let mut n = 0u32;
-    let mut total = forget(0);
-    while bio != 0 && n < MAX_CHAIN {
-        n += 1;
-        let key = bio;
-        bio = read(bio, next_off);
-        let found = unsafe { ABSORBED.get(&key) }.map_or(0, |c| *c) as u64;
-        let _ = ABSORBED.remove(&key);
-        pending_add(disk, Pending::Absorbed, -(found as i64));
-        total = forget(total + found);
-    }
-    total as u32
-}
-
 /// Which of the disk's pending counts (`DeviceState`) to move.
 #[derive(Clone, Copy)]
 pub enum Pending {
@@ -208,14 +138,24 @@ fn take_inserted(rq: u64, disk: Disk) -> Option<Inserted> {
 }
 
 /// Packs what `rq` carries when it leaves the plug now (`at` None) or after its time in the
-/// queue (`at` its insert): the event's `aux` and `path`. One walk of the chain either way.
+/// queue (`at` its insert): the event's `aux` and `path`. One walk of the chain either way
+/// (`LOOP_HELPER`: see [`crate::chain`]). Whether this is a requeued request's issue again is
+/// asked (`reissued`) after the walk, and returned: asked before, each answer would have had
+/// the verifier check the walk's bounded loops again (at load, 4 times over).
 #[inline(always)]
-fn account(ev: &mut Event, rq: u64, at: Option<Inserted>, disk: Disk, reissue: bool) {
+fn account<const LOOP_HELPER: bool>(
+    ev: &mut Event,
+    rq: u64,
+    at: Option<Inserted>,
+    disk: Disk,
+    reissued: impl FnOnce() -> bool,
+) -> bool {
     let (first_at_insert, absorbed) = match at {
         Some(i) => (i.first, unsafe { (*disk.state).absorbed } != 0),
         None => (0, false),
     };
-    let c = walk(ev.aux64, first_at_insert, absorbed, disk);
+    let c = walk::<LOOP_HELPER>(ev.aux64, first_at_insert, absorbed, disk);
+    let reissue = reissued();
     match at {
         None => {
             ev.aux = rq_aux::pack(c.bios, 0, 0, 0);
@@ -233,18 +173,19 @@ fn account(ev: &mut Event, rq: u64, at: Option<Inserted>, disk: Disk, reissue: b
             ev.path = i.place;
         }
     }
+    reissue
 }
 
 /// `block_rq_merge(next)`: `next` is absorbed into another request, its bios appended to
 /// that request's chain. Its bios are counted with that request's; here its merges: those in
 /// the plug if it never was inserted (a merge at insert), else those in the queue. Its first
 /// bio goes into `ABSORBED`, where the walk of the request that took it finds it.
-#[btf_tracepoint(function = "block_rq_merge")]
-pub fn block_rq_merge(ctx: BtfTracePointContext) -> u32 {
+#[inline(always)]
+fn rq_merge<const LOOP_HELPER: bool>(ctx: BtfTracePointContext) -> u32 {
     let next: u64 = ctx.arg(0);
     if let Some((mut ev, disk)) = rq_event(next, kind::RQ_MERGE) {
         let at = take_inserted(next, disk);
-        account(&mut ev, next, at, disk, false);
+        account::<LOOP_HELPER>(&mut ev, next, at, disk, || false);
         let (first, bios) = (ev.aux64, rq_aux::chain(ev.aux));
         if first != 0 && ABSORBED.insert(&first, &bios, 0).is_ok() {
             pending_add(disk, Pending::Absorbed, bios as i64);
@@ -254,14 +195,25 @@ pub fn block_rq_merge(ctx: BtfTracePointContext) -> u32 {
     0
 }
 
+#[btf_tracepoint(function = "block_rq_merge")]
+pub fn block_rq_merge(ctx: BtfTracePointContext) -> u32 {
+    rq_merge::<true>(ctx)
+}
+
+/// Before 5.17 (no `bpf_loop`): its walks as bounded loops.
+#[btf_tracepoint(function = "block_rq_merge")]
+pub fn block_rq_merge_bl(ctx: BtfTracePointContext) -> u32 {
+    rq_merge::<false>(ctx)
+}
+
 /// `block_rq_insert(rq)`: the request leaves the plug for the scheduler or the software
 /// queue, carrying its plug merges; what joins it from now on merged in the queue. A
 /// requeued request put back left the plug before (`rq_aux::QUEUED`).
-#[btf_tracepoint(function = "block_rq_insert")]
-pub fn block_rq_insert(ctx: BtfTracePointContext) -> u32 {
+#[inline(always)]
+fn rq_insert<const LOOP_HELPER: bool>(ctx: BtfTracePointContext) -> u32 {
     let rq: u64 = ctx.arg(0);
     if let Some((mut ev, disk)) = rq_event(rq, kind::RQ_INSERT) {
-        let c = walk(ev.aux64, 0, false, disk);
+        let c = walk::<LOOP_HELPER>(ev.aux64, 0, false, disk);
         let requeued = was_requeued(rq, disk);
         ev.aux = rq_aux::pack(c.bios, 0, 0, if requeued { rq_aux::QUEUED } else { 0 });
         ev.path = plug_place(rq, ev.op);
@@ -281,18 +233,28 @@ pub fn block_rq_insert(ctx: BtfTracePointContext) -> u32 {
     0
 }
 
+#[btf_tracepoint(function = "block_rq_insert")]
+pub fn block_rq_insert(ctx: BtfTracePointContext) -> u32 {
+    rq_insert::<true>(ctx)
+}
+
+/// Before 5.17 (no `bpf_loop`): its walk as a bounded loop.
+#[btf_tracepoint(function = "block_rq_insert")]
+pub fn block_rq_insert_bl(ctx: BtfTracePointContext) -> u32 {
+    rq_insert::<false>(ctx)
+}
+
 /// Issue: the request's bios and the merges not counted yet (see [`account`]); a request
 /// issued again after a requeue counts only what joined it since. Also flags a split's front
 /// piece (alone in its request: split pieces carry `REQ_NOMERGE`).
-#[btf_tracepoint(function = "block_rq_issue")]
-pub fn block_rq_issue(ctx: BtfTracePointContext) -> u32 {
+#[inline(always)]
+fn rq_issue<const LOOP_HELPER: bool>(ctx: BtfTracePointContext) -> u32 {
     let rq: u64 = ctx.arg(0);
     if let Some((mut ev, disk)) = rq_event(rq, kind::RQ_ISSUE) {
         let at = take_inserted(rq, disk);
-        let reissue = reissued(ctx.arg(0), disk);
         // A requeued request issued again: only what joined it since it was put back counts
         // (without an insert entry, nothing did: the rule counts no plug merges again).
-        account(&mut ev, rq, at, disk, reissue);
+        let reissue = account::<LOOP_HELPER>(&mut ev, rq, at, disk, || reissued(ctx.arg(0), disk));
         let bios = rq_aux::chain(ev.aux);
         if reissue {
             ev.flags |= flags::REISSUE;
@@ -309,6 +271,17 @@ pub fn block_rq_issue(ctx: BtfTracePointContext) -> u32 {
         }
     }
     0
+}
+
+#[btf_tracepoint(function = "block_rq_issue")]
+pub fn block_rq_issue(ctx: BtfTracePointContext) -> u32 {
+    rq_issue::<true>(ctx)
+}
+
+/// Before 5.17 (no `bpf_loop`): its walks as bounded loops.
+#[btf_tracepoint(function = "block_rq_issue")]
+pub fn block_rq_issue_bl(ctx: BtfTracePointContext) -> u32 {
+    rq_issue::<false>(ctx)
 }
 
 /// Whether `bio` is the front piece of a split (`SPLIT_PIECES`, taken out).

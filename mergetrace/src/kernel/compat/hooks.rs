@@ -109,6 +109,9 @@ pub enum Variant {
     QueueFirst,
     /// `_4`: `blk_attempt_plug_merge` had a fourth parameter up to 5.15.
     FourParams,
+    /// `_bl`: before 5.17 there is no `bpf_loop` helper; the program walks a request's bio
+    /// chain as bounded loops instead, which take the verifier ~8× longer to check.
+    BoundedLoops,
 }
 
 impl Variant {
@@ -117,6 +120,7 @@ impl Variant {
             Variant::None => None,
             Variant::QueueFirst => Some("_q"),
             Variant::FourParams => Some("_4"),
+            Variant::BoundedLoops => Some("_bl"),
         }
     }
 }
@@ -237,6 +241,15 @@ const fn bio_tp(name: &'static str) -> Program {
     }
 }
 
+/// A request tracepoint's program that walks the request's bio chain, with its variant for
+/// kernels without `bpf_loop`.
+const fn chain_tp(name: &'static str) -> Program {
+    Program {
+        variant: Variant::BoundedLoops,
+        ..tp(name)
+    }
+}
+
 /// A hook used from `since` on.
 const fn since(since: (u32, u32), hook: Hook) -> Hook {
     Hook { since, ..hook }
@@ -281,14 +294,18 @@ pub const HOOKS: &[Hook] = &[
     tracepoint(
         "request-request merge",
         "block_rq_merge",
-        &[tp("block_rq_merge")],
+        &[chain_tp("block_rq_merge")],
     ),
     tracepoint(
         "request insert",
         "block_rq_insert",
-        &[tp("block_rq_insert")],
+        &[chain_tp("block_rq_insert")],
     ),
-    tracepoint("request issue", "block_rq_issue", &[tp("block_rq_issue")]),
+    tracepoint(
+        "request issue",
+        "block_rq_issue",
+        &[chain_tp("block_rq_issue")],
+    ),
     tracepoint(
         "request requeue",
         "block_rq_requeue",
@@ -581,6 +598,7 @@ pub fn program_variant(btf: &Btf, hook: &Hook, p: &Program) -> String {
         Variant::None => false,
         Variant::QueueFirst => btf.tracepoint_arg(hook.name, "bio").is_some_and(|i| i > 0),
         Variant::FourParams => btf.function_arity(hook.name) == Some(4),
+        Variant::BoundedLoops => !btf.has_function("bpf_loop"),
     };
     match p.variant.suffix() {
         Some(suffix) if older => format!("{}{suffix}", p.name),
@@ -765,8 +783,11 @@ mod tests {
                 "block_getrq",
                 "block_getrq_q",
                 "block_rq_insert",
+                "block_rq_insert_bl",
                 "block_rq_issue",
+                "block_rq_issue_bl",
                 "block_rq_merge",
+                "block_rq_merge_bl",
                 "block_rq_requeue",
                 "block_split",
                 "block_split_q",
