@@ -145,8 +145,10 @@ impl Loaded {
                 .with_context(|| format!("cannot load program {prog} for tracepoint {tp}"));
         }
         if verifier_log() {
-            let insns = t.info().ok().and_then(|i| i.verified_instruction_count());
-            eprintln!("mergetrace: {prog}: the verifier went through {insns:?} instructions");
+            match t.info().ok().and_then(|i| i.verified_instruction_count()) {
+                Some(n) => eprintln!("mergetrace: {prog}: the verifier went through {n} instructions"),
+                None => eprintln!("mergetrace: {prog}: loaded (this kernel does not report how many instructions the verifier went through)"),
+            }
         }
         t.attach()
             .with_context(|| format!("cannot attach program {prog} to tracepoint {tp}"))?;
