@@ -719,6 +719,37 @@ mod tests {
 
     use super::*;
 
+    /// The request programs that walk bio chains take their bounded-loop build exactly where
+    /// the kernel has no `bpf_loop` (5.10); the other programs never do.
+    #[test]
+    fn chain_walkers_take_bounded_loops_only_without_bpf_loop() {
+        use crate::kernel::btf::{tests::Builder, Btf};
+        let without = Btf::parse(&Builder::new().build()).unwrap();
+        let mut b = Builder::new();
+        b.func("bpf_loop");
+        let with = Btf::parse(&b.build()).unwrap();
+        let mut walkers = Vec::new();
+        for h in HOOKS {
+            for p in h.programs {
+                let (old, new) = (
+                    program_variant(&without, h, p),
+                    program_variant(&with, h, p),
+                );
+                assert_eq!(new, p.name, "{} with bpf_loop", p.name);
+                if p.variant == Variant::BoundedLoops {
+                    assert_eq!(old, format!("{}_bl", p.name));
+                    walkers.push(p.name);
+                } else if p.variant == Variant::None {
+                    assert_eq!(old, p.name);
+                }
+            }
+        }
+        assert_eq!(
+            walkers,
+            ["block_rq_merge", "block_rq_insert", "block_rq_issue"]
+        );
+    }
+
     /// Program name → how it attaches, as the embedded object declares it (parsed, not loaded:
     /// no privileges needed).
     fn object_programs() -> BTreeMap<String, Attach> {
