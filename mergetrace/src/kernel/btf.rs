@@ -1,8 +1,6 @@
 //! A small reader for the kernel's BTF (`/sys/kernel/btf/vmlinux`): just enough to find struct
 //! member offsets (through anonymous unions and structs), enum values, and whether a function
 //! or tracepoint exists. Untrusted input: every read is bounds-checked, errors never panic.
-use std::collections::HashMap;
-
 use anyhow::{bail, Context, Result};
 
 const MAGIC: u16 = 0xeb9f;
@@ -27,9 +25,10 @@ pub const KIND_DECL_TAG: u8 = 17;
 pub const KIND_TYPE_TAG: u8 = 18;
 pub const KIND_ENUM64: u8 = 19;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub struct Member {
-    pub name: String,
+    /// Offset of the name in the string section (0: anonymous).
+    name: u32,
     pub type_id: u32,
     /// Offset in bits from the start of the containing struct.
     pub bit_offset: u32,
@@ -38,20 +37,31 @@ pub struct Member {
 #[derive(Debug, Clone)]
 pub struct Type {
     pub kind: u8,
-    pub name: String,
+    /// Offset of the name in the string section (0: anonymous).
+    name: u32,
     /// `size` for INT/STRUCT/UNION/ENUM/FLOAT/DATASEC, `type` for PTR/TYPEDEF/modifiers/FUNC.
     pub size_or_type: u32,
-    pub members: Vec<Member>,
-    /// ENUM/ENUM64 values, by name.
-    pub enumerators: Vec<(String, i64)>,
+    /// STRUCT/UNION members or FUNC_PROTO parameters: a range of [`Btf::members`].
+    members: std::ops::Range<u32>,
+    /// ENUM/ENUM64 values: a range of [`Btf::enumerators`].
+    enumerators: std::ops::Range<u32>,
     /// ARRAY: (element type, element count).
     pub array: Option<(u32, u32)>,
 }
 
 /// A parsed BTF blob. Type id 0 is `void`; ids start at 1 as in the kernel.
+///
+/// Names stay offsets into the string section and members sit in one array, so a kernel's
+/// ~100,000 types cost no allocation each: the parse is part of every start.
 pub struct Btf {
+    strings: Vec<u8>,
     types: Vec<Type>,
-    by_name: HashMap<String, Vec<u32>>,
+    members: Vec<Member>,
+    /// (name offset, value) of every enumerator.
+    enumerators: Vec<(u32, i64)>,
+    /// (hash of the name, id) of every named type, sorted: a lookup is a binary search.
+    by_name: Vec<(u64, u32)>,
+    hasher: foldhash::fast::RandomState,
 }
 
 struct Reader<'a> {
@@ -75,6 +85,14 @@ impl Reader<'_> {
             bail!("BTF type section ends inside a record");
         }
         Ok(())
+    }
+    /// A name's offset, checked to lie in the string section (at its end: an empty name).
+    fn name(&mut self, strings: &[u8]) -> Result<u32> {
+        let off = self.u32()?;
+        if off as usize > strings.len() {
+            bail!("BTF string offset {off} is out of range");
+        }
+        Ok(off)
     }
 }
 
@@ -110,13 +128,16 @@ fn sections(bytes: &[u8]) -> Result<(&[u8], &[u8])> {
     ))
 }
 
-/// One type record (type `id`): its common part, then what its kind adds.
+/// One type record (type `id`): its common part, then what its kind adds (appended to
+/// `members` and `enumerators`).
 fn read_type(
     r: &mut Reader,
-    string_at: &impl Fn(u32) -> Result<String>,
+    strings: &[u8],
+    members: &mut Vec<Member>,
+    enumerators: &mut Vec<(u32, i64)>,
     id: usize,
 ) -> Result<Type> {
-    let name = string_at(r.u32()?)?;
+    let name = r.name(strings)?;
     let info = r.u32()?;
     let size_or_type = r.u32()?;
     let vlen = (info & 0xffff) as usize;
@@ -128,6 +149,7 @@ fn read_type(
         size_or_type,
         ..Type::void()
     };
+    let (m0, e0) = (members.len() as u32, enumerators.len() as u32);
     match kind {
         KIND_INT | KIND_VAR | KIND_DECL_TAG => r.skip(4)?,
         KIND_PTR | KIND_FWD | KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT
@@ -140,11 +162,11 @@ fn read_type(
         }
         KIND_STRUCT | KIND_UNION => {
             for _ in 0..vlen {
-                let name = string_at(r.u32()?)?;
+                let name = r.name(strings)?;
                 let type_id = r.u32()?;
                 let off = r.u32()?;
                 let bit_offset = if kind_flag { off & 0xff_ffff } else { off };
-                t.members.push(Member {
+                members.push(Member {
                     name,
                     type_id,
                     bit_offset,
@@ -153,30 +175,30 @@ fn read_type(
         }
         KIND_ENUM => {
             for _ in 0..vlen {
-                let name = string_at(r.u32()?)?;
+                let name = r.name(strings)?;
                 let raw = r.u32()?;
                 let val = if kind_flag {
                     raw as i32 as i64
                 } else {
                     raw as i64
                 };
-                t.enumerators.push((name, val));
+                enumerators.push((name, val));
             }
         }
         KIND_ENUM64 => {
             for _ in 0..vlen {
-                let name = string_at(r.u32()?)?;
+                let name = r.name(strings)?;
                 let lo = r.u32()? as u64;
                 let hi = r.u32()? as u64;
-                t.enumerators.push((name, ((hi << 32) | lo) as i64));
+                enumerators.push((name, ((hi << 32) | lo) as i64));
             }
         }
         KIND_FUNC_PROTO => {
             // Parameters, as members at offset 0 (name, type).
             for _ in 0..vlen {
-                let name = string_at(r.u32()?)?;
+                let name = r.name(strings)?;
                 let type_id = r.u32()?;
-                t.members.push(Member {
+                members.push(Member {
                     name,
                     type_id,
                     bit_offset: 0,
@@ -186,6 +208,8 @@ fn read_type(
         KIND_DATASEC => r.skip(vlen.checked_mul(12).context("BTF overflow")?)?,
         other => bail!("BTF type {id} has unknown kind {other}"),
     }
+    t.members = m0..members.len() as u32;
+    t.enumerators = e0..enumerators.len() as u32;
     Ok(t)
 }
 
@@ -194,10 +218,10 @@ impl Type {
     fn void() -> Type {
         Type {
             kind: 0,
-            name: String::new(),
+            name: 0,
             size_or_type: 0,
-            members: Vec::new(),
-            enumerators: Vec::new(),
+            members: 0..0,
+            enumerators: 0..0,
             array: None,
         }
     }
@@ -228,42 +252,66 @@ impl Btf {
     /// Parses a little-endian BTF blob.
     pub fn parse(bytes: &[u8]) -> Result<Btf> {
         let (type_sec, strings) = sections(bytes)?;
-        let string_at = |off: u32| -> Result<String> {
-            let rest = strings
-                .get(off as usize..)
-                .with_context(|| format!("BTF string offset {off} is out of range"))?;
-            let end = rest.iter().position(|&c| c == 0).unwrap_or(rest.len());
-            Ok(String::from_utf8_lossy(&rest[..end]).into_owned())
-        };
+        let (mut members, mut enumerators) = (Vec::new(), Vec::new());
         let mut types = vec![Type::void()];
         let mut r = Reader {
             bytes: type_sec,
             pos: 0,
         };
         while r.pos < type_sec.len() {
-            let t = read_type(&mut r, &string_at, types.len())?;
+            let t = read_type(&mut r, strings, &mut members, &mut enumerators, types.len())?;
             types.push(t);
         }
-        let mut by_name: HashMap<String, Vec<u32>> = HashMap::new();
-        for (id, t) in types.iter().enumerate().skip(1) {
-            if !t.name.is_empty() {
-                by_name.entry(t.name.clone()).or_default().push(id as u32);
-            }
-        }
-        Ok(Btf { types, by_name })
+        let mut btf = Btf {
+            strings: strings.to_vec(),
+            types,
+            members,
+            enumerators,
+            by_name: Vec::new(),
+            hasher: Default::default(),
+        };
+        let mut by_name: Vec<(u64, u32)> = (btf.types.iter().enumerate().skip(1))
+            .filter(|(_, t)| t.name != 0)
+            .map(|(id, t)| (btf.hash(btf.name(t.name)), id as u32))
+            .collect();
+        by_name.sort_unstable();
+        btf.by_name = by_name;
+        Ok(btf)
+    }
+
+    /// The name at `off` of the string section (checked at parse), up to its NUL.
+    fn name(&self, off: u32) -> &[u8] {
+        let rest = self.strings.get(off as usize..).unwrap_or_default();
+        &rest[..rest.iter().position(|&c| c == 0).unwrap_or(rest.len())]
+    }
+
+    fn hash(&self, name: &[u8]) -> u64 {
+        use std::hash::BuildHasher;
+        self.hasher.hash_one(name)
     }
 
     pub fn get(&self, id: u32) -> Option<&Type> {
         self.types.get(id as usize)
     }
 
+    /// Members (or parameters) of a type.
+    fn members_of(&self, t: &Type) -> &[Member] {
+        let r = t.members.start as usize..t.members.end as usize;
+        self.members.get(r).unwrap_or_default()
+    }
+
     /// The id of the first type named `name` of kind `kind`.
     pub fn find(&self, kind: u8, name: &str) -> Option<u32> {
-        self.by_name
-            .get(name)?
+        let h = self.hash(name.as_bytes());
+        let from = self.by_name.partition_point(|&(x, _)| x < h);
+        self.by_name[from..]
             .iter()
-            .copied()
-            .find(|&id| self.types[id as usize].kind == kind)
+            .take_while(|&&(x, _)| x == h)
+            .map(|&(_, id)| id)
+            .find(|&id| {
+                let t = &self.types[id as usize];
+                t.kind == kind && self.name(t.name) == name.as_bytes()
+            })
     }
 
     /// Follows typedefs and qualifiers to the underlying type (bounded, so loops cannot hang).
@@ -313,13 +361,14 @@ impl Btf {
         if t.kind != KIND_STRUCT && t.kind != KIND_UNION {
             return None;
         }
-        for m in &t.members {
-            if m.name == name {
+        let members = self.members_of(t);
+        for m in members {
+            if self.name(m.name) == name.as_bytes() {
                 return Some((m.bit_offset, m.type_id));
             }
         }
-        for m in &t.members {
-            if m.name.is_empty() {
+        for m in members {
+            if self.name(m.name).is_empty() {
                 if let Some((off, ty)) = self.find_member(m.type_id, name, depth + 1) {
                     return Some((m.bit_offset.checked_add(off)?, ty));
                 }
@@ -352,11 +401,9 @@ impl Btf {
 
     /// Value of an enumerator, searched across all enums (C enumerators share one namespace).
     pub fn enum_value(&self, enumerator: &str) -> Option<i64> {
-        self.types
+        self.enumerators
             .iter()
-            .filter(|t| t.kind == KIND_ENUM || t.kind == KIND_ENUM64)
-            .flat_map(|t| t.enumerators.iter())
-            .find(|(n, _)| n == enumerator)
+            .find(|(n, _)| self.name(*n) == enumerator.as_bytes())
             .map(|(_, v)| *v)
     }
 
@@ -378,7 +425,7 @@ impl Btf {
         for _ in 0..4 {
             let t = self.get(id)?;
             match t.kind {
-                KIND_FUNC_PROTO => return Some(&t.members),
+                KIND_FUNC_PROTO => return Some(self.members_of(t)),
                 KIND_PTR | KIND_FUNC => id = self.resolve(t.size_or_type)?,
                 _ => return None,
             }
@@ -395,7 +442,7 @@ impl Btf {
             && self
                 .resolve(p.size_or_type)
                 .and_then(|i| self.get(i))
-                .is_some_and(|t| t.kind == KIND_STRUCT && t.name == target)
+                .is_some_and(|t| t.kind == KIND_STRUCT && self.name(t.name) == target.as_bytes())
     }
 
     /// Index of the first argument of tracepoint `name` that points to `struct target`, as a
