@@ -1,58 +1,105 @@
 //! `/proc/kallsyms`: kernel addresses, for the context the tracepoint tier reads from the
 //! stack (which function a merge came from, whether blk-throttle's dispatch work runs).
-use std::collections::BTreeMap;
+use std::io::BufRead;
 
 use anyhow::{Context, Result};
 use mergetrace_common::{path, KernelSymbols, MERGE_CALLERS};
 
-/// `/proc/kallsyms`: text and data symbols with their addresses, sorted.
+use super::hooks::{HookKind, HOOKS};
+
+/// The kallsyms hooks of [`HOOKS`] as `/proc/kallsyms` gives them: each one's address and
+/// where its function ends (the next higher address).
+///
+/// Only those symbols are kept, and the file is read only until they are all found: the
+/// kernel formats its ~200,000 lines on every read, and all of them, kept, took a tenth of a
+/// start (more in a small VM).
 pub struct Kallsyms {
-    /// address → name, for symbols with a non-zero address.
-    by_addr: BTreeMap<u64, String>,
+    /// (name, address, next higher address or 0 until seen), per kallsyms hook.
+    symbols: Vec<(&'static str, u64, u64)>,
+    /// Whether any address was non-zero (kptr_restrict shows them all as zeros).
+    visible: bool,
 }
 
 impl Kallsyms {
     pub fn load() -> Result<Kallsyms> {
-        let text =
-            std::fs::read_to_string("/proc/kallsyms").context("cannot read /proc/kallsyms")?;
-        Ok(Kallsyms::parse(&text))
+        let file = std::fs::File::open("/proc/kallsyms").context("cannot open /proc/kallsyms")?;
+        Kallsyms::read(std::io::BufReader::with_capacity(1 << 16, file))
+            .context("cannot read /proc/kallsyms")
     }
 
-    pub fn parse(text: &str) -> Kallsyms {
-        let mut by_addr = BTreeMap::new();
-        for line in text.lines() {
-            let mut it = line.split_whitespace();
+    /// Reads `address type name [module]` lines. The kernel lists its own symbols sorted by
+    /// address (modules' come after), so a function ends at the first higher address that
+    /// follows it.
+    pub fn read(mut src: impl BufRead) -> std::io::Result<Kallsyms> {
+        let mut k = Kallsyms {
+            symbols: (HOOKS.iter())
+                .filter(|h| h.kind == HookKind::Kallsyms)
+                .map(|h| (h.name, 0, 0))
+                .collect(),
+            visible: false,
+        };
+        let mut line = Vec::with_capacity(256);
+        while k.symbols.iter().any(|s| s.2 == 0) {
+            line.clear();
+            if src.read_until(b'\n', &mut line)? == 0 {
+                break;
+            }
+            let mut it = line.trim_ascii_end().split(|c| c.is_ascii_whitespace());
             let (Some(addr), Some(_ty), Some(name)) = (it.next(), it.next(), it.next()) else {
                 continue;
             };
-            let Ok(addr) = u64::from_str_radix(addr, 16) else {
+            let Some(addr) = std::str::from_utf8(addr)
+                .ok()
+                .and_then(|a| u64::from_str_radix(a, 16).ok())
+                .filter(|a| *a != 0)
+            else {
                 continue;
             };
-            if addr != 0 && it.next().is_none() {
-                // Module symbols carry a "[module]" suffix; the block layer is built in.
-                by_addr.entry(addr).or_insert_with(|| name.to_string());
+            k.visible = true;
+            for s in &mut k.symbols {
+                if s.1 != 0 && s.2 == 0 && addr > s.1 {
+                    s.2 = addr;
+                }
+            }
+            // Module symbols carry a "[module]" suffix; the block layer is built in.
+            if it.next().is_none() {
+                if let Some(s) = k
+                    .symbols
+                    .iter_mut()
+                    .find(|s| s.1 == 0 && s.0.as_bytes() == name)
+                {
+                    s.1 = addr;
+                }
             }
         }
-        Kallsyms { by_addr }
+        Ok(k)
     }
 
+    /// Tests: `text` as if it were /proc/kallsyms.
+    pub fn parse(text: &str) -> Kallsyms {
+        Kallsyms::read(text.as_bytes()).expect("reading from memory")
+    }
+
+    /// The address of a kallsyms hook (`None` for any other name).
     pub fn address(&self, name: &str) -> Option<u64> {
-        self.by_addr
+        self.symbols
             .iter()
-            .find(|(_, n)| *n == name)
-            .map(|(a, _)| *a)
+            .find(|s| s.0 == name && s.1 != 0)
+            .map(|s| s.1)
     }
 
-    /// `[start, end)` of a function: from its address to the next symbol's.
+    /// `[start, end)` of a kallsyms hook's function: from its address to the next symbol's.
     pub fn range(&self, name: &str) -> Option<[u64; 2]> {
-        let start = self.address(name)?;
-        let end = self.by_addr.range(start + 1..).next().map(|(a, _)| *a)?;
-        Some([start, end])
+        let s = self
+            .symbols
+            .iter()
+            .find(|s| s.0 == name && s.1 != 0 && s.2 != 0)?;
+        Some([s.1, s.2])
     }
 
-    /// Whether addresses are visible (kptr_restrict hides them as zeros).
+    /// Whether addresses are hidden (kptr_restrict shows them as zeros), or there were none.
     pub fn is_empty(&self) -> bool {
-        self.by_addr.is_empty()
+        !self.visible
     }
 }
 
@@ -131,6 +178,41 @@ mod tests {
             );
         }
         assert!(kallsyms_hook(super::super::hooks::THROTTLE_WORK));
+        // Kallsyms keeps only these: a program's symbol must be one of them.
+        for p in HOOKS.iter().flat_map(|h| h.programs) {
+            if let Some(name) = p.symbol {
+                assert!(
+                    kallsyms_hook(name),
+                    "{name}: program symbol not a kallsyms hook"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn reading_stops_once_every_hook_and_its_end_are_found() {
+        let mut text = String::new();
+        for (i, name) in [
+            "blk_bio_list_merge",
+            "blk_mq_sched_try_merge",
+            "blk_attempt_plug_merge",
+            "blk_throtl_dispatch_work_fn",
+            "after",
+        ]
+        .iter()
+        .enumerate()
+        {
+            text += &format!("ffffffff81b0{i}000 T {name}\n");
+        }
+        text += "this line would not parse and is never read";
+        let mut src = std::io::Cursor::new(text.as_bytes());
+        let k = Kallsyms::read(&mut src).unwrap();
+        assert_eq!(
+            k.range("blk_throtl_dispatch_work_fn"),
+            Some([0xffffffff81b03000, 0xffffffff81b04000])
+        );
+        let rest = &text.as_bytes()[src.position() as usize..];
+        assert_eq!(rest, b"this line would not parse and is never read");
     }
 
     #[test]
