@@ -137,6 +137,7 @@ impl Loaded {
     fn attach_tracepoint(&mut self, hook: &Hook, p: &Program) -> Result<()> {
         let (prog, tp) = (&compat::program_variant(&self.btf, hook, p), hook.name);
         let t: &mut BtfTracePoint = program(&mut self.ebpf, prog)?.try_into()?;
+        let started = std::time::Instant::now();
         if let Err(e) = t.load(tp, &self.aya_btf) {
             if let (true, ProgramError::LoadError { verifier_log, .. }) = (verifier_log(), &e) {
                 eprintln!("mergetrace: the verifier's log of {prog}:\n{verifier_log}");
@@ -146,8 +147,8 @@ impl Loaded {
         }
         if verifier_log() {
             match t.info().ok().and_then(|i| i.verified_instruction_count()) {
-                Some(n) => eprintln!("mergetrace: {prog}: the verifier went through {n} instructions"),
-                None => eprintln!("mergetrace: {prog}: loaded (this kernel does not report how many instructions the verifier went through)"),
+                Some(n) => eprintln!("mergetrace: {prog}: the verifier went through {n} instructions ({} ms)", ms(started)),
+                None => eprintln!("mergetrace: {prog}: loaded in {} ms (this kernel does not report how many instructions the verifier went through)", ms(started)),
             }
         }
         t.attach()
@@ -323,9 +324,14 @@ fn short_reason(e: &anyhow::Error) -> String {
 
 /// `MERGETRACE_VERIFIER_LOG=1`: the verifier's statistics for each tracepoint program it
 /// accepts (instructions it went through: the programs' loops must stay well under its
-/// limit on every kernel) and its log for one it refuses.
+/// limit on every kernel; and the load's time) and its log for one it refuses.
 fn verifier_log() -> bool {
     std::env::var_os("MERGETRACE_VERIFIER_LOG").is_some_and(|v| v == "1")
+}
+
+/// Milliseconds since `t` (the log's load times: what a start costs, program by program).
+fn ms(t: std::time::Instant) -> u128 {
+    t.elapsed().as_millis()
 }
 
 /// What a run wants beside its per-request counting (see [`hooks::Want`]): what its flags ask
