@@ -75,13 +75,13 @@ pub fn bio_disk(bio: u64) -> u64 {
     }
 }
 
-/// The `struct gendisk *` of a request: `rq->q->disk`, or `rq->rq_disk` up to 5.15.
+/// The `struct gendisk *` of a request (`q` its `rq->q`): `q->disk`, or `rq->rq_disk` up to
+/// 5.15.
 #[inline(always)]
-pub fn rq_disk(rq: u64) -> u64 {
+pub fn rq_disk(rq: u64, q: u64) -> u64 {
     if off!(rq_rq_disk) != NONE {
         read(rq, off!(rq_rq_disk))
     } else {
-        let q: u64 = read(rq, off!(rq_q));
         read(q, off!(q_disk))
     }
 }
