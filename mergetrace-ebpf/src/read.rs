@@ -28,16 +28,26 @@ pub fn read_probe<T: Copy + Default>(base: u64, offset: u32) -> T {
     unsafe { bpf_probe_read_kernel((base + offset as u64) as *const T) }.unwrap_or_default()
 }
 
-/// Returns `v` as a value the verifier knows nothing about (see `block_rq_issue`).
+/// Returns `v` as a value the verifier knows nothing about: where a value can take a few
+/// constants, each would otherwise have the rest of the program checked again.
 #[inline(always)]
 pub fn forget(v: u64) -> u64 {
-    match SCRATCH.get_ptr_mut(0) {
-        Some(slot) => unsafe {
-            core::ptr::write_volatile(slot, v);
-            core::ptr::read_volatile(slot)
-        },
-        None => v,
+    let [v] = forget_all([v]);
+    v
+}
+
+/// [`forget`] for several values, with one map lookup.
+#[inline(always)]
+pub fn forget_all<const N: usize>(mut vs: [u64; N]) -> [u64; N] {
+    if let Some(slot) = SCRATCH.get_ptr_mut(0) {
+        for v in &mut vs {
+            unsafe {
+                core::ptr::write_volatile(slot, *v);
+                *v = core::ptr::read_volatile(slot);
+            }
+        }
     }
+    vs
 }
 
 /// A running count or sum, zeroed, kept where the verifier does not track it (a map): a loop
