@@ -11,7 +11,7 @@ use super::hooks::{HookKind, HOOKS};
 /// where its function ends (the next higher address).
 ///
 /// Only those symbols are kept, and the file is read only until they are all found: the
-/// kernel formats its ~200,000 lines on every read, and all of them, kept, took a tenth of a
+/// kernel formats its 100,000+ lines on every read, and all of them, kept, took a tenth of a
 /// start (more in a small VM).
 pub struct Kallsyms {
     /// (name, address, next higher address or 0 until seen), per kallsyms hook.
