@@ -47,7 +47,7 @@ pub(crate) const BS: usize = 4096;
 /// Keys in the kernel's counter maps at any scrape during the churn: three rounds' (432) and
 /// the living, far below the cgroups that came and went.
 const MAP_ENTRIES_BOUND: usize = 1024;
-/// Growth of the server's RSS from the warm-up (after 2,000 cgroups) to the end. Before
+/// Growth of the server's RSS from the warm-up (after 4,000 cgroups) to the end. Before
 /// reclaim, ~8 KB per removed cgroup: 140 MB for 18,000.
 const RSS_GROWTH_BOUND_KB: u64 = 8 << 10;
 /// A bound on one HTTP exchange or a wait for the server; never an assertion on speed.
@@ -114,7 +114,10 @@ fn churn_soak(cgroups: usize) {
     let per_round = WRITERS * PER_WRITER;
     let rounds = cgroups.div_ceil(per_round);
     let total = rounds * per_round;
-    let warm_round = 2_000usize.div_ceil(per_round);
+    // The server's RSS climbs for its first ~15–20 rounds (~33 → ~51 MB), then barely moves
+    // (+0.5 MB over the next 120, traced round by round): measured after 2,000 cgroups it was
+    // sometimes taken mid-climb, and the bound failed with nothing leaking.
+    let warm_round = 4_000usize.div_ceil(per_round);
 
     let mut last = server.scrape();
     // Bios of churned cgroups the kernel charged to the parent (see below).
