@@ -283,6 +283,7 @@ fn rq_issue<const LOOP_HELPER: bool>(ctx: BtfTracePointContext) -> u32 {
         if latency::wanted() {
             // One slot lookup for the request's counters and its latency.
             let slot = slot::of(&key_of(&ev));
+            // From the forgotten `aux`: the count before it is one the verifier still knows.
             let bios = rq_aux::chain(ev.aux);
             latency::issued(rq, &ev, bios, reissue != 0, disk, slot);
             emit_slotted(&ev, slot);

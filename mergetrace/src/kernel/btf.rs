@@ -43,8 +43,6 @@ pub struct Type {
     pub size_or_type: u32,
     /// STRUCT/UNION members or FUNC_PROTO parameters: a range of [`Btf::members`].
     members: std::ops::Range<u32>,
-    /// ENUM/ENUM64 values: a range of [`Btf::enumerators`].
-    enumerators: std::ops::Range<u32>,
     /// ARRAY: (element type, element count).
     pub array: Option<(u32, u32)>,
 }
@@ -57,7 +55,8 @@ pub struct Btf {
     strings: Vec<u8>,
     types: Vec<Type>,
     members: Vec<Member>,
-    /// (name offset, value) of every enumerator.
+    /// (name offset, value) of every enumerator: C enumerators share one namespace, so they
+    /// are looked up all together.
     enumerators: Vec<(u32, i64)>,
     /// (hash of the name, id) of every named type, sorted: a lookup is a binary search.
     by_name: Vec<(u64, u32)>,
@@ -149,7 +148,7 @@ fn read_type(
         size_or_type,
         ..Type::void()
     };
-    let (m0, e0) = (members.len() as u32, enumerators.len() as u32);
+    let m0 = members.len() as u32;
     match kind {
         KIND_INT | KIND_VAR | KIND_DECL_TAG => r.skip(4)?,
         KIND_PTR | KIND_FWD | KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT
@@ -209,7 +208,6 @@ fn read_type(
         other => bail!("BTF type {id} has unknown kind {other}"),
     }
     t.members = m0..members.len() as u32;
-    t.enumerators = e0..enumerators.len() as u32;
     Ok(t)
 }
 
@@ -221,7 +219,6 @@ impl Type {
             name: 0,
             size_or_type: 0,
             members: 0..0,
-            enumerators: 0..0,
             array: None,
         }
     }

@@ -75,7 +75,8 @@ impl Kallsyms {
         Ok(k)
     }
 
-    /// Tests: `text` as if it were /proc/kallsyms.
+    /// `text` as if it were /proc/kallsyms (tests; `check` passes "" where the file cannot be
+    /// read).
     pub fn parse(text: &str) -> Kallsyms {
         Kallsyms::read(text.as_bytes()).expect("reading from memory")
     }
