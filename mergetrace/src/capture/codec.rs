@@ -2,9 +2,11 @@
 //! from the previous event of the chunk or of its kind, as varints. Pure; the layout is in
 //! docs/capture-format.md, and any change to what a byte means bumps the format version.
 use bytes::{BufMut, BytesMut};
+use std::collections::VecDeque;
+
 use foldhash::{HashMap, HashMapExt};
 
-use mergetrace_common::Event;
+use mergetrace_common::{kind, Event};
 
 // ---- varints -------------------------------------------------------------------------------
 
@@ -35,9 +37,9 @@ const VARINT_LEN: [u8; 64] = {
     t
 };
 
-/// The longest an encoded event can be: head, kind, modes, 3 attribute bytes, timestamp,
+/// The longest an encoded event can be: head, kind, modes (2), 3 attribute bytes, timestamp,
 /// device and cgroup references with their new values, id, sector, bytes, aux, aux64.
-pub const MAX_EVENT_LEN: usize = 1 + 1 + 1 + 3 + 10 + (1 + 5) + (1 + 10) + 10 + 10 + 5 + 5 + 10;
+pub const MAX_EVENT_LEN: usize = 1 + 1 + 2 + 3 + 10 + (1 + 5) + (1 + 10) + 10 + 10 + 5 + 5 + 10;
 
 /// One event's bytes, built on the stack and appended to the chunk in one fixed-size copy:
 /// a plain store per byte (the mask bounds the index) instead of a capacity check per byte.
@@ -163,14 +165,24 @@ impl<'a> Cursor<'a> {
 // ---- the event codec -----------------------------------------------------------------------
 //
 // Each event: a head byte, then optional parts in a fixed order. Predictions come from the
-// previous event of the chunk (`prev`) and from the previous event with the same kind slot
-// (`slot`; kinds 0..=14 have their own slot, every larger kind shares slot 15).
+// previous event of the chunk (`prev`), the previous event with the same kind slot (`slot`;
+// kinds 0..=14 have their own slot, every larger kind shares slot 15) and, from format 2,
+// memories of the chunk's requests: `link`, the last request event (merge, insert, issue,
+// complete, requeue) with this event's id (a completion finds its issue: same sector, bytes
+// and first bio), the *waiting bios*, bios that got a request (getrq) which no insert or
+// issue has named as its first bio yet (an issue finds its bio: the request starts at the
+// bio's sector), and the requests *in flight*, issued and not yet completed or requeued (a
+// device mostly completes the oldest first).
 //
-// head: bits 0-3 kind (15 = a kind byte follows), 0x10 modes byte follows (else the slot's
-// last modes), 0x20 op/path/flags bytes follow (else the slot's), 0x40 dev reference follows
-// (else prev's), 0x80 cgroup reference follows (else prev's).
+// head: bits 0-3 kind (15 = a kind byte follows), 0x10 modes follow (else the slot's last
+// modes), 0x20 op/path/flags bytes follow (else the slot's), 0x40 dev reference follows
+// (else prev's), 0x80 cgroup reference follows (else the cgroup mode's: prev's, or from
+// format 2 the slot's).
 //
-// modes: bits 0-1 id, 2-3 sector, 4 bytes, 5 aux, 6-7 aux64 (see the constants below).
+// modes (format 2: a varint of the bits that differ from the slot's last modes): bits 0-2 id,
+// 3-5 sector, 6-7 bytes, 8 aux, 9-11 aux64, 12 cgroup, 13 timestamp. Format 1 wrote the modes themselves
+// in one byte (bits 0-1 id, 2-3 sector, 4 bytes, 5 aux, 6-7 aux64), with the values format 2
+// gives the same modes; [`modes_from_v1`] widens it.
 
 const SLOTS: usize = 16;
 const KIND_ESCAPE: u8 = 15;
@@ -181,46 +193,65 @@ const H_DEV: u8 = 0x40;
 const H_CGROUP: u8 = 0x80;
 
 /// id = prev.id
-const ID_PREV: u8 = 0;
-/// id = slot.id ^ varint
-const ID_XOR_SLOT: u8 = 1;
-/// id = prev.id ^ varint
-const ID_XOR_PREV: u8 = 2;
-// 3: id = prev.aux64 ^ varint
+const ID_PREV: u16 = 0;
+// 1: id = slot.id ^ varint; 2: id = prev.id ^ varint; 3: id = prev.aux64 ^ varint
+/// id = slot.id + the slot's step (request tags handed out in turn): no bytes. The step is
+/// the smaller of an id's distances to the slot's last two ids.
+const ID_STRIDE: u16 = 4;
+/// id = the oldest request in flight: no bytes.
+const ID_IN_FLIGHT: u16 = 5;
+/// id = the slot's id before last + the step: two CPUs' requests interleaved. No bytes.
+const ID_STRIDE_2: u16 = 6;
+/// id = the id of the event before prev (another CPU's event came between): no bytes.
+const ID_PREV_2: u16 = 7;
 
 /// sector = prev.sector
-const SEC_PREV: u8 = 0;
+const SEC_PREV: u16 = 0;
 /// sector = slot.sector + slot.bytes / 512 (the slot's I/O continues)
-const SEC_SEQ: u8 = 1;
+const SEC_SEQ: u16 = 1;
 /// sector = prev.sector + zigzag varint
-const SEC_DELTA_PREV: u8 = 2;
-// 3: sector = slot.sector + zigzag varint
+const SEC_DELTA_PREV: u16 = 2;
+/// sector = slot.sector + zigzag varint
+const SEC_DELTA_SLOT: u16 = 3;
+/// sector = link.sector; 5: the oldest waiting bio's; 6: the newest waiting bio's.
+const SEC_LINK: u16 = 4;
+const SEC_MODES: usize = 7;
 
-/// bytes / aux: 0 = slot's, 1 = varint follows.
-const VAL_SLOT: u8 = 0;
-const VAL_LIT: u8 = 1;
+/// bytes: 0 = slot's, 1 = varint follows, 2 = link's, 3 = the oldest waiting bio's.
+const BYTES_LIT: u16 = 1;
+/// aux: 0 = slot's, 1 = varint follows.
+const AUX_LIT: u16 = 1;
 
 /// aux64 = slot.aux64
-const A64_SLOT: u8 = 0;
-/// aux64 = id ^ varint (this event's id)
-const A64_XOR_ID: u8 = 1;
-/// aux64 = prev.id ^ varint
-const A64_XOR_PREV_ID: u8 = 2;
-// 3: aux64 = slot.aux64 ^ varint
+const A64_SLOT: u16 = 0;
+// 1: aux64 = id ^ varint (this event's id); 2: prev.id ^ varint; 3: slot.aux64 ^ varint
+/// aux64 = link.aux64; 5: the oldest waiting bio's id; 6: the newest's. No bytes.
+const A64_LINK: u16 = 4;
+const A64_MODES: usize = 7;
 
 // The encoder and decoder pick each field's base by indexing an array with its mode (a jump
 // table per field mispredicts): the arrays follow these values.
 const _: () = assert!(
     ID_PREV == 0
-        && ID_XOR_SLOT == 1
-        && ID_XOR_PREV == 2
         && SEC_PREV == 0
         && SEC_SEQ == 1
         && SEC_DELTA_PREV == 2
+        && SEC_DELTA_SLOT == 3
+        && SEC_LINK == 4
         && A64_SLOT == 0
-        && A64_XOR_ID == 1
-        && A64_XOR_PREV_ID == 2
+        && A64_LINK == 4
 );
+
+/// cgroup without a reference: 0 = prev's, 1 = the slot's (an unplug has none, and the
+/// issue after it has its slot's).
+const CG_SLOT: u16 = 1;
+
+/// The timestamp: 0 = its distance from prev's, 1 = that distance less the slot's (the
+/// same code path between two tracepoints takes about the same time each pass).
+const TS_SLOT: u16 = 1;
+
+/// The widest modes value format 2 writes.
+const MODES_MAX: u16 = 0x3fff;
 
 const NO: u32 = 1 << 16; // cost of an option that cannot encode the value
 
@@ -230,33 +261,203 @@ fn slot_of(kind: u8) -> usize {
 }
 
 #[inline]
-fn modes_byte(id: u8, sector: u8, bytes: u8, aux: u8, aux64: u8) -> u8 {
-    id | sector << 2 | bytes << 4 | aux << 5 | aux64 << 6
+fn modes_word(id: u16, sector: u16, bytes: u16, aux: u16, aux64: u16, cg: u16, ts: u16) -> u16 {
+    id | sector << 3 | bytes << 6 | aux << 8 | aux64 << 9 | cg << 12 | ts << 13
+}
+
+/// (id, sector, bytes, aux, aux64) of a modes value; its cgroup mode is `m >> 12 & 1`, its
+/// timestamp mode `m >> 13`.
+#[inline]
+fn split_modes(m: u16) -> (u16, u16, u16, u16, u16) {
+    (m & 7, m >> 3 & 7, m >> 6 & 3, m >> 8 & 1, m >> 9 & 7)
+}
+
+/// A format-1 modes byte as the format-2 value meaning the same.
+#[inline]
+fn modes_from_v1(m: u8) -> u16 {
+    let m = m as u16;
+    modes_word(m & 3, m >> 2 & 3, m >> 4 & 1, m >> 5 & 1, m >> 6 & 3, 0, 0)
+}
+
+/// Entries of the link table: a power of two, large enough that a request's issue is still
+/// there at its completion with hundreds of requests in flight.
+const LINKS: usize = 4096;
+/// The waiting bios kept; the oldest is forgotten past this.
+const WAITING: usize = 64;
+/// The requests in flight kept; the oldest is forgotten past this.
+const IN_FLIGHT: usize = 256;
+
+#[inline]
+fn link_index(id: u64) -> usize {
+    (id.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - LINKS.trailing_zeros())) as usize
+}
+
+
+/// The requests' memory both sides keep, updated after every event in the same way: the
+/// link table (by id, direct-mapped: an entry another id took is simply gone) and the
+/// waiting bios. `T` is what an entry holds: the encoder a copy, the decoder an index.
+#[derive(Clone)]
+struct Requests<T: Copy> {
+    links: Vec<(u64, T)>,
+    waiting: VecDeque<(u64, T)>,
+    in_flight: VecDeque<(u64, T)>,
+}
+
+impl<T: Copy> Requests<T> {
+    fn new(empty: T) -> Self {
+        Requests {
+            links: vec![(0, empty); LINKS],
+            waiting: VecDeque::with_capacity(WAITING),
+            in_flight: VecDeque::with_capacity(IN_FLIGHT),
+        }
+    }
+
+    fn clear(&mut self, empty: T) {
+        self.links.fill((0, empty));
+        self.waiting.clear();
+        self.in_flight.clear();
+    }
+
+    #[inline]
+    fn link(&self, id: u64) -> Option<T> {
+        let (k, v) = self.links[link_index(id)];
+        (k == id).then_some(v)
+    }
+
+    #[inline]
+    fn oldest(&self) -> Option<T> {
+        self.waiting.front().map(|e| e.1)
+    }
+
+    #[inline]
+    fn newest(&self) -> Option<T> {
+        self.waiting.back().map(|e| e.1)
+    }
+
+    #[inline]
+    fn oldest_in_flight(&self) -> Option<u64> {
+        self.in_flight.front().map(|e| e.0)
+    }
+
+    /// After `ev` (held as `v`): a getrq's bio starts waiting; a request's event is its id's
+    /// link; an insert or issue names the request's first bio (aux64), which stops waiting;
+    /// an issued request is in flight until it completes or is requeued.
+    #[inline]
+    fn note(&mut self, ev: &Event, v: T) {
+        let link = |r: &mut Self| r.links[link_index(ev.id)] = (ev.id, v);
+        match ev.kind {
+            kind::GETRQ => push_bounded(&mut self.waiting, (ev.id, v), WAITING),
+            kind::RQ_INSERT => {
+                link(self);
+                remove(&mut self.waiting, ev.aux64);
+            }
+            kind::RQ_ISSUE => {
+                link(self);
+                remove(&mut self.waiting, ev.aux64);
+                push_bounded(&mut self.in_flight, (ev.id, v), IN_FLIGHT);
+            }
+            kind::RQ_COMPLETE | kind::RQ_REQUEUE => {
+                link(self);
+                remove(&mut self.in_flight, ev.id);
+            }
+            kind::RQ_MERGE => link(self),
+            _ => {}
+        }
+    }
+}
+
+fn push_bounded<T>(q: &mut VecDeque<(u64, T)>, e: (u64, T), max: usize) {
+    if q.len() == max {
+        q.pop_front();
+    }
+    q.push_back(e);
+}
+
+/// Removes `id`'s entry, if any: mostly the oldest or the newest.
+#[inline]
+fn remove<T>(q: &mut VecDeque<(u64, T)>, id: u64) {
+    if q.front().is_some_and(|e| e.0 == id) {
+        q.pop_front();
+    } else if q.back().is_some_and(|e| e.0 == id) {
+        q.pop_back();
+    } else if let Some(i) = q.iter().position(|e| e.0 == id) {
+        q.remove(i);
+    }
 }
 
 #[derive(Clone, Copy, Default)]
 struct Slot {
     prev: Event,
-    modes: u8,
+    /// The id of the slot's event before `prev`.
+    id_2: u64,
+    modes: u16,
+    stride: u64,
+    /// `prev.ts_ns` to the slot's last timestamp.
+    dt: u64,
+    /// Bytes the kept modes cost more than the best ones since they were chosen: the
+    /// encoder switches once that pays for writing new modes.
+    regret: u32,
+}
+
+/// The slot's step after `id`, from its last two ids: the smaller distance.
+#[inline]
+fn step(id: u64, id_1: u64, id_2: u64) -> u64 {
+    let (d1, d2) = (id.wrapping_sub(id_1), id.wrapping_sub(id_2));
+    if (d1 as i64).unsigned_abs() <= (d2 as i64).unsigned_abs() {
+        d1
+    } else {
+        d2
+    }
 }
 
 /// The prediction state both sides keep; reset at every chunk start.
 #[derive(Clone)]
 struct State {
     prev: Event,
+    /// The id of the event before `prev`.
+    prev_id_2: u64,
     slots: [Slot; SLOTS],
+    requests: Requests<Known>,
 }
 
 impl State {
-    fn new(base_ts: u64) -> State {
-        State {
-            prev: Event {
-                ts_ns: base_ts,
-                ..Event::default()
-            },
-            slots: [Slot::default(); SLOTS],
+    fn reset(&mut self, base_ts: u64) {
+        self.prev = Event {
+            ts_ns: base_ts,
+            ..Event::default()
+        };
+        self.prev_id_2 = 0;
+        self.slots = [Slot::default(); SLOTS];
+        self.requests.clear(Known::default());
+    }
+}
+
+/// What the encoder's request memories keep of an event: what they predict.
+#[derive(Clone, Copy, Default)]
+struct Known {
+    id: u64,
+    sector: u64,
+    aux64: u64,
+    bytes: u32,
+}
+
+impl From<&Event> for Known {
+    fn from(e: &Event) -> Known {
+        Known {
+            id: e.id,
+            sector: e.sector,
+            aux64: e.aux64,
+            bytes: e.bytes,
         }
     }
+}
+
+/// What the request memories predict for one event (all zeros where they know nothing).
+struct Linked {
+    link: Known,
+    oldest: Known,
+    newest: Known,
+    in_flight: u64,
 }
 
 /// Index of the smallest cost, preferring `keep` on ties.
@@ -283,7 +484,12 @@ pub struct EventEncoder {
 impl Default for EventEncoder {
     fn default() -> Self {
         EventEncoder {
-            state: State::new(0),
+            state: State {
+                prev: Event::default(),
+                prev_id_2: 0,
+                slots: [Slot::default(); SLOTS],
+                requests: Requests::new(Known::default()),
+            },
             devs: Vec::new(),
             cgroups: HashMap::new(),
             count: 0,
@@ -313,21 +519,39 @@ impl EventEncoder {
     pub fn encode(&mut self, ev: &Event, out: &mut BytesMut) {
         if self.count == 0 {
             self.base_ts = ev.ts_ns;
-            self.state = State::new(ev.ts_ns);
+            self.state.reset(ev.ts_ns);
         }
         self.count += 1;
         let si = slot_of(ev.kind);
         let slot = self.state.slots[si];
         let p = self.state.prev;
-        let modes = choose_modes(ev, &slot, &p);
+        // Only an event that names a first bio (requests do, bios do not) is worth asking the
+        // request memories: an encoder's choice, which keeps the bios' cost as it was.
+        let r = &self.state.requests;
+        let linked = (ev.aux64 != 0).then(|| Linked {
+            link: r.link(ev.id).unwrap_or_default(),
+            oldest: r.oldest().unwrap_or_default(),
+            newest: r.newest().unwrap_or_default(),
+            in_flight: r.oldest_in_flight().unwrap_or_default(),
+        });
+        let (modes, regret) = choose_modes(ev, &slot, &p, self.state.prev_id_2, linked.as_ref());
         self.write(ev, &slot, &p, modes, out);
-        self.state.slots[si] = Slot { prev: *ev, modes };
+        self.state.slots[si] = Slot {
+            prev: *ev,
+            id_2: slot.prev.id,
+            modes,
+            stride: step(ev.id, slot.prev.id, slot.id_2),
+            dt: ev.ts_ns.wrapping_sub(p.ts_ns),
+            regret,
+        };
+        self.state.prev_id_2 = p.id;
         self.state.prev = *ev;
+        self.state.requests.note(ev, Known::from(ev));
     }
 
     /// The head byte, then what it says follows.
     #[inline]
-    fn write(&mut self, ev: &Event, slot: &Slot, p: &Event, modes: u8, out: &mut BytesMut) {
+    fn write(&mut self, ev: &Event, slot: &Slot, p: &Event, modes: u16, out: &mut BytesMut) {
         let mut o = Scratch {
             buf: [0; SCRATCH_LEN],
             len: 0,
@@ -337,7 +561,7 @@ impl EventEncoder {
     }
 
     #[inline(always)]
-    fn write_into(&mut self, ev: &Event, slot: &Slot, p: &Event, modes: u8, out: &mut Scratch) {
+    fn write_into(&mut self, ev: &Event, slot: &Slot, p: &Event, modes: u16, out: &mut Scratch) {
         let (sp, m) = (slot.prev, slot.modes);
         let mut head = ev.kind.min(KIND_ESCAPE);
         if modes != m {
@@ -350,7 +574,8 @@ impl EventEncoder {
         if ev.dev != p.dev {
             head |= H_DEV;
         }
-        if ev.cgroup_id != p.cgroup_id {
+        let cgroup = [p.cgroup_id, sp.cgroup_id][(modes >> 12) as usize & 1];
+        if ev.cgroup_id != cgroup {
             head |= H_CGROUP;
         }
         out.u8(head);
@@ -358,14 +583,16 @@ impl EventEncoder {
             out.u8(ev.kind);
         }
         if modes != m {
-            out.u8(modes);
+            out.varint((modes ^ m) as u64);
         }
         if attrs {
             out.u8(ev.op);
             out.u8(ev.path);
             out.u8(ev.flags);
         }
-        out.varint(zigzag(ev.ts_ns.wrapping_sub(p.ts_ns) as i64));
+        let dt = ev.ts_ns.wrapping_sub(p.ts_ns);
+        let base = if modes >> 13 == TS_SLOT { slot.dt } else { 0 };
+        out.varint(zigzag(dt.wrapping_sub(base) as i64));
         if ev.dev != p.dev {
             match self.devs.iter().position(|d| *d == ev.dev) {
                 Some(i) => out.varint(i as u64 + 1),
@@ -376,7 +603,7 @@ impl EventEncoder {
                 }
             }
         }
-        if ev.cgroup_id != p.cgroup_id {
+        if ev.cgroup_id != cgroup {
             match self.cgroups.get(&ev.cgroup_id) {
                 Some(i) => out.varint(*i + 1),
                 None => {
@@ -388,69 +615,116 @@ impl EventEncoder {
             }
         }
         // The field modes pick a base by index (not a `match`: its jump table mispredicts).
-        let id_mode = modes & 3;
-        if id_mode != ID_PREV {
-            out.varint(ev.id ^ [0, sp.id, p.id, p.aux64][id_mode as usize]);
+        let (id_mode, sec_mode, bytes_mode, aux_mode, a64_mode) = split_modes(modes);
+        if id_mode != ID_PREV && id_mode < ID_STRIDE {
+            out.varint(ev.id ^ [0, sp.id, p.id, p.aux64][id_mode as usize & 3]);
         }
-        let sec_mode = modes >> 2 & 3;
-        if sec_mode >= SEC_DELTA_PREV {
+        if sec_mode == SEC_DELTA_PREV || sec_mode == SEC_DELTA_SLOT {
             let base = [p.sector, sp.sector][(sec_mode - SEC_DELTA_PREV) as usize];
             out.varint(zigzag(ev.sector.wrapping_sub(base) as i64));
         }
-        if modes >> 4 & 1 == VAL_LIT {
+        if bytes_mode == BYTES_LIT {
             out.varint(ev.bytes as u64);
         }
-        if modes >> 5 & 1 == VAL_LIT {
+        if aux_mode == AUX_LIT {
             out.varint(ev.aux as u64);
         }
-        let a64_mode = modes >> 6;
-        if a64_mode != A64_SLOT {
+        if a64_mode != A64_SLOT && a64_mode < A64_LINK {
             out.varint(ev.aux64 ^ [0, ev.id, p.id, sp.aux64][a64_mode as usize]);
         }
     }
 }
 
-/// Field modes for `ev`: the cheapest per field, unless the slot's last modes cost no more
-/// than the cheapest plus the modes byte.
+/// Field modes for `ev` and the slot's regret after it: the slot's last modes while they cost
+/// no more than the cheapest per field, or until what they cost more since adds up to the
+/// new modes' varint.
 #[inline]
-fn choose_modes(ev: &Event, slot: &Slot, p: &Event) -> u8 {
+fn choose_modes(
+    ev: &Event,
+    slot: &Slot,
+    p: &Event,
+    prev_id_2: u64,
+    l: Option<&Linked>,
+) -> (u16, u32) {
     let sp = slot.prev;
+    let exact = |hit: bool| if hit { 0 } else { NO };
+    // Without the memories' predictions, their modes cannot be chosen.
+    let (no, l) = match l {
+        Some(l) => (0, l),
+        None => (
+            NO,
+            &Linked {
+                link: Known::default(),
+                oldest: Known::default(),
+                newest: Known::default(),
+                in_flight: 0,
+            },
+        ),
+    };
+    let known = |hit: bool| exact(hit) | no;
     let id_c = [
-        if ev.id == p.id { 0 } else { NO },
+        exact(ev.id == p.id),
         varint_len(ev.id ^ sp.id),
         varint_len(ev.id ^ p.id),
         varint_len(ev.id ^ p.aux64),
+        exact(ev.id == sp.id.wrapping_add(slot.stride)),
+        known(ev.id == l.in_flight),
+        exact(ev.id == slot.id_2.wrapping_add(slot.stride)),
+        exact(ev.id == prev_id_2),
     ];
     let seq = sp.sector.wrapping_add((sp.bytes >> 9) as u64);
     let sec_c = [
-        if ev.sector == p.sector { 0 } else { NO },
-        if ev.sector == seq { 0 } else { NO },
+        exact(ev.sector == p.sector),
+        exact(ev.sector == seq),
         varint_len(zigzag(ev.sector.wrapping_sub(p.sector) as i64)),
         varint_len(zigzag(ev.sector.wrapping_sub(sp.sector) as i64)),
+        known(ev.sector == l.link.sector),
+        known(ev.sector == l.oldest.sector),
+        known(ev.sector == l.newest.sector),
     ];
     let bytes_c = [
-        if ev.bytes == sp.bytes { 0 } else { NO },
+        exact(ev.bytes == sp.bytes),
         varint_len(ev.bytes as u64),
+        known(ev.bytes == l.link.bytes),
+        known(ev.bytes == l.oldest.bytes),
     ];
-    let aux_c = [
-        if ev.aux == sp.aux { 0 } else { NO },
-        varint_len(ev.aux as u64),
-    ];
+    let aux_c = [exact(ev.aux == sp.aux), varint_len(ev.aux as u64)];
     let a64_c = [
-        if ev.aux64 == sp.aux64 { 0 } else { NO },
+        exact(ev.aux64 == sp.aux64),
         varint_len(ev.aux64 ^ ev.id),
         varint_len(ev.aux64 ^ p.id),
         varint_len(ev.aux64 ^ sp.aux64),
+        known(ev.aux64 == l.link.aux64),
+        known(ev.aux64 == l.oldest.id),
+        known(ev.aux64 == l.newest.id),
+    ];
+    // A cgroup reference costs its head bit's worth of nothing and about a byte.
+    let cg_c = [
+        exact(ev.cgroup_id == p.cgroup_id).min(1),
+        exact(ev.cgroup_id == sp.cgroup_id).min(1),
+    ];
+    let dt = ev.ts_ns.wrapping_sub(p.ts_ns);
+    let ts_c = [
+        varint_len(zigzag(dt as i64)),
+        varint_len(zigzag(dt.wrapping_sub(slot.dt) as i64)),
     ];
     let m = slot.modes;
+    let k_cg = (m >> 12) as usize & 1;
+    let k_ts = (m >> 13) as usize & 1;
+    let (k_id, k_sec, k_bytes, k_aux, k_a64) = split_modes(m);
     let (k_id, k_sec, k_bytes, k_aux, k_a64) = (
-        (m & 3) as usize,
-        (m >> 2 & 3) as usize,
-        (m >> 4 & 1) as usize,
-        (m >> 5 & 1) as usize,
-        (m >> 6 & 3) as usize,
+        k_id as usize,
+        k_sec as usize,
+        k_bytes as usize,
+        k_aux as usize,
+        k_a64 as usize,
     );
-    let keep_cost = id_c[k_id] + sec_c[k_sec] + bytes_c[k_bytes] + aux_c[k_aux] + a64_c[k_a64];
+    let keep_cost =
+        id_c[k_id] + sec_c[k_sec] + bytes_c[k_bytes] + aux_c[k_aux] + a64_c[k_a64] + cg_c[k_cg];
+    let ts_keep = ts_c[k_ts];
+    if keep_cost == 0 && ts_keep <= ts_c[0].min(ts_c[1]) {
+        return (m, 0);
+    }
     let (b_id, b_sec, b_bytes, b_aux, b_a64) = (
         best(id_c, k_id),
         best(sec_c, k_sec),
@@ -458,17 +732,28 @@ fn choose_modes(ev: &Event, slot: &Slot, p: &Event) -> u8 {
         best(aux_c, k_aux),
         best(a64_c, k_a64),
     );
-    let best_cost = 1 + id_c[b_id] + sec_c[b_sec] + bytes_c[b_bytes] + aux_c[b_aux] + a64_c[b_a64];
+    let b_cg = best(cg_c, k_cg);
+    let b_ts = best(ts_c, k_ts);
+    let new = modes_word(
+        b_id as u16,
+        b_sec as u16,
+        b_bytes as u16,
+        b_aux as u16,
+        b_a64 as u16,
+        b_cg as u16,
+        b_ts as u16,
+    );
+    let best_cost =
+        id_c[b_id] + sec_c[b_sec] + bytes_c[b_bytes] + aux_c[b_aux] + a64_c[b_a64] + cg_c[b_cg];
+    let (keep_cost, best_cost) = (keep_cost + ts_keep, best_cost + ts_c[b_ts]);
     if keep_cost <= best_cost {
-        m
+        return (m, 0);
+    }
+    let regret = slot.regret.saturating_add(keep_cost - best_cost);
+    if regret < varint_len((new ^ m) as u64) {
+        (m, regret)
     } else {
-        modes_byte(
-            b_id as u8,
-            b_sec as u8,
-            b_bytes as u8,
-            b_aux as u8,
-            b_a64 as u8,
-        )
+        (new, 0)
     }
 }
 
@@ -493,19 +778,49 @@ fn dictionary<T: Copy>(
     }
 }
 
-/// Decodes events chunks. Reusable: keeps its dictionaries' allocations between chunks.
+/// Decodes events chunks of one format version. Reusable: keeps its dictionaries' and
+/// tables' allocations between chunks.
 ///
-/// The prediction state is the chunk's events decoded so far: `prev` is the last one and
-/// each slot an index into them, so an event is written once, into the output.
-#[derive(Default)]
+/// The prediction state is the chunk's events decoded so far: `prev` is the last one, each
+/// slot and each request memory entry an index into them, so an event is written once, into
+/// the output.
 pub struct EventDecoder {
-    /// Per slot: the index of its last event in the output (`NONE`: none yet), and its modes.
-    slots: [(u32, u8); SLOTS],
+    version: u16,
+    slots: [DecoderSlot; SLOTS],
+    requests: Requests<u32>,
     devs: Vec<u32>,
     cgroups: Vec<u64>,
 }
 
-/// A slot without an event in the chunk yet: it predicts from the all-zero event.
+impl Default for EventDecoder {
+    /// A decoder of the newest format.
+    fn default() -> Self {
+        EventDecoder::for_version(super::format::FORMAT_VERSION)
+    }
+}
+
+/// What the decoder keeps per slot beside its last event.
+#[derive(Clone, Copy)]
+struct DecoderSlot {
+    /// The index of its last event in the output (`NONE`: none yet).
+    last: u32,
+    modes: u16,
+    stride: u64,
+    /// The id before its last.
+    id_2: u64,
+    /// Its last event's distance from the event before.
+    dt: u64,
+}
+
+const EMPTY_SLOT: DecoderSlot = DecoderSlot {
+    last: NONE,
+    modes: 0,
+    stride: 0,
+    id_2: 0,
+    dt: 0,
+};
+
+/// A slot or memory without an event in the chunk yet: it predicts from the all-zero event.
 const NONE: u32 = u32::MAX;
 const ZERO: Event = Event {
     ts_ns: 0,
@@ -523,6 +838,17 @@ const ZERO: Event = Event {
 };
 
 impl EventDecoder {
+    /// A decoder of format `version`'s events chunks (1 or 2).
+    pub fn for_version(version: u16) -> Self {
+        EventDecoder {
+            version,
+            slots: [EMPTY_SLOT; SLOTS],
+            requests: Requests::new(NONE),
+            devs: Vec::new(),
+            cgroups: Vec::new(),
+        }
+    }
+
     /// Decodes `count` events of a payload into `out` (cleared first). The payload must hold
     /// exactly those events.
     pub fn decode(
@@ -541,7 +867,8 @@ impl EventDecoder {
             });
         }
         out.reserve(count as usize);
-        self.slots = [(NONE, 0); SLOTS];
+        self.slots = [EMPTY_SLOT; SLOTS];
+        self.requests.clear(NONE);
         self.devs.clear();
         self.cgroups.clear();
         let start = Event {
@@ -551,6 +878,7 @@ impl EventDecoder {
         let mut c = Cursor::new(payload);
         for _ in 0..count {
             let ev = self.event(&mut c, out.last().unwrap_or(&start), out)?;
+            self.requests.note(&ev, out.len() as u32);
             out.push(ev);
         }
         if !c.at_end() {
@@ -560,32 +888,46 @@ impl EventDecoder {
     }
 
     /// One event: its head, then what the head says follows. `p` is the previous event,
-    /// `done` the chunk's events so far (the slots index them).
+    /// `done` the chunk's events so far (the slots and request memories index them).
     #[inline]
     fn event(&mut self, c: &mut Cursor, p: &Event, done: &[Event]) -> Result<Event, DecodeError> {
+        // An empty table entry holds NONE (with id 0): the all-zero event, as the encoder's.
+        let at = |i: Option<u32>| match i {
+            Some(i) if i != NONE => &done[i as usize],
+            _ => &ZERO,
+        };
         let head = c.u8()?;
         let kind = match head & 0x0f {
             KIND_ESCAPE => c.u8()?,
             k => k,
         };
         let si = slot_of(kind);
-        let (last, slot_modes) = self.slots[si];
-        let sp = if last == NONE {
-            &ZERO
-        } else {
-            &done[last as usize]
-        };
-        let modes = if head & H_MODES != 0 {
-            c.u8()?
-        } else {
+        let slot = self.slots[si];
+        let (slot_modes, stride, id_2) = (slot.modes, slot.stride, slot.id_2);
+        let sp = at(Some(slot.last));
+        let modes = if head & H_MODES == 0 {
             slot_modes
+        } else if self.version == 1 {
+            modes_from_v1(c.u8()?)
+        } else {
+            let m = c.varint()? ^ slot_modes as u64;
+            let (_, sec, _, _, a64) = split_modes(m as u16);
+            if m > MODES_MAX as u64
+                || sec as usize >= SEC_MODES
+                || a64 as usize >= A64_MODES
+            {
+                return Err(c.err("unknown field mode"));
+            }
+            m as u16
         };
         let (op, path, flags) = if head & H_ATTRS != 0 {
             (c.u8()?, c.u8()?, c.u8()?)
         } else {
             (sp.op, sp.path, sp.flags)
         };
-        let ts_ns = p.ts_ns.wrapping_add(unzigzag(c.varint()?) as u64);
+        let base = if modes >> 13 == TS_SLOT { slot.dt } else { 0 };
+        let dt = (unzigzag(c.varint()?) as u64).wrapping_add(base);
+        let ts_ns = p.ts_ns.wrapping_add(dt);
         let dev = if head & H_DEV != 0 {
             let new = |c: &mut Cursor| c.varint_u32();
             dictionary(
@@ -605,41 +947,61 @@ impl EventDecoder {
                 new,
                 "cgroup reference past the chunk's dictionary",
             )?
+        } else if modes >> 12 & 1 == CG_SLOT {
+            sp.cgroup_id
         } else {
             p.cgroup_id
         };
+        let (id_mode, sec_mode, bytes_mode, aux_mode, a64_mode) = split_modes(modes);
         // As the encoder, the field modes pick a base by index, not with a jump table.
-        let id_mode = modes & 3;
-        let id = if id_mode == ID_PREV {
-            p.id
-        } else {
-            [0, sp.id, p.id, p.aux64][id_mode as usize] ^ c.varint()?
+        let id = match id_mode {
+            ID_PREV => p.id,
+            ID_STRIDE => sp.id.wrapping_add(stride),
+            ID_IN_FLIGHT => self.requests.oldest_in_flight().unwrap_or(0),
+            ID_STRIDE_2 => id_2.wrapping_add(stride),
+            ID_PREV_2 => done.len().checked_sub(2).map_or(0, |i| done[i].id),
+            m => [0, sp.id, p.id, p.aux64][m as usize & 3] ^ c.varint()?,
         };
-        let sec_mode = modes >> 2 & 3;
-        let sector = if sec_mode < SEC_DELTA_PREV {
-            let seq = sp.sector.wrapping_add((sp.bytes >> 9) as u64);
-            [p.sector, seq][sec_mode as usize]
+        let (link, oldest, newest) = if sec_mode >= SEC_LINK || bytes_mode > BYTES_LIT || a64_mode >= A64_LINK {
+            (
+                at(self.requests.link(id)),
+                at(self.requests.oldest()),
+                at(self.requests.newest()),
+            )
         } else {
-            let base = [p.sector, sp.sector][(sec_mode - SEC_DELTA_PREV) as usize];
-            base.wrapping_add(unzigzag(c.varint()?) as u64)
+            (&ZERO, &ZERO, &ZERO)
         };
-        let bytes = if modes >> 4 & 1 == VAL_SLOT {
-            sp.bytes
-        } else {
+        let sector = match sec_mode {
+            SEC_DELTA_PREV | SEC_DELTA_SLOT => {
+                let base = [p.sector, sp.sector][(sec_mode - SEC_DELTA_PREV) as usize];
+                base.wrapping_add(unzigzag(c.varint()?) as u64)
+            }
+            m => {
+                let seq = sp.sector.wrapping_add((sp.bytes >> 9) as u64);
+                [p.sector, seq, 0, 0, link.sector, oldest.sector, newest.sector][m as usize]
+            }
+        };
+        let bytes = match bytes_mode {
+            BYTES_LIT => c.varint_u32()?,
+            m => [sp.bytes, 0, link.bytes, oldest.bytes][m as usize],
+        };
+        let aux = if aux_mode == AUX_LIT {
             c.varint_u32()?
-        };
-        let aux = if modes >> 5 & 1 == VAL_SLOT {
+        } else {
             sp.aux
-        } else {
-            c.varint_u32()?
         };
-        let a64_mode = modes >> 6;
-        let aux64 = if a64_mode == A64_SLOT {
-            sp.aux64
-        } else {
-            [0, id, p.id, sp.aux64][a64_mode as usize] ^ c.varint()?
+        let aux64 = match a64_mode {
+            A64_SLOT => sp.aux64,
+            m if m >= A64_LINK => [link.aux64, oldest.id, newest.id][(m - A64_LINK) as usize],
+            m => [0, id, p.id, sp.aux64][m as usize] ^ c.varint()?,
         };
-        self.slots[si] = (done.len() as u32, modes);
+        self.slots[si] = DecoderSlot {
+            last: done.len() as u32,
+            modes,
+            stride: step(id, sp.id, id_2),
+            id_2: sp.id,
+            dt,
+        };
         Ok(Event {
             ts_ns,
             cgroup_id,

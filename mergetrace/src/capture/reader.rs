@@ -155,7 +155,7 @@ impl<R: Read> CaptureReader<R> {
             header: Header::default(),
             offset: PREAMBLE_LEN as u64,
             payload: Vec::new(),
-            decoder: EventDecoder::default(),
+            decoder: EventDecoder::for_version(version),
             lost: Vec::new(),
             lost_next: 0,
             status: Status::Reading,

@@ -205,13 +205,23 @@ fn golden_ops() -> Vec<Op> {
     ]
 }
 
-/// Writes `golden-v1.mtr` again: only when format version 1 is first committed.
+/// The events of `golden-v2.mtr`: those of version 1's, then request lifecycles, where
+/// format 2's request memories predict. Never change this function either.
+fn golden_v2_ops() -> Vec<Op> {
+    let mut rng = Rng(0x601d_0002);
+    let script: Vec<(u8, u64)> = (0..600).map(|_| ((rng.below(8)) as u8, rng.next())).collect();
+    let mut ops = golden_ops();
+    ops.push(Op::Events(lifecycle_stream(&script)));
+    ops
+}
+
+/// Writes `golden-v2.mtr` again: only when format version 2 is first committed.
 #[test]
 #[ignore]
 fn capture_write_golden_file() {
-    let bytes = write_mem(&golden_ops(), 128, true);
+    let bytes = write_mem(&golden_v2_ops(), 128, true);
     std::fs::create_dir_all(data_dir()).unwrap();
-    std::fs::write(data_dir().join("golden-v1.mtr"), bytes).unwrap();
+    std::fs::write(data_dir().join("golden-v2.mtr"), bytes).unwrap();
 }
 
 /// Writes the `truncated-*` and `err-*` inputs again (any format version may do it).
@@ -262,9 +272,9 @@ fn capture_zero_filled_tail_is_a_cut() {
 /// The writer still encodes the golden file's chunks byte for byte: every chunk between the
 /// header (which has gained fields since) and the end chunk (the time it was closed).
 #[test]
-fn capture_golden_v1_chunks_are_what_the_writer_writes() {
-    let golden = std::fs::read(data_dir().join("golden-v1.mtr")).unwrap();
-    let written = write_mem(&golden_ops(), 128, true);
+fn capture_golden_v2_chunks_are_what_the_writer_writes() {
+    let golden = std::fs::read(data_dir().join("golden-v2.mtr")).unwrap();
+    let written = write_mem(&golden_v2_ops(), 128, true);
     let body = |b: &[u8]| {
         let chunks = chunk_offsets(b);
         b[chunks[1].0..chunks.last().unwrap().0].to_vec()
@@ -273,16 +283,19 @@ fn capture_golden_v1_chunks_are_what_the_writer_writes() {
     assert_eq!(chunk_offsets(&golden).len(), chunk_offsets(&written).len());
 }
 
+/// Each format's golden file reads back to its events: a reader reads every version.
 #[test]
-fn capture_golden_v1_file_still_reads() {
-    let cap = read_all(data_dir().join("golden-v1.mtr")).unwrap();
-    assert!(!cap.truncated);
-    assert_eq!(cap.header.format_version, 1);
-    assert_eq!(cap.header.devices[0].name, "nvme0n1");
-    let (events, lost) = flatten(&cap.records);
-    let (want_events, want_lost) = expected(&golden_ops());
-    assert_same(&events, &want_events);
-    assert_eq!(lost, want_lost);
+fn capture_golden_files_still_read() {
+    for (version, ops) in [(1, golden_ops()), (2, golden_v2_ops())] {
+        let cap = read_all(data_dir().join(format!("golden-v{version}.mtr"))).unwrap();
+        assert!(!cap.truncated);
+        assert_eq!(cap.header.format_version, version);
+        assert_eq!(cap.header.devices[0].name, "nvme0n1");
+        let (events, lost) = flatten(&cap.records);
+        let (want_events, want_lost) = expected(&ops);
+        assert_same(&events, &want_events);
+        assert_eq!(lost, want_lost);
+    }
 }
 
 /// Committed inputs, by name: `ok-*` reads cleanly, `truncated-*` reads with the truncation

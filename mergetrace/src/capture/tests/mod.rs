@@ -16,7 +16,7 @@ mod files;
 mod round_trip;
 mod streams;
 
-use streams::{extreme_events, realistic_stream};
+use streams::{extreme_events, lifecycle_stream, realistic_stream};
 
 // ---- helpers -------------------------------------------------------------------------------
 

@@ -217,3 +217,85 @@ pub(super) fn extreme_events() -> Vec<Event> {
     }
     out
 }
+
+/// Events from a script of (step, random): bios queued and given requests, requests issued
+/// from two interleaved tag sequences (sometimes off the sequence), completed oldest first or
+/// in any order, requeued, merged into; plug flushes between. `golden-v2.mtr` holds a
+/// stream of it: never change what a script makes.
+pub(super) fn lifecycle_stream(script: &[(u8, u64)]) -> Vec<Event> {
+    let mut ts = 1_000_000u64;
+    let mut out = Vec::new();
+    let mut waiting: Vec<Event> = Vec::new();
+    let mut in_flight: Vec<Event> = Vec::new();
+    let mut tags = [0xffff_8881_0249_0000u64, 0xffff_8881_0249_6000];
+    let mut push = |e: Event, ts: &mut u64, r: u64| {
+        *ts += 300 + r % 5000;
+        out.push(Event { ts_ns: *ts, ..e });
+    };
+    for &(step, r) in script {
+        let cpu = (r >> 40) as usize & 1;
+        match step {
+            0 | 1 => {
+                let bio = Event {
+                    kind: kind::BIO_QUEUE,
+                    id: 0xffff_8882_01ce_0000 + (r % 64) * 0x100,
+                    sector: (r >> 8) % (1 << 21) * 8,
+                    bytes: [4096, 8192, 65536][(r >> 50) as usize % 3],
+                    cgroup_id: 1 + (r >> 60),
+                    dev: 7 << 20,
+                    ..Event::default()
+                };
+                push(bio, &mut ts, r);
+                let getrq = Event { kind: kind::GETRQ, ..bio };
+                push(getrq, &mut ts, r >> 3);
+                waiting.push(getrq);
+            }
+            2 => push(
+                Event {
+                    kind: kind::UNPLUG,
+                    id: 0xffff_8881_0248_9710,
+                    aux: 1 + (r % 32) as u32,
+                    dev: 7 << 20,
+                    flags: flags::UNPLUG_EXPLICIT,
+                    ..Event::default()
+                },
+                &mut ts,
+                r,
+            ),
+            3 | 4 if !waiting.is_empty() => {
+                // Oldest, newest or any waiting bio starts a request.
+                let i = [0, waiting.len() - 1, (r as usize >> 4) % waiting.len()][r as usize % 3];
+                let bio = waiting.remove(i);
+                let id = if r >> 20 & 7 == 0 {
+                    0xffff_8881_0300_0000 + (r >> 24) % 4096 * 0x40
+                } else {
+                    tags[cpu] += 0x180;
+                    tags[cpu]
+                };
+                let issue = Event {
+                    kind: kind::RQ_ISSUE,
+                    id,
+                    aux64: bio.id,
+                    aux: 1,
+                    path: 1,
+                    bytes: bio.bytes + if r >> 33 & 3 == 0 { 4096 } else { 0 },
+                    ..bio
+                };
+                push(issue, &mut ts, r >> 5);
+                in_flight.push(issue);
+            }
+            5 | 6 if !in_flight.is_empty() => {
+                let i = if r % 4 == 0 { (r as usize >> 8) % in_flight.len() } else { 0 };
+                let rq = in_flight.remove(i);
+                let k = if r >> 30 & 15 == 0 { kind::RQ_REQUEUE } else { kind::RQ_COMPLETE };
+                push(Event { kind: k, aux: rq.bytes, path: 0, ..rq }, &mut ts, r >> 7);
+            }
+            7 if !in_flight.is_empty() => {
+                let rq = in_flight[(r as usize) % in_flight.len()];
+                push(Event { kind: kind::BACK_MERGE, id: 0xffff_8882_01ce_8000 + r % 512, aux64: rq.id, ..rq }, &mut ts, r);
+            }
+            _ => {}
+        }
+    }
+    out
+}
