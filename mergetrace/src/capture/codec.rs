@@ -180,9 +180,9 @@ impl<'a> Cursor<'a> {
 // format 2 the slot's).
 //
 // modes (format 2: a varint of the bits that differ from the slot's last modes): bits 0-2 id,
-// 3-5 sector, 6-7 bytes, 8 aux, 9-11 aux64, 12 cgroup, 13 timestamp. Format 1 wrote the modes themselves
-// in one byte (bits 0-1 id, 2-3 sector, 4 bytes, 5 aux, 6-7 aux64), with the values format 2
-// gives the same modes; [`modes_from_v1`] widens it.
+// 3-5 sector, 6-7 bytes, 8 aux, 9-11 aux64, 12 cgroup, 13 timestamp. Format 1 wrote the modes
+// themselves in one byte (bits 0-1 id, 2-3 sector, 4 bytes, 5 aux, 6-7 aux64), with the
+// values format 2 gives the same modes; [`modes_from_v1`] widens it.
 
 const SLOTS: usize = 16;
 const KIND_ESCAPE: u8 = 15;
@@ -193,40 +193,40 @@ const H_DEV: u8 = 0x40;
 const H_CGROUP: u8 = 0x80;
 
 /// id = prev.id
-const ID_PREV: u16 = 0;
+const ID_PREV: usize = 0;
 // 1: id = slot.id ^ varint; 2: id = prev.id ^ varint; 3: id = prev.aux64 ^ varint
 /// id = slot.id + the slot's step (request tags handed out in turn): no bytes. The step is
 /// the smaller of an id's distances to the slot's last two ids.
-const ID_STRIDE: u16 = 4;
+const ID_STRIDE: usize = 4;
 /// id = the oldest request in flight: no bytes.
-const ID_IN_FLIGHT: u16 = 5;
+const ID_IN_FLIGHT: usize = 5;
 /// id = the slot's id before last + the step: two CPUs' requests interleaved. No bytes.
-const ID_STRIDE_2: u16 = 6;
+const ID_STRIDE_2: usize = 6;
 /// id = the id of the event before prev (another CPU's event came between): no bytes.
-const ID_PREV_2: u16 = 7;
+const ID_PREV_2: usize = 7;
 
 /// sector = prev.sector
-const SEC_PREV: u16 = 0;
+const SEC_PREV: usize = 0;
 /// sector = slot.sector + slot.bytes / 512 (the slot's I/O continues)
-const SEC_SEQ: u16 = 1;
+const SEC_SEQ: usize = 1;
 /// sector = prev.sector + zigzag varint
-const SEC_DELTA_PREV: u16 = 2;
+const SEC_DELTA_PREV: usize = 2;
 /// sector = slot.sector + zigzag varint
-const SEC_DELTA_SLOT: u16 = 3;
+const SEC_DELTA_SLOT: usize = 3;
 /// sector = link.sector; 5: the oldest waiting bio's; 6: the newest waiting bio's.
-const SEC_LINK: u16 = 4;
+const SEC_LINK: usize = 4;
 const SEC_MODES: usize = 7;
 
 /// bytes: 0 = slot's, 1 = varint follows, 2 = link's, 3 = the oldest waiting bio's.
-const BYTES_LIT: u16 = 1;
+const BYTES_LIT: usize = 1;
 /// aux: 0 = slot's, 1 = varint follows.
-const AUX_LIT: u16 = 1;
+const AUX_LIT: usize = 1;
 
 /// aux64 = slot.aux64
-const A64_SLOT: u16 = 0;
+const A64_SLOT: usize = 0;
 // 1: aux64 = id ^ varint (this event's id); 2: prev.id ^ varint; 3: slot.aux64 ^ varint
 /// aux64 = link.aux64; 5: the oldest waiting bio's id; 6: the newest's. No bytes.
-const A64_LINK: u16 = 4;
+const A64_LINK: usize = 4;
 const A64_MODES: usize = 7;
 
 // The encoder and decoder pick each field's base by indexing an array with its mode (a jump
@@ -244,11 +244,11 @@ const _: () = assert!(
 
 /// cgroup without a reference: 0 = prev's, 1 = the slot's (an unplug has none, and the
 /// issue after it has its slot's).
-const CG_SLOT: u16 = 1;
+const CG_SLOT: usize = 1;
 
 /// The timestamp: 0 = its distance from prev's, 1 = that distance less the slot's (the
 /// same code path between two tracepoints takes about the same time each pass).
-const TS_SLOT: u16 = 1;
+const TS_SLOT: usize = 1;
 
 /// The widest modes value format 2 writes.
 const MODES_MAX: u16 = 0x3fff;
@@ -261,22 +261,32 @@ fn slot_of(kind: u8) -> usize {
 }
 
 #[inline]
-fn modes_word(id: u16, sector: u16, bytes: u16, aux: u16, aux64: u16, cg: u16, ts: u16) -> u16 {
-    id | sector << 3 | bytes << 6 | aux << 8 | aux64 << 9 | cg << 12 | ts << 13
+fn modes_word(f: Fields) -> u16 {
+    (f[0] | f[1] << 3 | f[2] << 6 | f[3] << 8 | f[4] << 9 | f[5] << 12 | f[6] << 13) as u16
 }
 
-/// (id, sector, bytes, aux, aux64) of a modes value; its cgroup mode is `m >> 12 & 1`, its
-/// timestamp mode `m >> 13`.
+/// A modes value's field modes: id, sector, bytes, aux, aux64, cgroup, timestamp.
+type Fields = [usize; 7];
+
 #[inline]
-fn split_modes(m: u16) -> (u16, u16, u16, u16, u16) {
-    (m & 7, m >> 3 & 7, m >> 6 & 3, m >> 8 & 1, m >> 9 & 7)
+fn field_modes(m: u16) -> Fields {
+    let m = m as usize;
+    [
+        m & 7,
+        m >> 3 & 7,
+        m >> 6 & 3,
+        m >> 8 & 1,
+        m >> 9 & 7,
+        m >> 12 & 1,
+        m >> 13 & 1,
+    ]
 }
 
 /// A format-1 modes byte as the format-2 value meaning the same.
 #[inline]
 fn modes_from_v1(m: u8) -> u16 {
-    let m = m as u16;
-    modes_word(m & 3, m >> 2 & 3, m >> 4 & 1, m >> 5 & 1, m >> 6 & 3, 0, 0)
+    let m = m as usize;
+    modes_word([m & 3, m >> 2 & 3, m >> 4 & 1, m >> 5 & 1, m >> 6 & 3, 0, 0])
 }
 
 /// Entries of the link table: a power of two, large enough that a request's issue is still
@@ -292,10 +302,10 @@ fn link_index(id: u64) -> usize {
     (id.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - LINKS.trailing_zeros())) as usize
 }
 
-
-/// The requests' memory both sides keep, updated after every event in the same way: the
-/// link table (by id, direct-mapped: an entry another id took is simply gone) and the
-/// waiting bios. `T` is what an entry holds: the encoder a copy, the decoder an index.
+/// The requests' memories both sides keep, updated after every event in the same way: the
+/// link table (by id, direct-mapped: an entry another id took is simply gone), the waiting
+/// bios and the requests in flight. `T` is what an entry holds: the encoder what it predicts,
+/// the decoder the event's index in its output.
 #[derive(Clone)]
 struct Requests<T: Copy> {
     links: Vec<(u64, T)>,
@@ -392,7 +402,7 @@ struct Slot {
     id_2: u64,
     modes: u16,
     stride: u64,
-    /// `prev.ts_ns` to the slot's last timestamp.
+    /// The slot's last event's distance in time from the event before it.
     dt: u64,
     /// Bytes the kept modes cost more than the best ones since they were chosen: the
     /// encoder switches once that pays for writing new modes.
@@ -574,7 +584,9 @@ impl EventEncoder {
         if ev.dev != p.dev {
             head |= H_DEV;
         }
-        let cgroup = [p.cgroup_id, sp.cgroup_id][(modes >> 12) as usize & 1];
+        let [id_mode, sec_mode, bytes_mode, aux_mode, a64_mode, cg_mode, ts_mode] =
+            field_modes(modes);
+        let cgroup = [p.cgroup_id, sp.cgroup_id][cg_mode];
         if ev.cgroup_id != cgroup {
             head |= H_CGROUP;
         }
@@ -591,7 +603,7 @@ impl EventEncoder {
             out.u8(ev.flags);
         }
         let dt = ev.ts_ns.wrapping_sub(p.ts_ns);
-        let base = if modes >> 13 == TS_SLOT { slot.dt } else { 0 };
+        let base = if ts_mode == TS_SLOT { slot.dt } else { 0 };
         out.varint(zigzag(dt.wrapping_sub(base) as i64));
         if ev.dev != p.dev {
             match self.devs.iter().position(|d| *d == ev.dev) {
@@ -615,12 +627,11 @@ impl EventEncoder {
             }
         }
         // The field modes pick a base by index (not a `match`: its jump table mispredicts).
-        let (id_mode, sec_mode, bytes_mode, aux_mode, a64_mode) = split_modes(modes);
         if id_mode != ID_PREV && id_mode < ID_STRIDE {
-            out.varint(ev.id ^ [0, sp.id, p.id, p.aux64][id_mode as usize & 3]);
+            out.varint(ev.id ^ [0, sp.id, p.id, p.aux64][id_mode]);
         }
         if sec_mode == SEC_DELTA_PREV || sec_mode == SEC_DELTA_SLOT {
-            let base = [p.sector, sp.sector][(sec_mode - SEC_DELTA_PREV) as usize];
+            let base = [p.sector, sp.sector][sec_mode - SEC_DELTA_PREV];
             out.varint(zigzag(ev.sector.wrapping_sub(base) as i64));
         }
         if bytes_mode == BYTES_LIT {
@@ -630,7 +641,7 @@ impl EventEncoder {
             out.varint(ev.aux as u64);
         }
         if a64_mode != A64_SLOT && a64_mode < A64_LINK {
-            out.varint(ev.aux64 ^ [0, ev.id, p.id, sp.aux64][a64_mode as usize]);
+            out.varint(ev.aux64 ^ [0, ev.id, p.id, sp.aux64][a64_mode]);
         }
     }
 }
@@ -709,43 +720,26 @@ fn choose_modes(
         varint_len(zigzag(dt.wrapping_sub(slot.dt) as i64)),
     ];
     let m = slot.modes;
-    let k_cg = (m >> 12) as usize & 1;
-    let k_ts = (m >> 13) as usize & 1;
-    let (k_id, k_sec, k_bytes, k_aux, k_a64) = split_modes(m);
-    let (k_id, k_sec, k_bytes, k_aux, k_a64) = (
-        k_id as usize,
-        k_sec as usize,
-        k_bytes as usize,
-        k_aux as usize,
-        k_a64 as usize,
-    );
+    let k = field_modes(m);
     let keep_cost =
-        id_c[k_id] + sec_c[k_sec] + bytes_c[k_bytes] + aux_c[k_aux] + a64_c[k_a64] + cg_c[k_cg];
-    let ts_keep = ts_c[k_ts];
+        id_c[k[0]] + sec_c[k[1]] + bytes_c[k[2]] + aux_c[k[3]] + a64_c[k[4]] + cg_c[k[5]];
+    let ts_keep = ts_c[k[6]];
     if keep_cost == 0 && ts_keep <= ts_c[0].min(ts_c[1]) {
         return (m, 0);
     }
-    let (b_id, b_sec, b_bytes, b_aux, b_a64) = (
-        best(id_c, k_id),
-        best(sec_c, k_sec),
-        best(bytes_c, k_bytes),
-        best(aux_c, k_aux),
-        best(a64_c, k_a64),
-    );
-    let b_cg = best(cg_c, k_cg);
-    let b_ts = best(ts_c, k_ts);
-    let new = modes_word(
-        b_id as u16,
-        b_sec as u16,
-        b_bytes as u16,
-        b_aux as u16,
-        b_a64 as u16,
-        b_cg as u16,
-        b_ts as u16,
-    );
+    let b = [
+        best(id_c, k[0]),
+        best(sec_c, k[1]),
+        best(bytes_c, k[2]),
+        best(aux_c, k[3]),
+        best(a64_c, k[4]),
+        best(cg_c, k[5]),
+        best(ts_c, k[6]),
+    ];
+    let new = modes_word(b);
     let best_cost =
-        id_c[b_id] + sec_c[b_sec] + bytes_c[b_bytes] + aux_c[b_aux] + a64_c[b_a64] + cg_c[b_cg];
-    let (keep_cost, best_cost) = (keep_cost + ts_keep, best_cost + ts_c[b_ts]);
+        id_c[b[0]] + sec_c[b[1]] + bytes_c[b[2]] + aux_c[b[3]] + a64_c[b[4]] + cg_c[b[5]];
+    let (keep_cost, best_cost) = (keep_cost + ts_keep, best_cost + ts_c[b[6]]);
     if keep_cost <= best_cost {
         return (m, 0);
     }
@@ -911,11 +905,8 @@ impl EventDecoder {
             modes_from_v1(c.u8()?)
         } else {
             let m = c.varint()? ^ slot_modes as u64;
-            let (_, sec, _, _, a64) = split_modes(m as u16);
-            if m > MODES_MAX as u64
-                || sec as usize >= SEC_MODES
-                || a64 as usize >= A64_MODES
-            {
+            let f = field_modes(m as u16);
+            if m > MODES_MAX as u64 || f[1] >= SEC_MODES || f[4] >= A64_MODES {
                 return Err(c.err("unknown field mode"));
             }
             m as u16
@@ -925,7 +916,9 @@ impl EventDecoder {
         } else {
             (sp.op, sp.path, sp.flags)
         };
-        let base = if modes >> 13 == TS_SLOT { slot.dt } else { 0 };
+        let [id_mode, sec_mode, bytes_mode, aux_mode, a64_mode, cg_mode, ts_mode] =
+            field_modes(modes);
+        let base = if ts_mode == TS_SLOT { slot.dt } else { 0 };
         let dt = (unzigzag(c.varint()?) as u64).wrapping_add(base);
         let ts_ns = p.ts_ns.wrapping_add(dt);
         let dev = if head & H_DEV != 0 {
@@ -947,12 +940,11 @@ impl EventDecoder {
                 new,
                 "cgroup reference past the chunk's dictionary",
             )?
-        } else if modes >> 12 & 1 == CG_SLOT {
+        } else if cg_mode == CG_SLOT {
             sp.cgroup_id
         } else {
             p.cgroup_id
         };
-        let (id_mode, sec_mode, bytes_mode, aux_mode, a64_mode) = split_modes(modes);
         // As the encoder, the field modes pick a base by index, not with a jump table.
         let id = match id_mode {
             ID_PREV => p.id,
@@ -960,30 +952,39 @@ impl EventDecoder {
             ID_IN_FLIGHT => self.requests.oldest_in_flight().unwrap_or(0),
             ID_STRIDE_2 => id_2.wrapping_add(stride),
             ID_PREV_2 => done.len().checked_sub(2).map_or(0, |i| done[i].id),
-            m => [0, sp.id, p.id, p.aux64][m as usize & 3] ^ c.varint()?,
+            m => [0, sp.id, p.id, p.aux64][m] ^ c.varint()?,
         };
-        let (link, oldest, newest) = if sec_mode >= SEC_LINK || bytes_mode > BYTES_LIT || a64_mode >= A64_LINK {
-            (
-                at(self.requests.link(id)),
-                at(self.requests.oldest()),
-                at(self.requests.newest()),
-            )
-        } else {
-            (&ZERO, &ZERO, &ZERO)
-        };
+        let (link, oldest, newest) =
+            if sec_mode >= SEC_LINK || bytes_mode > BYTES_LIT || a64_mode >= A64_LINK {
+                (
+                    at(self.requests.link(id)),
+                    at(self.requests.oldest()),
+                    at(self.requests.newest()),
+                )
+            } else {
+                (&ZERO, &ZERO, &ZERO)
+            };
         let sector = match sec_mode {
             SEC_DELTA_PREV | SEC_DELTA_SLOT => {
-                let base = [p.sector, sp.sector][(sec_mode - SEC_DELTA_PREV) as usize];
+                let base = [p.sector, sp.sector][sec_mode - SEC_DELTA_PREV];
                 base.wrapping_add(unzigzag(c.varint()?) as u64)
             }
             m => {
                 let seq = sp.sector.wrapping_add((sp.bytes >> 9) as u64);
-                [p.sector, seq, 0, 0, link.sector, oldest.sector, newest.sector][m as usize]
+                [
+                    p.sector,
+                    seq,
+                    0,
+                    0,
+                    link.sector,
+                    oldest.sector,
+                    newest.sector,
+                ][m]
             }
         };
         let bytes = match bytes_mode {
             BYTES_LIT => c.varint_u32()?,
-            m => [sp.bytes, 0, link.bytes, oldest.bytes][m as usize],
+            m => [sp.bytes, 0, link.bytes, oldest.bytes][m],
         };
         let aux = if aux_mode == AUX_LIT {
             c.varint_u32()?
@@ -992,8 +993,8 @@ impl EventDecoder {
         };
         let aux64 = match a64_mode {
             A64_SLOT => sp.aux64,
-            m if m >= A64_LINK => [link.aux64, oldest.id, newest.id][(m - A64_LINK) as usize],
-            m => [0, id, p.id, sp.aux64][m as usize] ^ c.varint()?,
+            m if m >= A64_LINK => [link.aux64, oldest.id, newest.id][m - A64_LINK],
+            m => [0, id, p.id, sp.aux64][m] ^ c.varint()?,
         };
         self.slots[si] = DecoderSlot {
             last: done.len() as u32,

@@ -209,7 +209,9 @@ fn golden_ops() -> Vec<Op> {
 /// format 2's request memories predict. Never change this function either.
 fn golden_v2_ops() -> Vec<Op> {
     let mut rng = Rng(0x601d_0002);
-    let script: Vec<(u8, u64)> = (0..600).map(|_| ((rng.below(8)) as u8, rng.next())).collect();
+    let script: Vec<(u8, u64)> = (0..600)
+        .map(|_| ((rng.below(8)) as u8, rng.next()))
+        .collect();
     let mut ops = golden_ops();
     ops.push(Op::Events(lifecycle_stream(&script)));
     ops

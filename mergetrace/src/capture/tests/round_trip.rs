@@ -167,7 +167,11 @@ fn capture_request_lifecycles_are_compact() {
             ..Event::default()
         };
         events.push(bio);
-        events.push(Event { ts_ns: at(&mut rng), kind: kind::GETRQ, ..bio });
+        events.push(Event {
+            ts_ns: at(&mut rng),
+            kind: kind::GETRQ,
+            ..bio
+        });
         events.push(Event {
             ts_ns: at(&mut rng),
             kind: kind::UNPLUG,
@@ -191,7 +195,13 @@ fn capture_request_lifecycles_are_compact() {
         in_flight.push_back(issue);
         if in_flight.len() > 32 {
             let rq = in_flight.pop_front().unwrap();
-            events.push(Event { ts_ns: at(&mut rng), kind: kind::RQ_COMPLETE, aux: 4096, path: 0, ..rq });
+            events.push(Event {
+                ts_ns: at(&mut rng),
+                kind: kind::RQ_COMPLETE,
+                aux: 4096,
+                path: 0,
+                ..rq
+            });
         }
     }
     let mut enc = EventEncoder::default();
@@ -217,6 +227,8 @@ fn capture_request_lifecycles_are_compact() {
         assert!(per(k) < most, "kind {k}: {:.2} bytes", per(k));
     }
     let mut back = Vec::new();
-    EventDecoder::default().decode(&out, events.len() as u32, enc.base_ts(), &mut back).unwrap();
+    EventDecoder::default()
+        .decode(&out, events.len() as u32, enc.base_ts(), &mut back)
+        .unwrap();
     assert_same(&back, &events);
 }

@@ -246,7 +246,10 @@ pub(super) fn lifecycle_stream(script: &[(u8, u64)]) -> Vec<Event> {
                     ..Event::default()
                 };
                 push(bio, &mut ts, r);
-                let getrq = Event { kind: kind::GETRQ, ..bio };
+                let getrq = Event {
+                    kind: kind::GETRQ,
+                    ..bio
+                };
                 push(getrq, &mut ts, r >> 3);
                 waiting.push(getrq);
             }
@@ -285,14 +288,40 @@ pub(super) fn lifecycle_stream(script: &[(u8, u64)]) -> Vec<Event> {
                 in_flight.push(issue);
             }
             5 | 6 if !in_flight.is_empty() => {
-                let i = if r % 4 == 0 { (r as usize >> 8) % in_flight.len() } else { 0 };
+                let i = if r % 4 == 0 {
+                    (r as usize >> 8) % in_flight.len()
+                } else {
+                    0
+                };
                 let rq = in_flight.remove(i);
-                let k = if r >> 30 & 15 == 0 { kind::RQ_REQUEUE } else { kind::RQ_COMPLETE };
-                push(Event { kind: k, aux: rq.bytes, path: 0, ..rq }, &mut ts, r >> 7);
+                let k = if r >> 30 & 15 == 0 {
+                    kind::RQ_REQUEUE
+                } else {
+                    kind::RQ_COMPLETE
+                };
+                push(
+                    Event {
+                        kind: k,
+                        aux: rq.bytes,
+                        path: 0,
+                        ..rq
+                    },
+                    &mut ts,
+                    r >> 7,
+                );
             }
             7 if !in_flight.is_empty() => {
                 let rq = in_flight[(r as usize) % in_flight.len()];
-                push(Event { kind: kind::BACK_MERGE, id: 0xffff_8882_01ce_8000 + r % 512, aux64: rq.id, ..rq }, &mut ts, r);
+                push(
+                    Event {
+                        kind: kind::BACK_MERGE,
+                        id: 0xffff_8882_01ce_8000 + r % 512,
+                        aux64: rq.id,
+                        ..rq
+                    },
+                    &mut ts,
+                    r,
+                );
             }
             _ => {}
         }
