@@ -395,15 +395,45 @@ fn remove<T>(q: &mut VecDeque<(u64, T)>, id: u64) {
     }
 }
 
+/// What both sides keep of a slot beside its last event, updated by [`History::after`] alike.
 #[derive(Clone, Copy, Default)]
-struct Slot {
-    prev: Event,
-    /// The id of the slot's event before `prev`.
-    id_2: u64,
+struct History {
     modes: u16,
+    /// The id of the slot's event before its last.
+    id_2: u64,
+    /// See [`step`].
     stride: u64,
     /// The slot's last event's distance in time from the event before it.
     dt: u64,
+}
+
+impl History {
+    /// The history once an event (`id`, `modes`, `dt` after the event before it) follows the
+    /// slot's last event, whose id was `last_id`.
+    #[inline]
+    fn after(self, last_id: u64, id: u64, modes: u16, dt: u64) -> History {
+        History {
+            modes,
+            id_2: last_id,
+            stride: step(id, last_id, self.id_2),
+            dt,
+        }
+    }
+
+    /// The ids [`ID_STRIDE`] and [`ID_STRIDE_2`] predict, after the slot's last id `last_id`.
+    #[inline]
+    fn stepped(&self, last_id: u64) -> [u64; 2] {
+        [
+            last_id.wrapping_add(self.stride),
+            self.id_2.wrapping_add(self.stride),
+        ]
+    }
+}
+
+#[derive(Clone, Copy, Default)]
+struct Slot {
+    prev: Event,
+    h: History,
     /// Bytes the kept modes cost more than the best ones since they were chosen: the
     /// encoder switches once that pays for writing new modes.
     regret: u32,
@@ -548,10 +578,9 @@ impl EventEncoder {
         self.write(ev, &slot, &p, modes, out);
         self.state.slots[si] = Slot {
             prev: *ev,
-            id_2: slot.prev.id,
-            modes,
-            stride: step(ev.id, slot.prev.id, slot.id_2),
-            dt: ev.ts_ns.wrapping_sub(p.ts_ns),
+            h: slot
+                .h
+                .after(slot.prev.id, ev.id, modes, ev.ts_ns.wrapping_sub(p.ts_ns)),
             regret,
         };
         self.state.prev_id_2 = p.id;
@@ -572,7 +601,7 @@ impl EventEncoder {
 
     #[inline(always)]
     fn write_into(&mut self, ev: &Event, slot: &Slot, p: &Event, modes: u16, out: &mut Scratch) {
-        let (sp, m) = (slot.prev, slot.modes);
+        let (sp, m) = (slot.prev, slot.h.modes);
         let mut head = ev.kind.min(KIND_ESCAPE);
         if modes != m {
             head |= H_MODES;
@@ -603,7 +632,7 @@ impl EventEncoder {
             out.u8(ev.flags);
         }
         let dt = ev.ts_ns.wrapping_sub(p.ts_ns);
-        let base = if ts_mode == TS_SLOT { slot.dt } else { 0 };
+        let base = if ts_mode == TS_SLOT { slot.h.dt } else { 0 };
         out.varint(zigzag(dt.wrapping_sub(base) as i64));
         if ev.dev != p.dev {
             match self.devs.iter().position(|d| *d == ev.dev) {
@@ -673,14 +702,15 @@ fn choose_modes(
         ),
     };
     let known = |hit: bool| exact(hit) | no;
+    let [stepped, stepped_2] = slot.h.stepped(sp.id);
     let id_c = [
         exact(ev.id == p.id),
         varint_len(ev.id ^ sp.id),
         varint_len(ev.id ^ p.id),
         varint_len(ev.id ^ p.aux64),
-        exact(ev.id == sp.id.wrapping_add(slot.stride)),
+        exact(ev.id == stepped),
         known(ev.id == l.in_flight),
-        exact(ev.id == slot.id_2.wrapping_add(slot.stride)),
+        exact(ev.id == stepped_2),
         exact(ev.id == prev_id_2),
     ];
     let seq = sp.sector.wrapping_add((sp.bytes >> 9) as u64);
@@ -711,15 +741,15 @@ fn choose_modes(
     ];
     // A cgroup reference costs its head bit's worth of nothing and about a byte.
     let cg_c = [
-        exact(ev.cgroup_id == p.cgroup_id).min(1),
-        exact(ev.cgroup_id == sp.cgroup_id).min(1),
+        (ev.cgroup_id != p.cgroup_id) as u32,
+        (ev.cgroup_id != sp.cgroup_id) as u32,
     ];
     let dt = ev.ts_ns.wrapping_sub(p.ts_ns);
     let ts_c = [
         varint_len(zigzag(dt as i64)),
-        varint_len(zigzag(dt.wrapping_sub(slot.dt) as i64)),
+        varint_len(zigzag(dt.wrapping_sub(slot.h.dt) as i64)),
     ];
-    let m = slot.modes;
+    let m = slot.h.modes;
     let k = field_modes(m);
     let keep_cost =
         id_c[k[0]] + sec_c[k[1]] + bytes_c[k[2]] + aux_c[k[3]] + a64_c[k[4]] + cg_c[k[5]];
@@ -793,25 +823,22 @@ impl Default for EventDecoder {
     }
 }
 
-/// What the decoder keeps per slot beside its last event.
+/// What the decoder keeps per slot: the index of its last event in the output (`NONE`: none
+/// yet), and its history.
 #[derive(Clone, Copy)]
 struct DecoderSlot {
-    /// The index of its last event in the output (`NONE`: none yet).
     last: u32,
-    modes: u16,
-    stride: u64,
-    /// The id before its last.
-    id_2: u64,
-    /// Its last event's distance from the event before.
-    dt: u64,
+    h: History,
 }
 
 const EMPTY_SLOT: DecoderSlot = DecoderSlot {
     last: NONE,
-    modes: 0,
-    stride: 0,
-    id_2: 0,
-    dt: 0,
+    h: History {
+        modes: 0,
+        id_2: 0,
+        stride: 0,
+        dt: 0,
+    },
 };
 
 /// A slot or memory without an event in the chunk yet: it predicts from the all-zero event.
@@ -897,7 +924,7 @@ impl EventDecoder {
         };
         let si = slot_of(kind);
         let slot = self.slots[si];
-        let (slot_modes, stride, id_2) = (slot.modes, slot.stride, slot.id_2);
+        let slot_modes = slot.h.modes;
         let sp = at(Some(slot.last));
         let modes = if head & H_MODES == 0 {
             slot_modes
@@ -918,7 +945,7 @@ impl EventDecoder {
         };
         let [id_mode, sec_mode, bytes_mode, aux_mode, a64_mode, cg_mode, ts_mode] =
             field_modes(modes);
-        let base = if ts_mode == TS_SLOT { slot.dt } else { 0 };
+        let base = if ts_mode == TS_SLOT { slot.h.dt } else { 0 };
         let dt = (unzigzag(c.varint()?) as u64).wrapping_add(base);
         let ts_ns = p.ts_ns.wrapping_add(dt);
         let dev = if head & H_DEV != 0 {
@@ -948,9 +975,9 @@ impl EventDecoder {
         // As the encoder, the field modes pick a base by index, not with a jump table.
         let id = match id_mode {
             ID_PREV => p.id,
-            ID_STRIDE => sp.id.wrapping_add(stride),
+            ID_STRIDE => slot.h.stepped(sp.id)[0],
             ID_IN_FLIGHT => self.requests.oldest_in_flight().unwrap_or(0),
-            ID_STRIDE_2 => id_2.wrapping_add(stride),
+            ID_STRIDE_2 => slot.h.stepped(sp.id)[1],
             ID_PREV_2 => done.len().checked_sub(2).map_or(0, |i| done[i].id),
             m => [0, sp.id, p.id, p.aux64][m] ^ c.varint()?,
         };
@@ -998,10 +1025,7 @@ impl EventDecoder {
         };
         self.slots[si] = DecoderSlot {
             last: done.len() as u32,
-            modes,
-            stride: step(id, sp.id, id_2),
-            id_2: sp.id,
-            dt,
+            h: slot.h.after(sp.id, id, modes, dt),
         };
         Ok(Event {
             ts_ns,
