@@ -27,8 +27,8 @@ pub static METER_UNITS: MeterUnits = unsafe { core::mem::zeroed() };
 #[no_mangle]
 pub static TRACED: TracedDevices = unsafe { core::mem::zeroed() };
 
-/// Wake the reader once this many bytes wait in a CPU's ring of `EVENTS` (a quarter of a
-/// ring, at most 256 KiB); it also looks on a short timer.
+/// Wake the reader once a CPU has sent this many bytes to its ring of `EVENTS` since it last
+/// woke it (a quarter of a ring, at most 256 KiB); it also looks on a short timer.
 #[no_mangle]
 pub static RING_WAKE_BYTES: u64 = 0;
 
@@ -211,6 +211,10 @@ pub struct CursorKey {
 /// blk-throttle's policy id + 1 (0: not found yet), the index of its data in `blkg->pd[]`.
 #[map]
 pub static THROTTLE_POLICY: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Per CPU: bytes sent to this CPU's ring since it last woke the reader (`emit::send`).
+#[map]
+pub static SENT_SINCE_WAKE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 /// Per CPU: values the verifier does not track. Slot 0 passes a value through
 /// (`read::forget`), slot 1 holds a loop's running sum (`read::untracked_sum`).
