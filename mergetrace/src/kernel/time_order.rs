@@ -8,10 +8,7 @@
 //! are older than the moment the rings were read, less [`GRACE_NS`]. An event later than
 //! that (its CPU stalled longer, e.g. a descheduled virtual CPU) is still written, never
 //! dropped, in the next batch, and counted as late.
-use std::{
-    cmp::Reverse,
-    collections::{BinaryHeap, VecDeque},
-};
+use std::collections::VecDeque;
 
 use mergetrace_common::Event;
 
@@ -22,10 +19,6 @@ pub const GRACE_NS: u64 = 100_000_000;
 #[derive(Default)]
 pub struct TimeOrder {
     queues: Vec<VecDeque<Event>>,
-    /// The k-way merge's heads: (timestamp, queue), earliest first.
-    heads: BinaryHeap<Reverse<(u64, usize)>>,
-    /// How many events of each queue go out in the current release.
-    due: Vec<usize>,
     /// The latest timestamp handed out so far.
     released: u64,
     late: u64,
@@ -36,7 +29,6 @@ impl TimeOrder {
     pub fn new(rings: usize) -> TimeOrder {
         TimeOrder {
             queues: vec![VecDeque::new(); rings],
-            due: vec![0; rings],
             ..TimeOrder::default()
         }
     }
@@ -81,33 +73,19 @@ impl TimeOrder {
 
     /// Appends to `out`, in time order, every waiting event not later than `watermark`.
     pub fn release(&mut self, watermark: u64, out: &mut Vec<Event>) {
-        self.heads.clear();
-        for (i, queue) in self.queues.iter().enumerate() {
-            self.due[i] = queue.partition_point(|e| e.ts_ns <= watermark);
-            if self.due[i] > 0 {
-                self.heads.push(Reverse((queue[0].ts_ns, i)));
-            }
+        let start = out.len();
+        for queue in &mut self.queues {
+            let due = queue.partition_point(|e| e.ts_ns <= watermark);
+            let (front, back) = queue.as_slices();
+            let from_front = due.min(front.len());
+            out.extend_from_slice(&front[..from_front]);
+            out.extend_from_slice(&back[..due - from_front]);
+            queue.drain(..due);
         }
-        // A k-way merge of the queues' due events (equal timestamps: each ring's order kept).
-        while let Some(Reverse((_, i))) = self.heads.pop() {
-            let queue = &mut self.queues[i];
-            if self.heads.is_empty() {
-                out.extend(queue.drain(..self.due[i])); // the last queue with events due
-                break;
-            }
-            let next = self.heads.peek().map_or(u64::MAX, |Reverse((ts, _))| *ts);
-            // This queue's run up to the next queue's head goes out in one piece.
-            let run = queue
-                .range(..self.due[i])
-                .position(|e| e.ts_ns > next)
-                .unwrap_or(self.due[i])
-                .max(1);
-            out.extend(queue.drain(..run));
-            self.due[i] -= run;
-            if self.due[i] > 0 {
-                self.heads.push(Reverse((queue[0].ts_ns, i)));
-            }
-        }
+        // Each queue is in time order, so a stable sort merges them: it finds the queues' runs
+        // and merges those (cheaper than a heap step per event when CPUs take turns event by
+        // event). Stable: equal timestamps keep each ring's order, and the rings' index order.
+        out[start..].sort_by_key(|e| e.ts_ns);
         if let Some(last) = out.last() {
             self.released = self.released.max(last.ts_ns);
         }
