@@ -220,6 +220,48 @@ fn a_capture_of_every_cpu_is_in_one_time_order() {
     );
 }
 
+/// `record --stats`: each program's runs as the kernel's BPF statistics count them (on every
+/// device, so at least the traced disk's bios and requests), and the recording's own CPU time.
+#[test]
+fn record_stats_show_the_programs_runs_and_the_recorders_cpu() {
+    require_root();
+    let lo = LoopDevice::new(64 << 20);
+    let dir = tempfile::tempdir().unwrap();
+    let capture = dir.path().join("stats.mtr");
+    let rec = Recorder::start_with(&lo, &capture, &["--stats"]);
+    let before = lo.diskstats();
+    let ios: u64 = 1024;
+    run_workload(&lo, None, &["--ios", &ios.to_string(), "--batch", "8"]);
+    let disk = lo.diskstats().since(&before);
+    let stderr = rec.stop();
+    let runs = |program: &str| -> u64 {
+        stderr
+            .lines()
+            .find_map(|l| {
+                let w: Vec<&str> = l
+                    .strip_prefix("mergetrace: stats: ")?
+                    .split_whitespace()
+                    .collect();
+                (w.first() == Some(&program) && w.get(2) == Some(&"runs"))
+                    .then(|| w[1].parse().ok())?
+            })
+            .unwrap_or_else(|| panic!("no stats line for {program} in: {stderr}"))
+    };
+    assert!(runs("block_bio_queue") >= ios, "{stderr}");
+    assert!(disk.writes > 0 && disk.writes <= ios, "{disk:?}");
+    assert!(runs("block_rq_issue") >= disk.writes, "{stderr}");
+    assert!(runs("block_rq_complete") >= disk.writes, "{stderr}");
+    let cpu = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("mergetrace: stats: recording took "))
+        .unwrap_or_else(|| panic!("no recording CPU line in: {stderr}"));
+    assert!(
+        cpu.contains(" ms of this process's CPU, ") && cpu.ends_with(" ns per event"),
+        "{cpu}"
+    );
+    assert!(events_written(&stderr) >= ios, "{stderr}");
+}
+
 /// The round trip's `report --json`: the live view's total object, plus distributions.
 /// Returns its device's write total.
 fn check_report_json(run: &Run, cap: &str, ios: u64, ctx: &str) -> Value {

@@ -47,6 +47,10 @@ pub struct RecordArgs {
     /// blk-throttle rules or io.cost, the bios they charge are recorded all the same.
     #[arg(long)]
     pub requests: bool,
+    /// Report at the end what the recording cost: each eBPF program's kernel time per run
+    /// (BPF run-time statistics) and this process's CPU time per event written.
+    #[arg(long)]
+    pub stats: bool,
     #[command(flatten)]
     pub run: RunArgs,
 }
@@ -208,7 +212,7 @@ pub async fn run(args: RecordArgs) -> Result<()> {
     let probe_header = header("", &devices, &cgroups, &args.trace.meter_unit);
     let mut opts = args
         .trace
-        .kernel_options(Modes::EMITTING, args.run.ring_mib << 20, false);
+        .kernel_options(Modes::EMITTING, args.run.ring_mib << 20, args.stats);
     // --requests: the request events, and what the flags ask for (plug flushes, a program
     // run per flush, only with --plug-flushes); reads' new requests are left out as when
     // counting (a request's events tell it).
@@ -252,6 +256,7 @@ pub async fn run(args: RecordArgs) -> Result<()> {
         }
     );
 
+    let cpu_at_start = crate::sys::process_cpu_ns();
     let (stop_tx, stop_rx) = watch::channel(false);
     // The writer is shared by the collector (events) and the ticker (losses, flushes); the
     // first write error stops the recording.
@@ -283,6 +288,11 @@ pub async fn run(args: RecordArgs) -> Result<()> {
         }
     }
     // Detach, let the collector drain the rings, record the last losses.
+    let program_stats = if args.stats {
+        session.program_stats()
+    } else {
+        Vec::new()
+    };
     session.detach();
     let _ = stop_tx.send(true);
     let collected = collector.await.context("collector task failed")??;
@@ -301,12 +311,37 @@ pub async fn run(args: RecordArgs) -> Result<()> {
             kernel::time_order::GRACE_NS / 1_000_000
         );
     }
-    rec.finish(&args)
+    let events = rec.finish(&args)?;
+    if args.stats {
+        print_stats(
+            &program_stats,
+            crate::sys::process_cpu_ns() - cpu_at_start,
+            events,
+        );
+    }
+    Ok(())
+}
+
+/// `--stats`: the programs' kernel time, as the live view prints it, and this process's CPU
+/// time while it recorded (`cpu_ns`: user and system, every thread) per event written.
+fn print_stats(programs: &[crate::model::snapshot::ProgramStat], cpu_ns: u64, events: u64) {
+    for p in programs {
+        eprintln!(
+            "mergetrace: stats: {:<24} {:>12} runs {:>8.0} ns/run",
+            p.program, p.runs, p.ns_per_run
+        );
+    }
+    eprintln!(
+        "mergetrace: stats: recording took {:.0} ms of this process's CPU, {:.0} ns per event",
+        cpu_ns as f64 / 1e6,
+        cpu_ns as f64 / events.max(1) as f64
+    );
 }
 
 impl Recording {
-    /// Closes the capture and says what it holds, or why it stopped early.
-    fn finish(self, args: &RecordArgs) -> Result<()> {
+    /// Closes the capture and says what it holds, or why it stopped early; the events
+    /// written.
+    fn finish(self, args: &RecordArgs) -> Result<u64> {
         let Recording {
             writer, failure, ..
         } = self;
@@ -341,6 +376,6 @@ impl Recording {
                 (args.run.ring_mib * 4).min(RING_MIB_MAX)
             );
         }
-        Ok(())
+        Ok(summary.events)
     }
 }

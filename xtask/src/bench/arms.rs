@@ -1,5 +1,5 @@
 //! The arms of the benchmark (no tracer, the live view, with --latency, the exporter scraped
-//! every second, record, record --requests, bpftrace, perf, --stats),
+//! every second, record, record --requests, bpftrace, perf, live --stats, record --stats),
 //! the order they run in each round, and what one run of an arm measured.
 
 use super::{
@@ -18,10 +18,11 @@ pub enum Arm {
     Bpftrace,
     Perf,
     LiveStats,
+    RecordStats,
 }
 
 impl Arm {
-    pub const ALL: [Arm; 9] = [
+    pub const ALL: [Arm; 10] = [
         Arm::Baseline,
         Arm::Live,
         Arm::LiveLatency,
@@ -31,6 +32,7 @@ impl Arm {
         Arm::Bpftrace,
         Arm::Perf,
         Arm::LiveStats,
+        Arm::RecordStats,
     ];
 
     pub fn key(self) -> &'static str {
@@ -44,6 +46,7 @@ impl Arm {
             Arm::Bpftrace => "bpftrace",
             Arm::Perf => "perf",
             Arm::LiveStats => "live_stats",
+            Arm::RecordStats => "record_stats",
         }
     }
 
@@ -58,6 +61,7 @@ impl Arm {
             Arm::Bpftrace => "bpftrace",
             Arm::Perf => "perf record",
             Arm::LiveStats => "mergetrace live --stats",
+            Arm::RecordStats => "mergetrace record --stats",
         }
     }
 
@@ -75,6 +79,7 @@ impl Arm {
             }
             Arm::Perf => "perf record -e block:... -a -B -N -o /dev/shm/.../perf.data",
             Arm::LiveStats => "mergetrace -d DEV --json -i 10s --stats",
+            Arm::RecordStats => "mergetrace record -d DEV -o /dev/shm/... --force --stats",
         }
     }
 }
@@ -116,6 +121,8 @@ pub struct Sample {
     pub bytes: Option<u64>,
     /// `--stats`: (program, runs, ns per run).
     pub programs: Vec<(String, u64, f64)>,
+    /// `record --stats`: the recording process's own CPU time while it recorded, ns.
+    pub recorder_cpu_ns: Option<f64>,
     pub notes: Vec<String>,
 }
 
@@ -142,6 +149,11 @@ impl Sample {
             .map(|(_, runs, ns)| *runs as f64 * ns)
             .sum();
         Some(ns / self.ios as f64)
+    }
+
+    /// `record --stats`: the recording process's CPU time per I/O fio did, ns.
+    pub fn recorder_ns_per_io(&self) -> Option<f64> {
+        (self.ios > 0).then(|| self.recorder_cpu_ns.map(|ns| ns / self.ios as f64))?
     }
 }
 
@@ -187,6 +199,9 @@ pub fn progress(arm: Arm, s: &Sample) -> String {
     }
     if let Some(b) = s.bpf_ns_per_io() {
         line += &format!("  BPF {b:.0} ns/I/O");
+    }
+    if let Some(u) = s.recorder_ns_per_io() {
+        line += &format!(", recorder {u:.0} ns/I/O");
     }
     line
 }

@@ -98,32 +98,56 @@ pub fn render_workload(w: &WorkloadOutcome, targets: &[&Target]) -> String {
     out += &w.perf_ratios();
     out += "\n\n";
     out += &targets_table(targets);
-    let ps = w.program_stats();
     out += "\n";
-    if ps.is_empty() {
-        out += "BPF program cost: not measured (the --stats arm did not run or reported nothing)\n";
-    } else {
-        out +=
-            "BPF program cost (mergetrace --stats, kernel BPF run-time statistics, all devices)\n";
-        let mut rows = vec![vec![
-            "program".to_string(),
-            "runs/run".into(),
-            "runs/I/O".into(),
-            "ns/run median [min–max]".into(),
-        ]];
-        for p in &ps {
-            rows.push(vec![
-                p.program.clone(),
-                si(p.runs.median),
-                p.runs_per_io
-                    .map(|s| format!("{:.2}", s.median))
-                    .unwrap_or_default(),
-                p.ns_per_run.show(|x| format!("{x:.0}")),
-            ]);
-        }
-        out += &table(&rows);
-    }
+    out += &program_table(
+        w,
+        Arm::LiveStats,
+        "BPF program cost (mergetrace --stats, kernel BPF run-time statistics, all devices)",
+    );
+    out += "\n";
+    out += &program_table(
+        w,
+        Arm::RecordStats,
+        "A full capture's cost (mergetrace record --stats: its programs, as above)",
+    );
+    out += &match w.record_cost() {
+        Some(c) => format!(
+            "record per I/O: programs {:.0} ns + recording process {:.0} ns = {:.0} ns, {} of the \
+             baseline's {:.2} µs of CPU per I/O\n",
+            c.bpf_ns_per_io,
+            c.recorder_ns_per_io,
+            c.bpf_ns_per_io + c.recorder_ns_per_io,
+            pct(c.share),
+            c.cpu_ns_per_io / 1e3
+        ),
+        None => "record per I/O: not measured\n".to_string(),
+    };
     out
+}
+
+/// A `--stats` arm's programs, one row each.
+fn program_table(w: &WorkloadOutcome, arm: Arm, title: &str) -> String {
+    let ps = w.program_stats(arm);
+    if ps.is_empty() {
+        return format!("{title}: not measured (the arm did not run or reported nothing)\n");
+    }
+    let mut rows = vec![vec![
+        "program".to_string(),
+        "runs/run".into(),
+        "runs/I/O".into(),
+        "ns/run median [min–max]".into(),
+    ]];
+    for p in &ps {
+        rows.push(vec![
+            p.program.clone(),
+            si(p.runs.median),
+            p.runs_per_io
+                .map(|s| format!("{:.2}", s.median))
+                .unwrap_or_default(),
+            p.ns_per_run.show(|x| format!("{x:.0}")),
+        ]);
+    }
+    format!("{title}\n{}", table(&rows))
 }
 
 pub fn targets_table(targets: &[&Target]) -> String {
@@ -235,7 +259,20 @@ pub fn workload_json(w: &WorkloadOutcome, dev: &str, seconds: u32) -> Value {
     for arm in Arm::ALL {
         arms.insert(arm.key().into(), arm_json(w, arm));
     }
-    let shares = w.bpf_shares();
+    let shares = w.bpf_shares(Arm::LiveStats);
+    let stats_json = |arm| {
+        w.program_stats(arm)
+            .iter()
+            .map(|p| {
+                json!({
+                    "program": p.program,
+                    "runs_per_run": p.runs.json(),
+                    "runs_per_io": p.runs_per_io.map(|s| s.json()),
+                    "ns_per_run": p.ns_per_run.json(),
+                })
+            })
+            .collect::<Vec<_>>()
+    };
     json!({
         "description": w.workload().describe(),
         "numjobs": w.fio.numjobs,
@@ -250,12 +287,14 @@ pub fn workload_json(w: &WorkloadOutcome, dev: &str, seconds: u32) -> Value {
         "orders": w.orders.iter().map(|ord| ord.iter().map(|a| a.key()).collect::<Vec<_>>()).collect::<Vec<_>>(),
         "bios_per_request": Summary::of(&w.arms[&Arm::Baseline].values(|s| s.bios_per_request)).map(|s| s.json()),
         "arms": arms,
-        "program_stats": w.program_stats().iter().map(|p| json!({
-            "program": p.program,
-            "runs_per_run": p.runs.json(),
-            "runs_per_io": p.runs_per_io.map(|s| s.json()),
-            "ns_per_run": p.ns_per_run.json(),
-        })).collect::<Vec<_>>(),
+        "program_stats": stats_json(Arm::LiveStats),
+        "record_program_stats": stats_json(Arm::RecordStats),
+        "record_cost": w.record_cost().map(|c| json!({
+            "bpf_ns_per_io": c.bpf_ns_per_io,
+            "recorder_ns_per_io": c.recorder_ns_per_io,
+            "baseline_cpu_ns_per_io": c.cpu_ns_per_io,
+            "share": c.share,
+        })),
         "bpf_cost_per_round": shares.iter().map(|s| json!({
             "bpf_ns_per_io": s.bpf_ns_per_io,
             "baseline_cpu_ns_per_io": s.cpu_ns_per_io,

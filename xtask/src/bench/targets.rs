@@ -171,10 +171,10 @@ impl WorkloadOutcome {
         }
     }
 
-    /// Per round where both ran: the `--stats` arm's programs' time per I/O and the
-    /// baseline's CPU time per I/O.
-    pub fn bpf_shares(&self) -> Vec<BpfShare> {
-        self.arms[&Arm::LiveStats]
+    /// Per round where both ran: a `--stats` arm's (`LiveStats`, `RecordStats`) programs'
+    /// time per I/O and the baseline's CPU time per I/O.
+    pub fn bpf_shares(&self, stats_arm: Arm) -> Vec<BpfShare> {
+        self.arms[&stats_arm]
             .samples
             .iter()
             .zip(&self.arms[&Arm::Baseline].samples)
@@ -190,7 +190,7 @@ impl WorkloadOutcome {
     }
 
     pub fn bpf_cost_target(&self) -> Target {
-        let v = self.bpf_shares();
+        let v = self.bpf_shares(Arm::LiveStats);
         let share = Summary::of(
             &v.iter()
                 .map(|s| s.bpf_ns_per_io / s.cpu_ns_per_io)
@@ -279,12 +279,41 @@ impl WorkloadOutcome {
         )
     }
 
-    /// Per program: runs per round, runs per I/O and ns/run, over the `--stats` rounds.
-    pub fn program_stats(&self) -> Vec<ProgramStat> {
+    /// What a full capture costs per I/O, from the `record --stats` rounds, medians: its
+    /// programs' kernel time, the recording process's CPU time, and the baseline's CPU time
+    /// per I/O they add to. `None` where it did not run or reported nothing.
+    pub fn record_cost(&self) -> Option<RecordCost> {
+        let rounds: Vec<(f64, f64, f64)> = self.arms[&Arm::RecordStats]
+            .samples
+            .iter()
+            .zip(&self.arms[&Arm::Baseline].samples)
+            .filter_map(|(s, b)| {
+                let s = s.as_ref()?;
+                Some((
+                    s.bpf_ns_per_io()?,
+                    s.recorder_ns_per_io()?,
+                    b.as_ref()?.cpu_ns_per_io.filter(|c| *c > 0.0)?,
+                ))
+            })
+            .collect();
+        let med = |f: fn(&(f64, f64, f64)) -> f64| {
+            Summary::of(&rounds.iter().map(f).collect::<Vec<_>>()).map(|s| s.median)
+        };
+        Some(RecordCost {
+            bpf_ns_per_io: med(|r| r.0)?,
+            recorder_ns_per_io: med(|r| r.1)?,
+            cpu_ns_per_io: med(|r| r.2)?,
+            share: med(|r| (r.0 + r.1) / r.2)?,
+        })
+    }
+
+    /// Per program: runs per round, runs per I/O and ns/run, over a `--stats` arm's rounds
+    /// (`LiveStats`, `RecordStats`).
+    pub fn program_stats(&self, stats_arm: Arm) -> Vec<ProgramStat> {
         // program → (runs, runs per I/O, ns/run), one of each per round.
         type PerRound = (Vec<f64>, Vec<f64>, Vec<f64>);
         let mut by: BTreeMap<String, PerRound> = BTreeMap::new();
-        for s in self.arms[&Arm::LiveStats].samples.iter().flatten() {
+        for s in self.arms[&stats_arm].samples.iter().flatten() {
             for (p, runs, ns) in &s.programs {
                 let e = by.entry(p.clone()).or_default();
                 e.0.push(*runs as f64);
@@ -326,6 +355,16 @@ pub enum Ratio {
         mine: f64,
         detail: String,
     },
+}
+
+/// A full capture's cost per I/O (medians over the `record --stats` rounds), ns.
+pub struct RecordCost {
+    pub bpf_ns_per_io: f64,
+    pub recorder_ns_per_io: f64,
+    /// The baseline's CPU time per I/O.
+    pub cpu_ns_per_io: f64,
+    /// (programs + recorder) / the baseline's CPU time, median of the rounds.
+    pub share: f64,
 }
 
 pub struct ProgramStat {
@@ -641,6 +680,33 @@ mod tests {
         // No CPU figure: not told.
         let o = outcome(&[100.0], &[99.0], None);
         assert_eq!(o.bpf_cost_target().met, None);
+    }
+
+    #[test]
+    fn record_cost_adds_the_recorder_to_its_programs() {
+        let mut o = outcome(&[100.0, 100.0], &[90.0, 90.0], None);
+        assert!(o.record_cost().is_none(), "no record --stats rounds");
+        let base = o.arms.get_mut(&Arm::Baseline).unwrap();
+        for (s, cpu) in base.samples.iter_mut().zip([4000.0, 5000.0]) {
+            s.as_mut().unwrap().cpu_ns_per_io = Some(cpu);
+        }
+        // 1000 I/Os: programs (1000 × 300 + 1000 × 100) / 1000 = 400 ns, recorder 600 ns.
+        let stats = |recorder_ms: f64| {
+            Some(Sample {
+                iops: 90.0,
+                ios: 1000,
+                programs: vec![("a".into(), 1000, 300.0), ("b".into(), 1000, 100.0)],
+                recorder_cpu_ns: Some(recorder_ms * 1e6),
+                ..Sample::default()
+            })
+        };
+        o.arms.get_mut(&Arm::RecordStats).unwrap().samples = vec![stats(0.6), stats(0.6)];
+        let c = o.record_cost().unwrap();
+        assert_eq!(c.bpf_ns_per_io, 400.0);
+        assert_eq!(c.recorder_ns_per_io, 600.0);
+        assert_eq!(c.cpu_ns_per_io, 4500.0);
+        // 1000 / 4000 = 25 %, 1000 / 5000 = 20 %: median 22.5 %.
+        assert!((c.share - 0.225).abs() < 1e-12, "{}", c.share);
     }
 
     #[test]

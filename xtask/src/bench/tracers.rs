@@ -72,12 +72,15 @@ impl Ctx<'_> {
                 c.args(["serve", "-d", dev, "--listen", "127.0.0.1:0"]);
                 (c, 60)
             }
-            Arm::Record | Arm::RecordRequests => {
+            Arm::Record | Arm::RecordRequests | Arm::RecordStats => {
                 let mut c = Command::new(&self.mergetrace);
                 c.args(["record", "-d", dev, "--force", "-o"])
                     .arg(self.capture_path());
                 if arm == Arm::RecordRequests {
                     c.arg("--requests");
+                }
+                if arm == Arm::RecordStats {
+                    c.arg("--stats");
                 }
                 (c, 60)
             }
@@ -103,7 +106,9 @@ impl Ctx<'_> {
             Arm::Live | Arm::LiveLatency | Arm::LiveStats => {
                 p.stderr().contains("mergetrace: tracing")
             }
-            Arm::Record | Arm::RecordRequests => p.stderr().contains("mergetrace: recording to"),
+            Arm::Record | Arm::RecordRequests | Arm::RecordStats => {
+                p.stderr().contains("mergetrace: recording to")
+            }
             Arm::Serve => serving_at(&p.stderr()).is_some(),
             Arm::Bpftrace => p.stdout().contains("bench: attached"),
             Arm::Perf => sys::perf_event_fds(p.pid()) >= perf_fds,
@@ -140,6 +145,7 @@ impl Ctx<'_> {
                 | Arm::Serve
                 | Arm::Record
                 | Arm::RecordRequests
+                | Arm::RecordStats
         );
         let mut tracer = match self.start(arm)? {
             Ok(t) => t,
@@ -207,7 +213,7 @@ impl Ctx<'_> {
                 s.lost = Some(parse_lost_metric(&scrapes.last));
                 s.notes.push(format!("{} scrapes", scrapes.ok));
             }
-            Arm::Record | Arm::RecordRequests => {
+            Arm::Record | Arm::RecordRequests | Arm::RecordStats => {
                 let (events, lost, bytes) = parse_record_summary(&f.stderr).with_context(|| {
                     format!(
                         "mergetrace record: no \"wrote N events (L lost) in B bytes\" line: {}",
@@ -217,6 +223,14 @@ impl Ctx<'_> {
                 s.events = Some(events);
                 s.lost = Some(lost);
                 s.bytes = Some(bytes);
+                if arm == Arm::RecordStats {
+                    s.programs = parse_record_program_stats(&f.stderr);
+                    s.recorder_cpu_ns = parse_recorder_cpu_ns(&f.stderr);
+                    if s.programs.is_empty() || s.recorder_cpu_ns.is_none() {
+                        s.notes
+                            .push("no \"mergetrace: stats:\" lines on stderr".into());
+                    }
+                }
             }
             Arm::Bpftrace => {
                 s.events = Some(parse_bpftrace_counts(&f.stdout, self.lp.dev_t()));
@@ -337,6 +351,36 @@ pub fn last_json(stdout: &str) -> Option<Value> {
         .find_map(|l| serde_json::from_str::<Value>(l.trim()).ok())
 }
 
+/// `record --stats`' program lines: "mergetrace: stats: NAME  RUNS runs  NS ns/run".
+pub fn parse_record_program_stats(stderr: &str) -> Vec<(String, u64, f64)> {
+    stderr
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l
+                .strip_prefix("mergetrace: stats: ")?
+                .split_whitespace()
+                .collect();
+            match w[..] {
+                [name, runs, "runs", ns, "ns/run"] => {
+                    Some((name.to_string(), runs.parse().ok()?, ns.parse().ok()?))
+                }
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// `record --stats`' "recording took N ms of this process's CPU" line, in ns.
+pub fn parse_recorder_cpu_ns(stderr: &str) -> Option<f64> {
+    stderr.lines().find_map(|l| {
+        let ms = l
+            .strip_prefix("mergetrace: stats: recording took ")?
+            .split_once(" ms of this process's CPU")?
+            .0;
+        Some(ms.parse::<f64>().ok()? * 1e6)
+    })
+}
+
 pub fn parse_program_stats(total: &Value) -> Vec<(String, u64, f64)> {
     total["program_stats"]
         .as_array()
@@ -419,6 +463,23 @@ mod tests {
         assert_eq!(
             parse_program_stats(&total),
             vec![("block_getrq".to_string(), 10, 100.0)]
+        );
+        // What `record --stats` prints (mergetrace/src/commands/record.rs), one line each.
+        let rec = "mergetrace: wrote 10 events (0 lost) in 40 bytes to /x (4.0 bytes/event)\n\
+                   mergetrace: stats: block_bio_queue                828978 runs      445 ns/run\n\
+                   mergetrace: stats: workqueue_execute_end          226503 runs       80 ns/run\n\
+                   mergetrace: stats: recording took 802 ms of this process's CPU, 145 ns per event\n";
+        assert_eq!(
+            parse_record_program_stats(rec),
+            vec![
+                ("block_bio_queue".to_string(), 828_978, 445.0),
+                ("workqueue_execute_end".to_string(), 226_503, 80.0)
+            ]
+        );
+        assert_eq!(parse_recorder_cpu_ns(rec), Some(802e6));
+        assert_eq!(
+            parse_recorder_cpu_ns("mergetrace: stats: x 1 runs 2 ns/run"),
+            None
         );
         assert_eq!(
             last_json("{\"kind\":\"interval\"}\n{\"kind\":\"total\"}\n").unwrap()["kind"],
