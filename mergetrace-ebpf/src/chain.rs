@@ -65,6 +65,13 @@ pub fn walk<const LOOP_HELPER: bool>(
 /// Bios from `first` up to `stop` (or the chain's end), at most `MAX_CHAIN`.
 #[inline(always)]
 fn chain_len<const LOOP_HELPER: bool>(first: u64, stop: u64) -> u32 {
+    // Most requests of random I/O carry one bio: its chain ends at once, no walk.
+    if first != 0 && first != stop {
+        let next: u64 = read(first, off!(bio_bi_next));
+        if next == 0 || next == stop {
+            return forget(1) as u32;
+        }
+    }
     if LOOP_HELPER {
         let Some(count) = untracked_sum() else {
             return 0;
