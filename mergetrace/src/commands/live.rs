@@ -224,12 +224,7 @@ impl Live {
         );
         s.program_stats = program_stats;
         view.total(&s)?;
-        for p in &s.program_stats {
-            eprintln!(
-                "mergetrace: stats: {:<24} {:>12} runs {:>8.0} ns/run",
-                p.program, p.runs, p.ns_per_run
-            );
-        }
+        super::print_program_stats(&s.program_stats);
         if s.lost_events > 0 {
             eprintln!(
                 "mergetrace: warning: {} events could not be counted ({}): the counts are low",

@@ -9,3 +9,14 @@ pub mod record;
 pub mod report;
 pub mod serve;
 pub mod workload;
+
+/// `--stats` (live view, record): each program's runs and kernel time per run on stderr, one
+/// line each (the bench reads these lines).
+pub fn print_program_stats(programs: &[crate::model::snapshot::ProgramStat]) {
+    for p in programs {
+        eprintln!(
+            "mergetrace: stats: {:<24} {:>12} runs {:>8.0} ns/run",
+            p.program, p.runs, p.ns_per_run
+        );
+    }
+}

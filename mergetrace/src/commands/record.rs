@@ -325,12 +325,7 @@ pub async fn run(args: RecordArgs) -> Result<()> {
 /// `--stats`: the programs' kernel time, as the live view prints it, and this process's CPU
 /// time while it recorded (`cpu_ns`: user and system, every thread) per event written.
 fn print_stats(programs: &[crate::model::snapshot::ProgramStat], cpu_ns: u64, events: u64) {
-    for p in programs {
-        eprintln!(
-            "mergetrace: stats: {:<24} {:>12} runs {:>8.0} ns/run",
-            p.program, p.runs, p.ns_per_run
-        );
-    }
+    super::print_program_stats(programs);
     eprintln!(
         "mergetrace: stats: recording took {:.0} ms of this process's CPU, {:.0} ns per event",
         cpu_ns as f64 / 1e6,
