@@ -259,7 +259,7 @@ pub fn workload_json(w: &WorkloadOutcome, dev: &str, seconds: u32) -> Value {
     for arm in Arm::ALL {
         arms.insert(arm.key().into(), arm_json(w, arm));
     }
-    let shares = w.bpf_shares(Arm::LiveStats);
+    let shares = w.bpf_shares();
     let stats_json = |arm| {
         w.program_stats(arm)
             .iter()

@@ -171,10 +171,10 @@ impl WorkloadOutcome {
         }
     }
 
-    /// Per round where both ran: a `--stats` arm's (`LiveStats`, `RecordStats`) programs'
-    /// time per I/O and the baseline's CPU time per I/O.
-    pub fn bpf_shares(&self, stats_arm: Arm) -> Vec<BpfShare> {
-        self.arms[&stats_arm]
+    /// Per round where both ran: the live `--stats` arm's programs' time per I/O and the
+    /// baseline's CPU time per I/O.
+    pub fn bpf_shares(&self) -> Vec<BpfShare> {
+        self.arms[&Arm::LiveStats]
             .samples
             .iter()
             .zip(&self.arms[&Arm::Baseline].samples)
@@ -190,7 +190,7 @@ impl WorkloadOutcome {
     }
 
     pub fn bpf_cost_target(&self) -> Target {
-        let v = self.bpf_shares(Arm::LiveStats);
+        let v = self.bpf_shares();
         let share = Summary::of(
             &v.iter()
                 .map(|s| s.bpf_ns_per_io / s.cpu_ns_per_io)
