@@ -440,7 +440,16 @@ pub struct KernelOffsets {
     pub rq_tag: u32,
     pub rq_mq_hctx: u32,
     pub hctx_queue_num: u32,
+    /// The BTF id of `struct throtl_grp` where the programs may cast to it (the kernel has the
+    /// `bpf_rdonly_cast` kfunc, 6.2+): a group's rules are then plain loads. 0: probe reads.
+    pub throtl_grp_btf_id: u32,
 }
+
+/// The call number a program uses for the kernel's `bpf_rdonly_cast` kfunc. aya does not link
+/// kfunc calls: user space rewrites each call of this number in the object before load, into
+/// the kfunc's call where the kernel has it, else into `r0 = 0` (the call is then dead code,
+/// `KernelOffsets::throtl_grp_btf_id` being 0). No helper has a number near it.
+pub const RDONLY_CAST_CALL: i32 = 0x6d74_0001;
 
 /// The longest bio chain the request probes walk (a request's bios; loop devices allow 128
 /// segments, virtio 254). Longer chains count as this many. At most 1,023 ([`rq_aux`]).

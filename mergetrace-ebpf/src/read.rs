@@ -28,6 +28,18 @@ pub fn read_probe<T: Copy + Default>(base: u64, offset: u32) -> T {
     unsafe { bpf_probe_read_kernel((base + offset as u64) as *const T) }.unwrap_or_default()
 }
 
+/// `ptr` as a read-only pointer to the kernel type `btf_id` (the `bpf_rdonly_cast` kfunc):
+/// its fields are then plain loads, faults guarded, where `ptr`'s own type does not reach
+/// them (a struct that embeds the one `ptr` is typed as). Call it only where
+/// `off!(throtl_grp_btf_id)` is non-zero: elsewhere user space made the call `r0 = 0`.
+#[inline(always)]
+pub fn rdonly_cast(ptr: u64, btf_id: u32) -> u64 {
+    // A call to a constant number, as aya's helpers are made: `call RDONLY_CAST_CALL`.
+    let call: unsafe extern "C" fn(u64, u32) -> u64 =
+        unsafe { core::mem::transmute(mergetrace_common::RDONLY_CAST_CALL as usize) };
+    unsafe { call(ptr, btf_id) }
+}
+
 /// Returns `v` as a value the verifier knows nothing about: where a value can take a few
 /// constants, each would otherwise have the rest of the program checked again.
 #[inline(always)]

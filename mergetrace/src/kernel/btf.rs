@@ -630,7 +630,8 @@ pub(crate) mod tests {
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
             if let Ok(btf) = Btf::parse(&bytes) {
-                let _ = crate::kernel::compat::resolve_offsets(&btf);
+                let kfuncs = crate::kernel::compat::Kfuncs::of_kernel(&btf);
+                let _ = crate::kernel::compat::resolve_offsets(&btf, &kfuncs);
             }
         }
 
@@ -643,7 +644,8 @@ pub(crate) mod tests {
                 blob[at % n] = byte;
             }
             if let Ok(btf) = Btf::parse(&blob) {
-                let _ = crate::kernel::compat::resolve_offsets(&btf);
+                let kfuncs = crate::kernel::compat::Kfuncs::of_kernel(&btf);
+                let _ = crate::kernel::compat::resolve_offsets(&btf, &kfuncs);
                 let _ = btf.member_offset("bio", "bi_iter.bi_sector");
                 let _ = btf.array_len("blkcg_gq", "pd");
             }

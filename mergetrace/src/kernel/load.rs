@@ -84,7 +84,9 @@ fn load_object(
     traced: &TracedDevices,
 ) -> Result<Loaded> {
     let btf = Btf::from_sys_fs()?;
-    let offsets = compat::resolve_offsets(&btf)
+    let kfuncs = compat::Kfuncs::of_kernel(&btf);
+    let object = compat::kfuncs::link(OBJECT, &kfuncs)?;
+    let offsets = compat::resolve_offsets(&btf, &kfuncs)
         .context("this kernel's block layer does not have the layout mergetrace reads")?;
     let kallsyms = Kallsyms::load()?;
     let (symbols, notes): (KernelSymbols, _) = if kallsyms.is_empty() {
@@ -122,7 +124,7 @@ fn load_object(
             "ISSUE_SLOTS",
             latency_map(traced.count.max(1) * ISSUE_SLOTS_PER_DISK),
         )
-        .load(OBJECT)
+        .load(object.bytes())
         .context("cannot load mergetrace's eBPF object")?;
     Ok(Loaded {
         ebpf,

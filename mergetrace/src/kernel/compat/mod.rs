@@ -4,12 +4,14 @@
 //!
 //! Which hook is used on which kernel, tier and program: [`hooks::HOOKS`] (docs/hooks.md is
 //! its rendering; on each kernel `mergetrace check`'s `hooks` section checks it). Addresses:
-//! [`kallsyms`].
+//! [`kallsyms`]. Kernel functions the programs call where they exist: [`kfuncs`].
 pub mod hooks;
 pub mod kallsyms;
+pub mod kfuncs;
 pub mod offsets;
 
 use super::btf::Btf;
 pub use hooks::{hook_status, parse_release, program_variant, HookStatus, HOOKS};
 pub use kallsyms::{resolve_symbols, Kallsyms};
+pub use kfuncs::Kfuncs;
 pub use offsets::resolve_offsets;

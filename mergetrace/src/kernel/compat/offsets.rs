@@ -4,7 +4,7 @@
 use anyhow::{ensure, Context, Result};
 use mergetrace_common::{KernelOffsets, NONE};
 
-use super::Btf;
+use super::{kfuncs, Btf, Kfuncs};
 
 /// A [`KernelOffsets`] literal: each `"kernel_struct" { field: "member.path", ... }` group
 /// sets its fields to those members' offsets (failing on the first missing one), and the
@@ -21,8 +21,9 @@ macro_rules! kernel_offsets {
 
 /// Resolves every offset the programs read. Fails with the first missing struct or member,
 /// named, so a kernel we cannot read is refused instead of traced wrongly. Each layout that
-/// differs between kernels is resolved in its own function below.
-pub fn resolve_offsets(btf: &Btf) -> Result<KernelOffsets> {
+/// differs between kernels is resolved in its own function below. `kfuncs`: what the
+/// programs may call on this kernel (and the object is linked for).
+pub fn resolve_offsets(btf: &Btf, kfuncs: &Kfuncs) -> Result<KernelOffsets> {
     let off = |s: &str, m: &str| btf.member_offset(s, m);
     let (bps_bit, remainders_charged) = throttled_flag(btf)?;
     let pd_count = btf
@@ -85,6 +86,7 @@ pub fn resolve_offsets(btf: &Btf) -> Result<KernelOffsets> {
         remainders_charged,
         // The helper list of this kernel, in BTF (5.11+ has it).
         current_task_btf: btf.enum_value("BPF_FUNC_get_current_task_btf").is_some() as u32,
+        throtl_grp_btf_id: kfuncs::throtl_grp_btf_id(btf, kfuncs),
     })
 }
 
