@@ -443,6 +443,8 @@ pub struct KernelOffsets {
     /// The BTF id of `struct throtl_grp` where the programs may cast to it (the kernel has the
     /// `bpf_rdonly_cast` kfunc, 6.2+): a group's rules are then plain loads. 0: probe reads.
     pub throtl_grp_btf_id: u32,
+    /// Unused: keeps the struct a whole number of u64s.
+    pub pad: u32,
 }
 
 /// The call number a program uses for the kernel's `bpf_rdonly_cast` kfunc. aya does not link

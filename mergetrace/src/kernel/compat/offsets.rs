@@ -87,6 +87,7 @@ pub fn resolve_offsets(btf: &Btf, kfuncs: &Kfuncs) -> Result<KernelOffsets> {
         // The helper list of this kernel, in BTF (5.11+ has it).
         current_task_btf: btf.enum_value("BPF_FUNC_get_current_task_btf").is_some() as u32,
         throtl_grp_btf_id: kfuncs::throtl_grp_btf_id(btf, kfuncs),
+        pad: 0,
     })
 }
 
