@@ -1,8 +1,9 @@
 //! `cargo xtask bench`: what tracing costs, measured as ratios in one run on this machine.
 //!
-//! fio drives a loop device on a /dev/shm file as fast as it can, with two *workloads*: 4 KiB
-//! random reads (every bio its own request) and the merging worst case, 4 KiB sequential
-//! writes submitted 32 at a time (31 of every 32 bios merge in the plug). Each workload runs
+//! fio drives a loop device on a /dev/shm file as fast as it can, with three *workloads*: 4 KiB
+//! random reads (every bio its own request), the merging worst case, 4 KiB sequential writes
+//! submitted 32 at a time (31 of every 32 bios merge in the plug), and the reads under a
+//! blk-throttle limit that never binds (a volume with io.max). Each workload runs
 //! once per *arm*: no tracer (baseline), `mergetrace` live view, `mergetrace record`,
 //! `bpftrace` counting on the same block tracepoints, `perf record` of them, and the live
 //! view with `--stats` (BPF run-time statistics: each program's cost per event). Each round
@@ -43,7 +44,7 @@ use fio::{Fio, Workload, DEVICE_BYTES};
 use offline::Offline;
 use render::{render, results_json, Run};
 use stats::si;
-use sys::{LoopDev, Tracefs, WorkDir};
+use sys::{LimitCgroup, LoopDev, Tracefs, WorkDir};
 use targets::{Outcome, WorkloadOutcome};
 use tracers::{bpftrace_script, Ctx};
 
@@ -60,8 +61,9 @@ pub struct BenchArgs {
     #[arg(long, conflicts_with_all = ["runs", "seconds"])]
     smoke: bool,
     /// reads: 4 KiB random reads; merging: 4 KiB sequential writes in batches of 32, 31 of
-    /// 32 bios merged in the plug; all: both.
-    #[arg(long, default_value = "all", value_parser = ["reads", "merging", "all"])]
+    /// 32 bios merged in the plug; limited: the reads under a blk-throttle limit that never
+    /// binds (a volume with io.max); all: the three.
+    #[arg(long, default_value = "all", value_parser = ["reads", "merging", "limited", "all"])]
     workload: String,
     /// Where to write the results as JSON [default: target/bench/results.json].
     #[arg(long, value_name = "OUT")]
@@ -171,6 +173,11 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
     for w in lp.prepare_queue() {
         eprintln!("bench: warning: {w}");
     }
+    let limit = if chosen.contains(&Workload::Limited) {
+        Some(LimitCgroup::create(&lp.majmin).context("the limited workload's cgroup")?)
+    } else {
+        None
+    };
     let queue = |attr: &str| lp.queue(attr).unwrap_or_else(|_| "?".into());
     let (scheduler, max_sectors_kb) = (queue("scheduler"), queue("max_sectors_kb"));
     eprintln!(
@@ -186,10 +193,18 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
     let unavailable = unavailable_arms(&tracefs);
     let script = work.path.join("bench.bt");
     fs::write(&script, bpftrace_script())?;
-    let mut outcomes = plan_workloads(&args, &lp, &work.path, &chosen, &unavailable)?;
+    let mut outcomes = plan_workloads(
+        &args,
+        &lp,
+        limit.as_ref(),
+        &work.path,
+        &chosen,
+        &unavailable,
+    )?;
     let ctx = Ctx {
         mergetrace: mergetrace.clone(),
         lp: &lp,
+        limit: limit.as_ref(),
         dir: &work.path,
         bpftrace_script: script,
         cpus: online_cpus(),
@@ -230,6 +245,7 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
     eprintln!("bench: results in {}", json_out.display());
     drop(ctx);
     drop(tracefs);
+    drop(limit);
     drop(lp);
     drop(work);
     if let Some(why) = failure {
@@ -281,6 +297,7 @@ fn unavailable_arms(tracefs: &Result<Tracefs>) -> BTreeMap<Arm, String> {
 fn plan_workloads(
     args: &BenchArgs,
     lp: &LoopDev,
+    limit: Option<&LimitCgroup>,
     dir: &Path,
     chosen: &[Workload],
     unavailable: &BTreeMap<Arm, String>,
@@ -292,16 +309,12 @@ fn plan_workloads(
         chosen
             .iter()
             .map(|&workload| {
-                let fio = Fio {
-                    workload,
-                    numjobs: args.numjobs.parse().unwrap_or(2),
-                    loop_direct_io: true,
-                };
+                let fio = Fio::new(workload, args.numjobs.parse().unwrap_or(2), true, limit);
                 (fio, Vec::new())
             })
             .collect()
     } else {
-        calibrate::calibrate(lp, dir, chosen, &args.numjobs, 2.0, 2)?
+        calibrate::calibrate(lp, limit, dir, chosen, &args.numjobs, 2.0, 2)?
     };
     Ok(calibrated
         .into_iter()
@@ -380,7 +393,7 @@ fn run_rounds(
                 .iter_mut()
                 .find(|o| o.workload() == w)
                 .expect("every chosen workload was calibrated");
-            ctx.lp.set_direct_io(wo.fio.loop_direct_io)?;
+            wo.fio.prepare(ctx.lp, ctx.limit)?;
             let ord = order(round);
             eprintln!(
                 "bench: round {}/{runs}, {}: {}",
@@ -440,7 +453,7 @@ fn top_up_capture(
         .find(|o| o.workload() == w)
         .map(|o| o.fio.clone())
         .expect("the capture's workload ran");
-    ctx.lp.set_direct_io(fio.loop_direct_io)?;
+    fio.prepare(ctx.lp, ctx.limit)?;
     if let Ok(s) = ctx.run(Arm::Record, &fio, want)? {
         Capture::keep_if_bigger(best, ctx, s.events.unwrap_or(0), want, w)?;
     }

@@ -225,7 +225,7 @@ mod tests {
         assert_eq!(workload_order(&all, 0), all.to_vec());
         assert_eq!(
             workload_order(&all, 1),
-            vec![Workload::Merging, Workload::Reads]
+            vec![Workload::Merging, Workload::Limited, Workload::Reads]
         );
         assert_eq!(
             workload_order(&[Workload::Merging], 3),
@@ -234,5 +234,6 @@ mod tests {
         assert_eq!(Workload::parse("all"), all.to_vec());
         assert_eq!(Workload::parse("reads"), vec![Workload::Reads]);
         assert_eq!(Workload::parse("merging"), vec![Workload::Merging]);
+        assert_eq!(Workload::parse("limited"), vec![Workload::Limited]);
     }
 }

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use super::{
     fio::{self, Fio, Workload},
     stats::{si, Summary},
-    sys::{self, LoopDev},
+    sys::{self, LimitCgroup, LoopDev},
 };
 
 /// Writes the merging workload's region of the backing file once, so that no measured run
@@ -44,6 +44,7 @@ pub struct Calibration {
 /// its arms run.
 pub fn calibrate(
     lp: &LoopDev,
+    limit: Option<&LimitCgroup>,
     dir: &Path,
     workloads: &[Workload],
     numjobs: &str,
@@ -60,11 +61,7 @@ pub fn calibrate(
         for dio in [true, false] {
             for &j in &jobs {
                 points.push(Calibration {
-                    fio: Fio {
-                        workload,
-                        numjobs: j,
-                        loop_direct_io: dio,
-                    },
+                    fio: Fio::new(workload, j, dio, limit),
                     iops: Vec::new(),
                 });
             }
@@ -73,15 +70,16 @@ pub fn calibrate(
     // A first run on a fresh device is slower; it does not count.
     for &w in workloads {
         if let Some(p) = points.iter().find(|p| p.fio.workload == w) {
-            let _ = lp.set_direct_io(p.fio.loop_direct_io);
+            p.fio.prepare(lp, limit)?;
             fio::run(&p.fio, lp, dir, 1.0)?;
         }
     }
     for _ in 0..repeats {
         for p in points.iter_mut() {
-            if let Err(e) = lp.set_direct_io(p.fio.loop_direct_io) {
+            if let Err(e) = p.fio.prepare(lp, limit) {
                 eprintln!(
-                    "bench: calibration: loop direct I/O {}: {e:#}",
+                    "bench: calibration: {} with loop direct I/O {}: {e:#}",
+                    p.fio.workload.key(),
                     p.fio.loop_direct_io
                 );
                 continue;

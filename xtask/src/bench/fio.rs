@@ -1,12 +1,16 @@
-//! The two workloads, the fio command of each, and what one fio run measured: IOPS, I/Os, the
+//! The workloads, the fio command of each, and what one fio run measured: IOPS, I/Os, the
 //! machine's CPU time over the run (/proc/stat, all CPUs) and how many bios went into each
 //! request (the device's diskstats).
-use std::{path::Path, process::Command, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
-use super::sys::{last_line, LoopDev, Proc};
+use super::sys::{last_line, LimitCgroup, LoopDev, Proc};
 
 /// What fio does to the loop device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -16,6 +20,10 @@ pub enum Workload {
     /// 4 KiB sequential writes submitted 32 at a time: 31 of every 32 bios merge in the plug,
     /// the most merge events per I/O (the worst case for a tracer of merges).
     Merging,
+    /// The reads, by fio in a cgroup with a blk-throttle read limit on the device that never
+    /// binds: a volume with io.max, where the live view also attaches the programs that see
+    /// what the throttle charges (`block_bio_queue`, the throttle's dispatch work).
+    Limited,
 }
 
 /// The device is two regions of this size: the reads use the first (a sparse hole, as
@@ -25,12 +33,13 @@ pub const REGION_BYTES: u64 = 1 << 30;
 pub const DEVICE_BYTES: u64 = 2 * REGION_BYTES;
 
 impl Workload {
-    pub const ALL: [Workload; 2] = [Workload::Reads, Workload::Merging];
+    pub const ALL: [Workload; 3] = [Workload::Reads, Workload::Merging, Workload::Limited];
 
     pub fn key(self) -> &'static str {
         match self {
             Workload::Reads => "reads",
             Workload::Merging => "merging",
+            Workload::Limited => "limited",
         }
     }
 
@@ -38,6 +47,7 @@ impl Workload {
         match s {
             "reads" => vec![Workload::Reads],
             "merging" => vec![Workload::Merging],
+            "limited" => vec![Workload::Limited],
             _ => Workload::ALL.to_vec(),
         }
     }
@@ -49,13 +59,17 @@ impl Workload {
                 "4 KiB sequential writes submitted 32 at a time (31 of 32 bios merge in the \
                  plug), libaio, O_DIRECT, iodepth 32"
             }
+            Workload::Limited => {
+                "the reads, in a cgroup whose blk-throttle read limit on the device \
+                 (1,000,000,000 IOPS) never binds"
+            }
         }
     }
 
     /// Where on the device its I/O goes: (offset, bytes).
     pub fn region(self) -> (u64, u64) {
         match self {
-            Workload::Reads => (0, REGION_BYTES),
+            Workload::Reads | Workload::Limited => (0, REGION_BYTES),
             Workload::Merging => (REGION_BYTES, REGION_BYTES),
         }
     }
@@ -67,9 +81,39 @@ pub struct Fio {
     pub workload: Workload,
     pub numjobs: u32,
     pub loop_direct_io: bool,
+    /// The cgroup fio runs in (the limited workload's), else the bench's own.
+    pub cgroup: Option<PathBuf>,
 }
 
 impl Fio {
+    /// The workload's fio setting; the limited workload's fio runs in `limit`'s cgroup.
+    pub fn new(
+        workload: Workload,
+        numjobs: u32,
+        loop_direct_io: bool,
+        limit: Option<&LimitCgroup>,
+    ) -> Fio {
+        Fio {
+            workload,
+            numjobs,
+            loop_direct_io,
+            cgroup: limit
+                .filter(|_| workload == Workload::Limited)
+                .map(|l| l.dir.clone()),
+        }
+    }
+
+    /// Sets the device up for this workload's runs: the loop driver's direct I/O, and the
+    /// read limit on for the limited workload only (before any tracer starts: the live view
+    /// attaches its throttle programs where it finds a limit).
+    pub fn prepare(&self, lp: &LoopDev, limit: Option<&LimitCgroup>) -> Result<()> {
+        lp.set_direct_io(self.loop_direct_io)?;
+        if let Some(l) = limit {
+            l.set(self.workload == Workload::Limited)?;
+        }
+        Ok(())
+    }
+
     pub fn args(&self, dev: &str, seconds: f64) -> Vec<String> {
         let (offset, bytes) = self.workload.region();
         let mut a: Vec<String> = [
@@ -89,7 +133,7 @@ impl Fio {
         ]
         .to_vec();
         match self.workload {
-            Workload::Reads => a.extend(
+            Workload::Reads | Workload::Limited => a.extend(
                 [
                     "--rw=randread".to_string(),
                     "--ioengine=io_uring".into(),
@@ -143,7 +187,17 @@ impl FioRun {
 
 /// Runs fio once on the loop device.
 pub fn run(fio: &Fio, lp: &LoopDev, dir: &Path, seconds: f64) -> Result<FioRun> {
-    let mut c = Command::new("fio");
+    let mut c = match &fio.cgroup {
+        // The shell moves itself into the cgroup, then becomes fio there.
+        Some(cg) => {
+            let mut c = Command::new("sh");
+            c.args(["-c", "echo $$ > \"$1/cgroup.procs\" || exit 1; shift; exec fio \"$@\""])
+                .arg("sh")
+                .arg(cg);
+            c
+        }
+        None => Command::new("fio"),
+    };
     c.args(fio.args(&lp.dev, seconds));
     let disk0 = lp.stat();
     let cpu0 = read_cpu_stat();
@@ -282,7 +336,7 @@ pub fn parse_disk_stat(s: &str) -> Option<DiskStat> {
 /// (requests + bios merged into them) / requests over a run, in the workload's direction.
 pub fn bios_per_request(w: Workload, a: &DiskStat, b: &DiskStat) -> Option<f64> {
     let (rq, merges) = match w {
-        Workload::Reads => (b.reads - a.reads, b.read_merges - a.read_merges),
+        Workload::Reads | Workload::Limited => (b.reads - a.reads, b.read_merges - a.read_merges),
         Workload::Merging => (b.writes - a.writes, b.write_merges - a.write_merges),
     };
     (rq > 0).then(|| (rq + merges) as f64 / rq as f64)
@@ -302,14 +356,13 @@ mod tests {
         assert!(parse_fio("nothing").is_err());
     }
 
+    /// The limited workload is the reads (in its cgroup).
     #[test]
     fn reads_run_time_based_4k_random_reads_in_the_first_region() {
-        let a = Fio {
-            workload: Workload::Reads,
-            numjobs: 2,
-            loop_direct_io: true,
-        }
-        .args("/dev/loop9", 5.0);
+        let reads = Fio::new(Workload::Reads, 2, true, None).args("/dev/loop9", 5.0);
+        let limited = Fio::new(Workload::Limited, 2, true, None).args("/dev/loop9", 5.0);
+        assert_eq!(reads, limited);
+        let a = reads;
         for want in [
             "--filename=/dev/loop9",
             "--rw=randread",
@@ -330,12 +383,7 @@ mod tests {
 
     #[test]
     fn merging_writes_batches_of_32_in_the_second_region() {
-        let a = Fio {
-            workload: Workload::Merging,
-            numjobs: 2,
-            loop_direct_io: false,
-        }
-        .args("/dev/loop9", 4.0);
+        let a = Fio::new(Workload::Merging, 2, false, None).args("/dev/loop9", 4.0);
         for want in [
             "--rw=write",
             "--bs=4k",

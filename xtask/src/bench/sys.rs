@@ -1,6 +1,6 @@
 //! What the benchmark sets up and must take down again, whatever happens: the work directory
-//! in /dev/shm, the loop device (and the queue settings it had), tracefs (when we mounted it),
-//! and every child process. Each is a guard whose `Drop` undoes it; Ctrl-C, SIGTERM and SIGHUP
+//! in /dev/shm, the loop device (and the queue settings it had), the limited workload's
+//! cgroup, tracefs (when we mounted it), and every child process. Each is a guard whose `Drop` undoes it; Ctrl-C, SIGTERM and SIGHUP
 //! only set a flag that the waits poll, so an interrupted run unwinds through the same drops
 //! as a finished one.
 use std::{
@@ -86,8 +86,9 @@ fn pid_gone(pid: u32) -> bool {
     !Path::new(&format!("/proc/{pid}")).exists()
 }
 
-/// Loop devices and work directories left by a bench that was killed with SIGKILL: only ours
-/// (backed by /dev/shm/mt-bench-PID/disk.img), and only when that PID is gone.
+/// Loop devices, cgroups and work directories left by a bench that was killed with SIGKILL:
+/// only ours (backed by /dev/shm/mt-bench-PID/disk.img, named mt-bench-PID), and only when
+/// that PID is gone.
 pub fn remove_stale() {
     let Ok(list) = run_quiet(Command::new("losetup").args(["-n", "-O", "NAME,BACK-FILE", "-l"]))
     else {
@@ -102,6 +103,17 @@ pub fn remove_stale() {
             if pid_gone(pid) {
                 eprintln!("bench: removing {dev} left by an earlier bench (pid {pid})");
                 let _ = run_quiet(Command::new("losetup").args(["-d", dev]));
+            }
+        }
+    }
+    // The limited workload's cgroups (empty once their fio is gone).
+    for root in [V1_BLKIO, CGROUP_ROOT] {
+        for e in fs::read_dir(root).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = name.strip_prefix(WORK_PREFIX).and_then(|p| p.parse().ok()) {
+                if pid_gone(pid) {
+                    let _ = fs::remove_dir(e.path());
+                }
             }
         }
     }
@@ -252,6 +264,86 @@ impl Drop for LoopDev {
         }
         if let Err(e) = run_quiet(Command::new("losetup").args(["-d", &self.dev])) {
             eprintln!("bench: warning: {e:#}");
+        }
+    }
+}
+
+/// The limited workload's cgroup: fio runs in it, and while [`LimitCgroup::set`] is on, it has
+/// a blk-throttle read limit on the bench's device far above what the device does (it never
+/// binds). On cgroup v1 in the blkio hierarchy (`blkio.throttle.read_iops_device`), on v2 with
+/// `io.max` (the io controller enabled for the root's children when it was not, and disabled
+/// again on drop). Removed on drop.
+pub struct LimitCgroup {
+    pub dir: PathBuf,
+    majmin: String,
+    v1: bool,
+    /// We enabled the io controller in the v2 root's `cgroup.subtree_control`.
+    enabled_io: bool,
+}
+
+/// Read I/Os per second the limit allows: no loop device comes near.
+pub const NEVER_BINDING_IOPS: u64 = 1_000_000_000;
+
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+const V1_BLKIO: &str = "/sys/fs/cgroup/blkio";
+
+impl LimitCgroup {
+    pub fn create(majmin: &str) -> Result<LimitCgroup> {
+        let name = format!("{WORK_PREFIX}{}", std::process::id());
+        let v1 = Path::new(V1_BLKIO).join("blkio.throttle.read_iops_device").exists();
+        let mut enabled_io = false;
+        let dir = if v1 {
+            Path::new(V1_BLKIO).join(&name)
+        } else {
+            let root = Path::new(CGROUP_ROOT);
+            let controllers = fs::read_to_string(root.join("cgroup.controllers"))
+                .context("neither cgroup v1's blkio nor cgroup v2 is mounted at /sys/fs/cgroup")?;
+            if !controllers.split_whitespace().any(|c| c == "io") {
+                bail!("cgroup v2 has no io controller here (cgroup.controllers: {controllers:?})");
+            }
+            let control = root.join("cgroup.subtree_control");
+            let on = fs::read_to_string(&control).unwrap_or_default();
+            if !on.split_whitespace().any(|c| c == "io") {
+                fs::write(&control, "+io")
+                    .with_context(|| format!("cannot enable the io controller in {}", control.display()))?;
+                enabled_io = true;
+            }
+            root.join(&name)
+        };
+        let _ = fs::remove_dir(&dir);
+        fs::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        Ok(LimitCgroup {
+            dir,
+            majmin: majmin.to_string(),
+            v1,
+            enabled_io,
+        })
+    }
+
+    /// Puts the limit on (before the limited workload's arms: a tracer sees it from its start)
+    /// or takes it off (so that the other workloads run without one).
+    pub fn set(&self, on: bool) -> Result<()> {
+        let (file, value) = match (self.v1, on) {
+            (true, true) => ("blkio.throttle.read_iops_device", NEVER_BINDING_IOPS.to_string()),
+            (true, false) => ("blkio.throttle.read_iops_device", "0".to_string()),
+            (false, true) => ("io.max", format!("riops={NEVER_BINDING_IOPS}")),
+            (false, false) => ("io.max", "riops=max".to_string()),
+        };
+        let path = self.dir.join(file);
+        let line = format!("{} {value}", self.majmin);
+        fs::write(&path, &line)
+            .with_context(|| format!("cannot write {line:?} to {}", path.display()))
+    }
+}
+
+impl Drop for LimitCgroup {
+    fn drop(&mut self) {
+        let _ = self.set(false);
+        if let Err(e) = fs::remove_dir(&self.dir) {
+            eprintln!("bench: warning: cannot remove {}: {e}", self.dir.display());
+        }
+        if self.enabled_io {
+            let _ = fs::write(Path::new(CGROUP_ROOT).join("cgroup.subtree_control"), "-io");
         }
     }
 }

@@ -574,11 +574,7 @@ mod tests {
             None => arms.get_mut(&Arm::Bpftrace).unwrap().unavailable = Some("no tracefs".into()),
         }
         WorkloadOutcome {
-            fio: Fio {
-                workload: Workload::Merging,
-                numjobs: 1,
-                loop_direct_io: true,
-            },
+            fio: Fio::new(Workload::Merging, 1, true, None),
             calibration: vec![],
             arms,
             orders: vec![],

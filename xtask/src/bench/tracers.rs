@@ -19,7 +19,7 @@ use serde_json::Value;
 use super::{
     arms::{Arm, Sample},
     fio::{self, Fio},
-    sys::{self, last_line, nap, LoopDev, Proc, Ready},
+    sys::{self, last_line, nap, LimitCgroup, LoopDev, Proc, Ready},
 };
 
 /// The block tracepoints mergetrace attaches (the hook table, mergetrace/src/kernel/compat/hooks.rs),
@@ -41,6 +41,8 @@ pub const BLOCK_TRACEPOINTS: [&str; 11] = [
 pub struct Ctx<'a> {
     pub mergetrace: PathBuf,
     pub lp: &'a LoopDev,
+    /// The limited workload's cgroup, when it runs.
+    pub limit: Option<&'a LimitCgroup>,
     pub dir: &'a Path,
     pub bpftrace_script: PathBuf,
     pub cpus: usize,
