@@ -191,9 +191,12 @@ pub fn run(fio: &Fio, lp: &LoopDev, dir: &Path, seconds: f64) -> Result<FioRun> 
         // The shell moves itself into the cgroup, then becomes fio there.
         Some(cg) => {
             let mut c = Command::new("sh");
-            c.args(["-c", "echo $$ > \"$1/cgroup.procs\" || exit 1; shift; exec fio \"$@\""])
-                .arg("sh")
-                .arg(cg);
+            c.args([
+                "-c",
+                "echo $$ > \"$1/cgroup.procs\" || exit 1; shift; exec fio \"$@\"",
+            ])
+            .arg("sh")
+            .arg(cg);
             c
         }
         None => Command::new("fio"),

@@ -290,7 +290,9 @@ const V1_BLKIO: &str = "/sys/fs/cgroup/blkio";
 impl LimitCgroup {
     pub fn create(majmin: &str) -> Result<LimitCgroup> {
         let name = format!("{WORK_PREFIX}{}", std::process::id());
-        let v1 = Path::new(V1_BLKIO).join("blkio.throttle.read_iops_device").exists();
+        let v1 = Path::new(V1_BLKIO)
+            .join("blkio.throttle.read_iops_device")
+            .exists();
         let mut enabled_io = false;
         let dir = if v1 {
             Path::new(V1_BLKIO).join(&name)
@@ -304,8 +306,9 @@ impl LimitCgroup {
             let control = root.join("cgroup.subtree_control");
             let on = fs::read_to_string(&control).unwrap_or_default();
             if !on.split_whitespace().any(|c| c == "io") {
-                fs::write(&control, "+io")
-                    .with_context(|| format!("cannot enable the io controller in {}", control.display()))?;
+                fs::write(&control, "+io").with_context(|| {
+                    format!("cannot enable the io controller in {}", control.display())
+                })?;
                 enabled_io = true;
             }
             root.join(&name)
@@ -324,7 +327,10 @@ impl LimitCgroup {
     /// or takes it off (so that the other workloads run without one).
     pub fn set(&self, on: bool) -> Result<()> {
         let (file, value) = match (self.v1, on) {
-            (true, true) => ("blkio.throttle.read_iops_device", NEVER_BINDING_IOPS.to_string()),
+            (true, true) => (
+                "blkio.throttle.read_iops_device",
+                NEVER_BINDING_IOPS.to_string(),
+            ),
             (true, false) => ("blkio.throttle.read_iops_device", "0".to_string()),
             (false, true) => ("io.max", format!("riops={NEVER_BINDING_IOPS}")),
             (false, false) => ("io.max", "riops=max".to_string()),

@@ -43,8 +43,7 @@ pub fn throtl_grp_btf_id(btf: &Btf, kfuncs: &Kfuncs) -> u32 {
 }
 
 fn jit_enabled() -> bool {
-    std::fs::read_to_string("/proc/sys/net/core/bpf_jit_enable")
-        .is_ok_and(|v| v.trim() != "0")
+    std::fs::read_to_string("/proc/sys/net/core/bpf_jit_enable").is_ok_and(|v| v.trim() != "0")
 }
 
 /// `call imm` (BPF_JMP | BPF_CALL), a helper call: registers 0, offset 0.
@@ -70,7 +69,10 @@ pub fn link(elf: &[u8], kfuncs: &Kfuncs) -> Result<Linked> {
         };
         let (start, len) = (start as usize, len as usize);
         let Some(code) = bytes.get_mut(start..start + len) else {
-            bail!("the eBPF object's section {:?} ends past the file", section.name());
+            bail!(
+                "the eBPF object's section {:?} ends past the file",
+                section.name()
+            );
         };
         for insn in code.chunks_exact_mut(8) {
             // (An ld_imm64's second half has opcode 0: never taken for a call.)
@@ -123,23 +125,22 @@ mod tests {
     use super::*;
     use crate::kernel::load::OBJECT;
 
-    /// Every placeholder call of the built object, as it is in the object.
+    /// How many placeholder calls an object's code holds.
     fn placeholders(elf: &[u8]) -> usize {
         let file = object::File::parse(elf).unwrap();
+        let is_placeholder = |i: &[u8]| {
+            i[0] == CALL && i32::from_le_bytes([i[4], i[5], i[6], i[7]]) == RDONLY_CAST_CALL
+        };
         file.sections()
             .filter(|s| s.kind() == SectionKind::Text)
-            .flat_map(|s| {
+            .map(|s| {
                 s.data()
                     .unwrap()
                     .chunks_exact(8)
-                    .filter(|i| {
-                        i[0] == CALL
-                            && i32::from_le_bytes([i[4], i[5], i[6], i[7]]) == RDONLY_CAST_CALL
-                    })
-                    .map(|i| i.to_vec())
-                    .collect::<Vec<_>>()
+                    .filter(|i| is_placeholder(i))
+                    .count()
             })
-            .count()
+            .sum()
     }
 
     /// The programs that read blk-throttle's rules call the placeholder; linking leaves none,
@@ -147,7 +148,10 @@ mod tests {
     #[test]
     fn link_rewrites_every_placeholder_call_and_nothing_else() {
         let found = placeholders(OBJECT);
-        assert!(found > 0, "the eBPF object has no bpf_rdonly_cast placeholder call");
+        assert!(
+            found > 0,
+            "the eBPF object has no bpf_rdonly_cast placeholder call"
+        );
         for kfuncs in [
             Kfuncs {
                 rdonly_cast: Some(64911),
@@ -161,7 +165,11 @@ mod tests {
             assert_eq!(placeholders(out), 0);
             let changed: Vec<usize> = (0..out.len()).filter(|&i| out[i] != OBJECT[i]).collect();
             // At most the opcode, registers and immediate of each call (8 bytes each).
-            assert!(changed.len() <= 8 * calls, "{} bytes changed", changed.len());
+            assert!(
+                changed.len() <= 8 * calls,
+                "{} bytes changed",
+                changed.len()
+            );
             let file = object::File::parse(out).unwrap();
             let text: Vec<&[u8]> = file
                 .sections()
