@@ -1,6 +1,8 @@
 //! blk-throttle's dispatch work (`blk_throtl_dispatch_work_fn`), where bios that waited for a
 //! limit are released: the tracepoint tier tells a throttled bio by being submitted there.
-use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
+use aya_ebpf::{
+    helpers::bpf_get_current_task, macros::btf_tracepoint, programs::BtfTracePointContext,
+};
 use mergetrace_common::{flags, Event};
 
 use crate::{
@@ -9,15 +11,18 @@ use crate::{
 };
 
 /// What one CPU knows while blk-throttle's dispatch work item runs on it (kthrotld is a
-/// per-CPU workqueue: the item runs to its end on one CPU). Every bio submitted then was
-/// released from the throttle queue, or is a piece of one: a bio's first release shows as its
-/// `block_bio_queue`, but a split remainder had that before it waited, so its release shows
-/// only as the first split, merge or new request of a bio none of these slots name.
+/// per-CPU workqueue: the item runs to its end on one CPU). Every bio its worker submits then
+/// was released from the throttle queue, or is a piece of one: a bio's first release shows as
+/// its `block_bio_queue`, but a split remainder had that before it waited, so its release
+/// shows only as the first split, merge or new request of a bio none of these slots name.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Dispatch {
     /// The work item running (0: none).
     work: u64,
+    /// The worker task running it. Only its submissions are releases: the item can sleep
+    /// (waiting for a request tag on a busy device), and other tasks then submit on this CPU.
+    task: u64,
     /// The last bio whose `block_bio_queue` fired in this run (already counted as released).
     queued: u64,
     /// The remainder of the last split in this run: resubmitted in this same run when it
@@ -27,11 +32,15 @@ pub struct Dispatch {
     front: u64,
 }
 
-/// This CPU's dispatch state while blk-throttle's dispatch work runs on it, else `None`.
+/// This CPU's dispatch state while blk-throttle's dispatch work runs on it and the current
+/// task is its worker, else `None`.
 #[inline(always)]
 fn throttle_dispatch() -> Option<*mut Dispatch> {
     let d = DISPATCH.get_ptr_mut(0)?;
-    (unsafe { (*d).work } != 0).then_some(d)
+    if unsafe { (*d).work } == 0 {
+        return None;
+    }
+    (unsafe { (*d).task } == unsafe { bpf_get_current_task() }).then_some(d)
 }
 
 /// In the dispatch work: whether `bio` is a released split remainder, seen for the first time
@@ -87,6 +96,7 @@ pub fn workqueue_execute_start(ctx: BtfTracePointContext) -> u32 {
             unsafe {
                 *d = Dispatch {
                     work,
+                    task: bpf_get_current_task(),
                     queued: 0,
                     remainder: 0,
                     front: 0,
