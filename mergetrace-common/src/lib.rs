@@ -98,6 +98,7 @@ pub mod kind {
             16 => "counters_map_full",
             17 => "cgroup_names",
             18 => "latency_map_full",
+            19 => "throttle_dispatch_full",
             _ => "unknown",
         }
     }
@@ -476,9 +477,9 @@ pub struct KernelSymbols {
 /// Number of caller ranges in [`KernelSymbols::merge_callers`].
 pub const MERGE_CALLERS: usize = 3;
 
-/// Per-CPU lost-event counter slots: one per event kind, then [`LOST_COUNTS_FULL`] and
-/// [`LOST_CGROUP_NAMES`] and [`LOST_LATENCY_FULL`].
-pub const LOST_SLOTS: u32 = kind::COUNT + 3;
+/// Per-CPU lost-event counter slots: one per event kind, then [`LOST_COUNTS_FULL`],
+/// [`LOST_CGROUP_NAMES`], [`LOST_LATENCY_FULL`] and [`LOST_DISPATCH_FULL`].
+pub const LOST_SLOTS: u32 = kind::COUNT + 4;
 /// Lost slot: an event could not be counted because the counters map was full.
 pub const LOST_COUNTS_FULL: u32 = kind::COUNT;
 /// Lost slot: a cgroup birth or removal could not be reported (its ring was full); user
@@ -487,6 +488,10 @@ pub const LOST_CGROUP_NAMES: u32 = kind::COUNT + 1;
 /// Lost slot: a request's latency could not be counted: its key had no counter slot and the
 /// latency hash map was full.
 pub const LOST_LATENCY_FULL: u32 = kind::COUNT + 2;
+/// Lost slot: blk-throttle's dispatch work started on a CPU already following as many items
+/// as it can (the tracepoint tier's `DISPATCH_WORKERS`): the bios it released are not told
+/// as throttled.
+pub const LOST_DISPATCH_FULL: u32 = kind::COUNT + 3;
 
 /// Counter slots after the first [`MAX_SLOTS`]: one per (disk slot, direction), where the
 /// keys of removed cgroups count once user space has reclaimed their own slots.

@@ -10,7 +10,7 @@ use mergetrace_common::{
     SlotRef, TracedDevices, LOST_SLOTS, MAX_DEVICES, MAX_SLOTS, REMOVED_SLOTS, UNPLUG_SLOTS,
 };
 
-use crate::throttle::Dispatch;
+use crate::throttle::Dispatching;
 
 #[no_mangle]
 pub static OFFSETS: KernelOffsets = unsafe { core::mem::zeroed() };
@@ -115,9 +115,9 @@ pub static DISKS: Array<DeviceState> = Array::with_max_entries(MAX_DEVICES as u3
 #[map]
 pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOST_SLOTS, 0);
 
-/// Per CPU: blk-throttle's dispatch work running on this CPU, if it is (see [`Dispatch`]).
+/// Per CPU: blk-throttle's dispatch work items under way on this CPU (see [`Dispatching`]).
 #[map]
-pub static DISPATCH: PerCpuArray<Dispatch> = PerCpuArray::with_max_entries(1, 0);
+pub static DISPATCH: PerCpuArray<Dispatching> = PerCpuArray::with_max_entries(1, 0);
 
 /// Requests handed back by the driver after they were issued: request address → its
 /// `start_time_ns`, so that its next issue is known as the same request again. LRU: a

@@ -3,15 +3,16 @@
 use aya_ebpf::{
     helpers::bpf_get_current_task, macros::btf_tracepoint, programs::BtfTracePointContext,
 };
-use mergetrace_common::{flags, Event};
+use mergetrace_common::{flags, Event, LOST_DISPATCH_FULL};
 
 use crate::{
+    emit::count_lost,
     maps::{frozen, off, DISPATCH},
     read::read,
 };
 
-/// What one CPU knows while blk-throttle's dispatch work item runs on it (kthrotld is a
-/// per-CPU workqueue: the item runs to its end on one CPU). Every bio its worker submits then
+/// What one CPU knows of a blk-throttle dispatch work item running on it (kthrotld is a
+/// per-CPU workqueue: an item runs to its end on one CPU). Every bio its worker submits then
 /// was released from the throttle queue, or is a piece of one: a bio's first release shows as
 /// its `block_bio_queue`, but a split remainder had that before it waited, so its release
 /// shows only as the first split, merge or new request of a bio none of these slots name.
@@ -20,8 +21,9 @@ use crate::{
 pub struct Dispatch {
     /// The work item running (0: none).
     work: u64,
-    /// The worker task running it. Only its submissions are releases: the item can sleep
-    /// (waiting for a request tag on a busy device), and other tasks then submit on this CPU.
+    /// The worker task running it (0: a free entry). Only its submissions are releases: the
+    /// item can sleep (waiting for a request tag on a busy device), and other tasks then
+    /// submit on this CPU.
     task: u64,
     /// The last bio whose `block_bio_queue` fired in this run (already counted as released).
     queued: u64,
@@ -32,15 +34,36 @@ pub struct Dispatch {
     front: u64,
 }
 
-/// This CPU's dispatch state while blk-throttle's dispatch work runs on it and the current
-/// task is its worker, else `None`.
+/// How many dispatch work items one CPU follows at once. Each throttled disk has one; while
+/// one sleeps for a request tag, the workqueue runs the next disk's item on the same CPU with
+/// another worker, so several can be under way. One more than this is counted as lost
+/// (`LOST_DISPATCH_FULL`): its releases are not told.
+pub const DISPATCH_WORKERS: usize = 8;
+
+/// A CPU's dispatch work items under way, an entry per worker.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Dispatching {
+    /// Entries in use: 0 keeps every bio's look-up to one load when no item runs.
+    active: u64,
+    workers: [Dispatch; DISPATCH_WORKERS],
+}
+
+/// The entry of the dispatch work item the current task runs on this CPU, if it runs one.
 #[inline(always)]
 fn throttle_dispatch() -> Option<*mut Dispatch> {
-    let d = DISPATCH.get_ptr_mut(0)?;
-    if unsafe { (*d).work } == 0 {
+    let all = DISPATCH.get_ptr_mut(0)?;
+    if unsafe { (*all).active } == 0 {
         return None;
     }
-    (unsafe { (*d).task } == unsafe { bpf_get_current_task() }).then_some(d)
+    let task = unsafe { bpf_get_current_task() };
+    for i in 0..DISPATCH_WORKERS {
+        let d = unsafe { &raw mut (*all).workers[i] };
+        if unsafe { (*d).task } == task {
+            return Some(d);
+        }
+    }
+    None
 }
 
 /// In the dispatch work: whether `bio` is a released split remainder, seen for the first time
@@ -85,37 +108,71 @@ pub fn mark_released(ev: &mut Event) {
     }
 }
 
-/// Marks the CPU while blk-throttle's dispatch work runs: bios queued then were held back.
-/// The mark is the work item's address, so the matching end clears it.
+/// Notes blk-throttle's dispatch work starting on this CPU: the worker's bios are released
+/// ones until the matching end.
 #[btf_tracepoint(function = "workqueue_execute_start")]
 pub fn workqueue_execute_start(ctx: BtfTracePointContext) -> u32 {
     let work: u64 = ctx.arg(0);
     let target = frozen!(SYMBOLS.throtl_dispatch_fn);
-    if target != 0 && read::<u64>(work, off!(work_func)) == target {
-        if let Some(d) = DISPATCH.get_ptr_mut(0) {
-            unsafe {
-                *d = Dispatch {
-                    work,
-                    task: bpf_get_current_task(),
-                    queued: 0,
-                    remainder: 0,
-                    front: 0,
-                }
-            };
+    if target == 0 || read::<u64>(work, off!(work_func)) != target {
+        return 0;
+    }
+    let Some(all) = DISPATCH.get_ptr_mut(0) else {
+        return 0;
+    };
+    let task = unsafe { bpf_get_current_task() };
+    // The worker's own entry if an end went unseen (attached mid-item), else a free one.
+    let mut entry = DISPATCH_WORKERS;
+    for i in 0..DISPATCH_WORKERS {
+        let t = unsafe { (*all).workers[i].task };
+        if t == task {
+            entry = i;
+            break;
         }
+        if t == 0 && entry == DISPATCH_WORKERS {
+            entry = i;
+        }
+    }
+    if entry >= DISPATCH_WORKERS {
+        count_lost(LOST_DISPATCH_FULL);
+        return 0;
+    }
+    unsafe {
+        let d = &raw mut (*all).workers[entry];
+        if (*d).task == 0 {
+            (*all).active += 1;
+        }
+        *d = Dispatch {
+            work,
+            task,
+            queued: 0,
+            remainder: 0,
+            front: 0,
+        };
     }
     0
 }
 
 /// `workqueue_execute_end(work, func)`: `func` is a function pointer tp_btf cannot read, so
-/// match on the work item's address instead.
+/// match on the work item's address (and its worker) instead.
 #[btf_tracepoint(function = "workqueue_execute_end")]
 pub fn workqueue_execute_end(ctx: BtfTracePointContext) -> u32 {
     let work: u64 = ctx.arg(0);
-    if let Some(d) = DISPATCH.get_ptr_mut(0) {
+    let Some(all) = DISPATCH.get_ptr_mut(0) else {
+        return 0;
+    };
+    if unsafe { (*all).active } == 0 {
+        return 0;
+    }
+    let task = unsafe { bpf_get_current_task() };
+    for i in 0..DISPATCH_WORKERS {
         unsafe {
-            if (*d).work == work {
+            let d = &raw mut (*all).workers[i];
+            if (*d).task == task && (*d).work == work {
+                (*d).task = 0;
                 (*d).work = 0;
+                (*all).active -= 1;
+                break;
             }
         }
     }

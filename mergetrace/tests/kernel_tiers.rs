@@ -488,3 +488,99 @@ fn tiers_agree_on_throttled_split_remainders() {
         }
     }
 }
+
+/// blk-throttle's dispatch work items of two disks on one CPU. Each disk's item releases its
+/// writer's held bios; with 4 request tags and a reader keeping them taken, an item sleeps for
+/// a tag and the CPU runs the other disk's item meanwhile (kthrotld is a per-CPU,
+/// concurrency-managed workqueue). The tracepoint tier must still tell each release by the
+/// worker that submits it: where fentry attaches, both tiers count the same waits (the fentry
+/// tier sees each release); everywhere, the readers' bios never waited and the writers' did.
+#[test]
+fn tiers_agree_when_two_disks_dispatch_works_share_a_cpu() {
+    require_root();
+    const SIZE: u64 = 64 * MIB;
+    // Binds in the emulated guests too (a writer there does ~900 IOPS beside a reader).
+    const LIMIT: u64 = 300;
+    let traced = TestDisk::new(SIZE);
+    let other = LoopDevice::new(SIZE);
+    let disks: [&BlockDev; 2] = [&traced, &other];
+    let _tags: Vec<_> = disks
+        .iter()
+        .map(|d| {
+            d.set_scheduler("none");
+            d.set_nomerges(2);
+            d.set_queue_attr_restored("nr_requests", "4")
+        })
+        .collect();
+    udev_settle();
+    let limited = Cgroup::new();
+    let free = Cgroup::new();
+    for d in disks {
+        limited.set_write_iops(d, LIMIT);
+    }
+    let ctx = format!("two disks, 4 tags each, wiops {LIMIT} writers beside free readers");
+    let half = SIZE / 2;
+    let random = |disk: &BlockDev, name: &str, rw: &str, offset: u64| {
+        Fio::new(name, &disk.path)
+            .opt("rw", rw)
+            .opt("bs", "4k")
+            .opt("direct", "1")
+            .opt("ioengine", "libaio")
+            .opt("iodepth", "64")
+            .opt("time_based", "1")
+            .opt("runtime", "3")
+            // One CPU: the throttle's timers, and so both disks' work items, run there.
+            .opt("cpus_allowed", "0")
+            .offset(offset)
+            .size(half)
+    };
+    // Every job at once; the traced disk's reader's report comes back.
+    let work = || {
+        let runs: Vec<FioRun> = disks
+            .iter()
+            .flat_map(|d| {
+                [
+                    random(d, "throttled", "randwrite", 0).in_cgroup(&limited),
+                    random(d, "free", "randread", half).in_cgroup(&free),
+                ]
+            })
+            .map(|f| f.spawn())
+            .collect();
+        let mut reports: Vec<Value> = runs.into_iter().map(|r| r.wait()).collect();
+        reports.swap_remove(1)
+    };
+    let check = |out: &TraceOutput, read_report: &Value, tier: &str| {
+        let row = |cg: &Cgroup| {
+            out.cgroup_row(&traced, &cg.path()).unwrap_or_else(|| {
+                panic!("no row for {} in {}; {ctx}", cg.path(), out.device(&traced))
+            })
+        };
+        let (read, write) = (&row(&free)["read"], &row(&limited)["write"]);
+        eprintln!("{ctx}, {tier} tier: reader {read}\nwriter {write}");
+        assert_eq!(
+            u(read, "bios"),
+            fio_total_ios(read_report, "read"),
+            "{ctx}, {tier}"
+        );
+        assert_eq!(
+            u(&read["throttled"], "bios"),
+            0,
+            "{ctx}, {tier}: the reader has no limit"
+        );
+        assert!(
+            u(&write["throttled"], "bios") > 0,
+            "{ctx}, {tier}: the limit binds"
+        );
+    };
+    match traced_by_both(&traced, work, &ctx) {
+        Some((tp, fe, _, report)) => {
+            check(&tp, &report, "tracepoint");
+            check(&fe, &report, "fentry");
+        }
+        None => {
+            let tp = Tracer::on(&traced);
+            let report = work();
+            check(&tp.stop(), &report, "tracepoint");
+        }
+    }
+}
