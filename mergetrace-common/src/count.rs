@@ -76,7 +76,8 @@ pub struct DeviceState {
     /// the issue probe checks whether a request is issued again.
     pub requeues_seen: u64,
     /// The disk's `struct request_queue *`, learned from its bios: a plug flush names only
-    /// the queue, and where the queue does not name its disk (up to 5.15) this finds it.
+    /// the queue, and where the queue does not name its disk (up to 5.15) this finds it; a
+    /// bio submitted by blk-throttle's dispatch work of this queue was released by it.
     pub queue: u64,
     /// What the request programs keep for this disk in `INSERTED` (entries), `ABSORBED` (the
     /// bios of its entries) and `SPLIT_PIECES` (entries), moved atomically; while one is 0,

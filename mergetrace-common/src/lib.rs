@@ -389,6 +389,10 @@ pub struct KernelOffsets {
     pub blkg_q: u32,
     pub q_td: u32,
     pub tg_td: u32,
+    /// `throtl_data.dispatch_work` and `throtl_data.queue`: the queue whose held bios a
+    /// dispatch work item releases.
+    pub td_dispatch_work: u32,
+    pub td_queue: u32,
     /// Length of `blkcg_gq.pd[]` (`BLKCG_MAX_POLS`).
     pub blkg_pd_count: u32,
     /// `(1 << __REQ_PREFLUSH) | (1 << __REQ_FUA)`: the `blk_opf_t` bits that make a bio part of

@@ -170,7 +170,7 @@ fn bio_queue(bio: u64) {
             ev.aux |= bio_aux::BIO_BASED;
         }
         ev.flags |= rule_flags(bio, ev.op);
-        note_queued(&mut ev);
+        note_queued(&mut ev, &disk);
         emit(&ev, disk.slot);
     }
 }
@@ -206,7 +206,7 @@ fn split(split: u64, new_sector: u64) {
         if off!(bio_bps_throttled_bit) != NONE && bps_charged(remainder) {
             ev.flags |= flags::BPS_CHARGED;
         }
-        note_split(&mut ev, remainder);
+        note_split(&mut ev, remainder, &disk);
         // The front piece goes on to a request of its own (`REQ_NOMERGE`): its issue is one
         // more piece of a bio already counted.
         let key = split;
@@ -369,7 +369,7 @@ fn bio_merge(ctx: &BtfTracePointContext, bio: u64, rq: u64, kind: u8) {
         } else {
             merge_path_from_plug(ctx, bio, rq, kind == kind::BACK_MERGE)
         };
-        mark_released(&mut ev);
+        mark_released(&mut ev, &disk);
         charge_iocost(&mut ev, disk.slot);
         emit(&ev, disk.slot);
     }
@@ -479,7 +479,7 @@ fn getrq(bio: u64) {
         if wbt_class(bio, ev.op) {
             ev.aux |= getrq_aux::WBT_CLASS;
         }
-        mark_released(&mut ev);
+        mark_released(&mut ev, &disk);
         if ev.flags & flags::FLUSH_SEQ != 0 {
             // This request starts a flush sequence: the flush request the flush machinery
             // issues for it (without a bio) is counted for this cgroup.

@@ -131,10 +131,11 @@ pub fn queue_disk(q: u64) -> Option<(u32, Disk)> {
     None
 }
 
-/// Notes the queue of a traced disk (for [`queue_disk`] where queues do not name disks).
+/// Notes the queue of a traced disk (for [`queue_disk`] where queues do not name disks, and
+/// to tell which disk's throttle a dispatch work releases bios of).
 #[inline(always)]
 pub fn learn_queue(disk: &Disk, gendisk: u64) {
-    if off!(q_disk) == NONE && unsafe { (*disk.state).queue } == 0 {
+    if unsafe { (*disk.state).queue } == 0 {
         let q: u64 = read(gendisk, off!(disk_queue));
         unsafe { (*disk.state).queue = q };
     }

@@ -8,7 +8,7 @@ use mergetrace_common::{flags, Event, LOST_DISPATCH_FULL};
 use crate::{
     emit::count_lost,
     maps::{frozen, off, DISPATCH},
-    read::read,
+    read::{read, read_probe, Disk},
 };
 
 /// What one CPU knows of a blk-throttle dispatch work item running on it (kthrotld is a
@@ -21,6 +21,9 @@ use crate::{
 pub struct Dispatch {
     /// The work item running (0: none).
     work: u64,
+    /// The queue whose held bios it releases: what the worker submits to other disks (a
+    /// device-mapper target's bios to the disks below it, in the same call) was not held.
+    queue: u64,
     /// The worker task running it (0: a free entry). Only its submissions are releases: the
     /// item can sleep (waiting for a request tag on a busy device), and other tasks then
     /// submit on this CPU.
@@ -49,9 +52,10 @@ pub struct Dispatching {
     workers: [Dispatch; DISPATCH_WORKERS],
 }
 
-/// The entry of the dispatch work item the current task runs on this CPU, if it runs one.
+/// The entry of the dispatch work item the current task runs on this CPU, if it runs one
+/// and releases the bios of `disk`.
 #[inline(always)]
-fn throttle_dispatch() -> Option<*mut Dispatch> {
+fn throttle_dispatch(disk: &Disk) -> Option<*mut Dispatch> {
     let all = DISPATCH.get_ptr_mut(0)?;
     if unsafe { (*all).active } == 0 {
         return None;
@@ -60,7 +64,7 @@ fn throttle_dispatch() -> Option<*mut Dispatch> {
     for i in 0..DISPATCH_WORKERS {
         let d = unsafe { &raw mut (*all).workers[i] };
         if unsafe { (*d).task } == task {
-            return Some(d);
+            return (unsafe { (*d).queue } == unsafe { (*disk.state).queue }).then_some(d);
         }
     }
     None
@@ -76,8 +80,8 @@ fn released_remainder(d: *mut Dispatch, bio: u64) -> bool {
 
 /// `block_bio_queue` in the dispatch work: the bio waited.
 #[inline(always)]
-pub fn note_queued(ev: &mut Event) {
-    if let Some(d) = throttle_dispatch() {
+pub fn note_queued(ev: &mut Event, disk: &Disk) {
+    if let Some(d) = throttle_dispatch(disk) {
         ev.flags |= flags::THROTTLE_RELEASED;
         unsafe { (*d).queued = ev.id };
     }
@@ -85,8 +89,8 @@ pub fn note_queued(ev: &mut Event) {
 
 /// A split in the dispatch work: its remainder may be a released one.
 #[inline(always)]
-pub fn note_split(ev: &mut Event, remainder: u64) {
-    if let Some(d) = throttle_dispatch() {
+pub fn note_split(ev: &mut Event, remainder: u64, disk: &Disk) {
+    if let Some(d) = throttle_dispatch(disk) {
         if released_remainder(d, remainder) {
             ev.flags |= flags::THROTTLE_RELEASED;
         }
@@ -100,8 +104,8 @@ pub fn note_split(ev: &mut Event, remainder: u64) {
 /// Flags a bio that reached a merge or a new request in the dispatch work as a released
 /// split remainder when it is one.
 #[inline(always)]
-pub fn mark_released(ev: &mut Event) {
-    if let Some(d) = throttle_dispatch() {
+pub fn mark_released(ev: &mut Event, disk: &Disk) {
+    if let Some(d) = throttle_dispatch(disk) {
         if released_remainder(d, ev.id) {
             ev.flags |= flags::THROTTLE_RELEASED;
         }
@@ -137,6 +141,8 @@ pub fn workqueue_execute_start(ctx: BtfTracePointContext) -> u32 {
         count_lost(LOST_DISPATCH_FULL);
         return 0;
     }
+    // container_of(work, struct throtl_data, dispatch_work)->queue
+    let queue = read_probe(work - off!(td_dispatch_work) as u64, off!(td_queue));
     unsafe {
         let d = &raw mut (*all).workers[entry];
         if (*d).task == 0 {
@@ -144,6 +150,7 @@ pub fn workqueue_execute_start(ctx: BtfTracePointContext) -> u32 {
         }
         *d = Dispatch {
             work,
+            queue,
             task,
             queued: 0,
             remainder: 0,

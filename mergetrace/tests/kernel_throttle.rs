@@ -16,6 +16,8 @@
 //!   cargo test --release -p mergetrace --test kernel_throttle
 mod support;
 
+use std::path::Path;
+
 use serde_json::Value;
 use support::*;
 
@@ -634,5 +636,77 @@ fn a_sleeping_dispatch_work_throttles_no_other_tasks_bios() {
         u(&read["throttled"], "bios"),
         0,
         "the reader has no limit: none of its bios waited ({read})"
+    );
+}
+
+/// A device-mapper target's throttled bios are its own. Its blk-throttle dispatch work
+/// releases the held bios of the dm device, and dm submits their clones to the disk below in
+/// the same call, by the same worker: those clones did not wait (the disk below has no
+/// limit). Tracing both, the dm device's writer must show waits and the disk's none, with
+/// every bio counted on both (a linear target: one clone per bio), on the tracepoint tier,
+/// which tells a release by the worker that submits it. Needs device-mapper (the
+/// lab's guests load `dm_mod`); where the kernel has none (this host is built without it),
+/// no bio can reach a disk that way, and the test asserts that instead.
+#[test]
+fn a_device_mapper_targets_releases_are_not_the_disk_belows() {
+    require_root();
+    if !DmLinear::available() {
+        assert!(
+            !in_lab(),
+            "the lab's guests have device-mapper as a module: modprobe dm_mod failed"
+        );
+        assert!(!Path::new("/dev/mapper/control").exists());
+        eprintln!("this kernel has no device-mapper: no target submits to a disk here");
+        return;
+    }
+    const LIMIT: u64 = 300;
+    let disk = TestDisk::new(SIZE);
+    let dm = DmLinear::over(&disk);
+    udev_settle();
+    let limited = Cgroup::new();
+    limited.set_write_iops(&dm.dev, LIMIT);
+    // The tier that tells a release by the task submitting it (fentry sees each release).
+    let tracer = Tracer::start(&[
+        "-d",
+        disk.name.as_str(),
+        "-d",
+        dm.dev.name.as_str(),
+        "--tier",
+        "tracepoint",
+    ]);
+    let report = Fio::new("dm-throttled", &dm.dev.path)
+        .opt("rw", "randwrite")
+        .opt("bs", "4k")
+        .opt("direct", "1")
+        .opt("ioengine", "libaio")
+        .opt("iodepth", "64")
+        .opt("time_based", "1")
+        .opt("runtime", RUNTIME)
+        .size(SIZE)
+        .in_cgroup(&limited)
+        .run();
+    let out = tracer.stop();
+    assert_eq!(out.lost_events(), 0, "lost events; stderr:\n{}", out.stderr);
+    let writes = fio_total_ios(&report, "write");
+    let above = &row(&out, &dm.dev, &limited)["write"];
+    let below = &row(&out, &disk, &limited)["write"];
+    eprintln!(
+        "fio: {writes} writes; {} {above}\n{} {below}",
+        dm.dev.name, disk.name
+    );
+    assert_eq!(u(above, "bios"), writes, "the dm device's bios");
+    assert_eq!(
+        u(below, "bios"),
+        writes,
+        "the disk below's bios (one clone each)"
+    );
+    assert!(
+        u(&above["throttled"], "bios") > 0,
+        "wiops {LIMIT} on the dm device binds: {above}"
+    );
+    assert_eq!(
+        u(&below["throttled"], "bios"),
+        0,
+        "the disk below has no limit: no bio waited there ({below})"
     );
 }

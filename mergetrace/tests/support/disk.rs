@@ -426,3 +426,59 @@ impl Drop for QueueAttrRestore {
         }
     }
 }
+
+/// A device-mapper `linear` target over a whole disk (`dm-N`), removed on drop. dmsetup runs
+/// without udev (the lab's guests have none): the device is found by its name in sysfs.
+pub struct DmLinear {
+    pub dev: BlockDev,
+    name: String,
+}
+
+impl DmLinear {
+    /// Whether this kernel has device-mapper (loading `dm_mod` if it is a module).
+    pub fn available() -> bool {
+        let _ = Command::new("modprobe").arg("dm_mod").status();
+        Path::new("/sys/module/dm_mod").exists()
+    }
+
+    /// A linear target mapping all of `disk`.
+    pub fn over(disk: &BlockDev) -> DmLinear {
+        let name = unique_name();
+        let sectors = disk.size / 512;
+        let table = format!("0 {sectors} linear {} 0", disk.path.display());
+        let out = Command::new("dmsetup")
+            .args(["create", &name, "--noudevsync", "--table", &table])
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run dmsetup (apt install dmsetup): {e}"));
+        assert!(
+            out.status.success(),
+            "dmsetup create {name} --table '{table}': {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let kernel_name = fs::read_dir("/sys/block")
+            .expect("/sys/block")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .find(|n| {
+                fs::read_to_string(format!("/sys/block/{n}/dm/name"))
+                    .is_ok_and(|s| s.trim() == name)
+            })
+            .unwrap_or_else(|| panic!("dm target {name} is not in /sys/block/*/dm/name"));
+        DmLinear {
+            dev: BlockDev::open(&kernel_name, disk.size),
+            name,
+        }
+    }
+}
+
+impl Drop for DmLinear {
+    fn drop(&mut self) {
+        let ok = Command::new("dmsetup")
+            .args(["remove", "--noudevsync", &self.name])
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("warning: could not remove dm target {}", self.name);
+        }
+    }
+}

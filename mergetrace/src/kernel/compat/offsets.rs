@@ -62,6 +62,7 @@ pub fn resolve_offsets(btf: &Btf, kfuncs: &Kfuncs) -> Result<KernelOffsets> {
             q_max_discard_segments: "limits.max_discard_segments",
         }
         "throtl_grp" { tg_td: "td" }
+        "throtl_data" { td_dispatch_work: "dispatch_work", td_queue: "queue" }
         "task_struct" { task_plug: "plug" }
         "elevator_queue" { elv_type: "type" }
         "elevator_type" { elv_type_name: "elevator_name" };
