@@ -125,7 +125,8 @@ pub fn workqueue_execute_start(ctx: BtfTracePointContext) -> u32 {
         return 0;
     };
     let task = unsafe { bpf_get_current_task() };
-    // The worker's own entry if an end went unseen (attached mid-item), else a free one.
+    // The worker's own entry if its last item's end went unseen (the programs attach one
+    // after the other), else a free one.
     let mut entry = DISPATCH_WORKERS;
     for i in 0..DISPATCH_WORKERS {
         let t = unsafe { (*all).workers[i].task };
