@@ -506,6 +506,16 @@ pub const HOOKS: &[Hook] = &[
         (5, 10),
         hook("throttle rules", HookKind::Field, "throtl_grp.has_rules"),
     ),
+    hook(
+        "throttle release context",
+        HookKind::Field,
+        "throtl_data.dispatch_work",
+    ),
+    hook(
+        "throttle release context",
+        HookKind::Field,
+        "throtl_data.queue",
+    ),
     hook("merge path: plug", HookKind::Field, "task_struct.plug"),
     until(
         (6, 12),
