@@ -593,14 +593,7 @@ fn a_sleeping_dispatch_work_throttles_no_other_tasks_bios() {
     let free = Cgroup::new();
     let half = SIZE / 2;
     let random = |name: &str, rw: &str, offset: u64| {
-        Fio::new(name, &lo.path)
-            .opt("rw", rw)
-            .opt("bs", "4k")
-            .opt("direct", "1")
-            .opt("ioengine", "libaio")
-            .opt("iodepth", "64")
-            .opt("time_based", "1")
-            .opt("runtime", RUNTIME)
+        Fio::random_for(name, &lo, rw, RUNTIME)
             .offset(offset)
             .size(half)
     };
@@ -674,14 +667,7 @@ fn a_device_mapper_targets_releases_are_not_the_disk_belows() {
         "--tier",
         "tracepoint",
     ]);
-    let report = Fio::new("dm-throttled", &dm.dev.path)
-        .opt("rw", "randwrite")
-        .opt("bs", "4k")
-        .opt("direct", "1")
-        .opt("ioengine", "libaio")
-        .opt("iodepth", "64")
-        .opt("time_based", "1")
-        .opt("runtime", RUNTIME)
+    let report = Fio::random_for("dm-throttled", &dm.dev, "randwrite", RUNTIME)
         .size(SIZE)
         .in_cgroup(&limited)
         .run();

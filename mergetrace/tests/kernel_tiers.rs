@@ -521,14 +521,7 @@ fn tiers_agree_when_two_disks_dispatch_works_share_a_cpu() {
     let ctx = format!("two disks, 4 tags each, wiops {LIMIT} writers beside free readers");
     let half = SIZE / 2;
     let random = |disk: &BlockDev, name: &str, rw: &str, offset: u64| {
-        Fio::new(name, &disk.path)
-            .opt("rw", rw)
-            .opt("bs", "4k")
-            .opt("direct", "1")
-            .opt("ioengine", "libaio")
-            .opt("iodepth", "64")
-            .opt("time_based", "1")
-            .opt("runtime", "3")
+        Fio::random_for(name, disk, rw, "3")
             // One CPU: the throttle's timers, and so both disks' work items, run there.
             .opt("cpus_allowed", "0")
             .offset(offset)

@@ -58,6 +58,19 @@ impl Fio {
             .batch(batch)
     }
 
+    /// `seconds` of 4 KiB random O_DIRECT libaio at iodepth 64 on `dev`, `rw` =
+    /// randwrite/randread: a closed loop that keeps a queue (and a throttle) busy.
+    pub fn random_for(name: &str, dev: &BlockDev, rw: &str, seconds: &str) -> Fio {
+        Fio::new(name, &dev.path)
+            .opt("rw", rw)
+            .opt("bs", "4k")
+            .opt("direct", "1")
+            .opt("ioengine", "libaio")
+            .opt("iodepth", "64")
+            .opt("time_based", "1")
+            .opt("runtime", seconds)
+    }
+
     /// Sets `--key=value` (replacing an earlier value of the same key).
     pub fn opt(mut self, key: &str, value: &str) -> Fio {
         self.opts.retain(|(k, _)| k != key);
