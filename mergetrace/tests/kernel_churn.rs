@@ -459,14 +459,25 @@ fn scrapes_under_load_bad_requests_and_a_stop() {
         server.scrape();
     }
     let rss_loaded = server.rss_kb();
-    // The same load again: what a leak costs grows with the scrapes, while what many
-    // concurrent scrapes hold at their peak (more on a slow, crowded machine) does not.
-    for s in scrape_load() {
-        s.join().expect("a scraper failed");
+    // The same load again: what a leak costs grows with every round of scrapes, while what
+    // many concurrent scrapes hold at their peak, and an allocator's arenas warming up (more
+    // on a slow, crowded machine), does not. So up to three more rounds, until one holds
+    // still: a leak of 3.2 KiB a scrape or more grows every one of them.
+    let mut growth = Vec::new();
+    let mut rss = rss_loaded;
+    for _ in 0..3 {
+        for s in scrape_load() {
+            s.join().expect("a scraper failed");
+        }
+        let now = server.rss_kb();
+        growth.push(now as i64 - rss as i64);
+        rss = now;
+        if growth.last().is_some_and(|g| *g <= 2048) {
+            break;
+        }
     }
-    let rss_after = server.rss_kb();
     eprintln!(
-        "kernel_churn: {} scrapes by {SCRAPERS} scrapers, 40 bad requests, a slow and a stalled client: RSS {rss_before} -> {rss_loaded} KiB; {} more scrapes: -> {rss_after} KiB",
+        "kernel_churn: {} scrapes by {SCRAPERS} scrapers, 40 bad requests, a slow and a stalled client: RSS {rss_before} -> {rss_loaded} KiB; then by {growth:?} KiB a round of {} more",
         SCRAPERS * EACH,
         SCRAPERS * EACH
     );
@@ -476,8 +487,8 @@ fn scrapes_under_load_bad_requests_and_a_stop() {
         SCRAPERS * EACH
     );
     assert!(
-        rss_after <= rss_loaded + 2048,
-        "RSS grew from {rss_loaded} KiB to {rss_after} KiB over {} more scrapes: a leak",
+        growth.last().is_some_and(|g| *g <= 2048),
+        "RSS grew by {growth:?} KiB in three more rounds of {} scrapes each: a leak",
         SCRAPERS * EACH
     );
 

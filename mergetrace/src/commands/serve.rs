@@ -140,7 +140,14 @@ impl Exporter {
 
 type Shared = Arc<Mutex<Exporter>>;
 
+/// Scrapes run one at a time: they hold the exporter's lock throughout, so more at once would
+/// only park blocking-pool threads on it, each with an allocator arena of its own that keeps
+/// what a scrape allocated (16 concurrent scrapers once grew the RSS by 2.4 MiB a round).
+static SCRAPING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+
 async fn metrics(State(ex): State<Shared>) -> Response {
+    // Never closed, so the permit always comes.
+    let _turn = SCRAPING.acquire().await;
     let result = tokio::task::spawn_blocking(move || {
         let mut ex = ex.lock().unwrap_or_else(|p| p.into_inner());
         ex.scrape()
