@@ -1,6 +1,10 @@
 //! An event's way out: counted in this CPU's counters with the counting rule user space also
 //! applies to captures (`mergetrace_common::count`), and/or sent to user space.
-use aya_ebpf::helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns};
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns},
+    maps::PerCpuHashMap,
+};
 use mergetrace_common::{flags, kind, unplug_slot, CountKey, Counters, Event, LOST_COUNTS_FULL};
 
 use crate::{
@@ -137,11 +141,22 @@ fn hashed_counters(key: &CountKey) -> Option<*mut Counters> {
         return Some(c);
     }
     let zero = ZERO.get(0)?;
-    if COUNTS.insert(key, zero, 0).is_err() {
+    insert_new(&COUNTS, key, zero);
+    let c = COUNTS.get_ptr_mut(key);
+    if c.is_none() {
         count_lost(LOST_COUNTS_FULL);
-        return None;
     }
-    COUNTS.get_ptr_mut(key)
+    c
+}
+
+/// Inserts `zero` at `key` unless the key is there by now. Since the lookup that missed, a
+/// program in interrupt context on this CPU (a completion) may have inserted the key and
+/// counted in it; an update of an existing per-CPU entry would overwrite this CPU's value
+/// with the zeros, and that count would be gone. A full map fails here and in the lookup
+/// after, where it is counted as lost.
+#[inline(always)]
+pub fn insert_new<V>(map: &PerCpuHashMap<CountKey, V>, key: &CountKey, zero: &V) {
+    let _ = map.insert(key, zero, BPF_NOEXIST as u64);
 }
 
 #[inline(always)]

@@ -22,7 +22,7 @@ use mergetrace_common::{
 };
 
 use crate::{
-    emit::count_lost,
+    emit::{count_lost, insert_new},
     maps::{frozen, off, ISSUED_AT, ISSUE_SLOTS, LATENCY, LATENCY_HASHED, LATENCY_ZERO},
     read::{forget, read, Disk},
     slot::{self, key_of},
@@ -148,9 +148,10 @@ fn hist(key: &CountKey, slot: Option<u32>) -> Option<*mut LatencyHist> {
         return Some(h);
     }
     let zero = LATENCY_ZERO.get(0)?;
-    if LATENCY_HASHED.insert(key, zero, 0).is_err() {
+    insert_new(&LATENCY_HASHED, key, zero);
+    let h = LATENCY_HASHED.get_ptr_mut(key);
+    if h.is_none() {
         count_lost(LOST_LATENCY_FULL);
-        return None;
     }
-    LATENCY_HASHED.get_ptr_mut(key)
+    h
 }
