@@ -3,7 +3,7 @@
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns},
-    maps::PerCpuHashMap,
+    maps::{PerCpuArray, PerCpuHashMap},
 };
 use mergetrace_common::{flags, kind, unplug_slot, CountKey, Counters, Event, LOST_COUNTS_FULL};
 
@@ -137,26 +137,30 @@ fn count(ev: &Event, slot: Option<u32>) {
 /// The key's counters in the `COUNTS` hash map, inserted when new.
 #[inline(always)]
 fn hashed_counters(key: &CountKey) -> Option<*mut Counters> {
-    if let Some(c) = COUNTS.get_ptr_mut(key) {
-        return Some(c);
-    }
-    let zero = ZERO.get(0)?;
-    insert_new(&COUNTS, key, zero);
-    let c = COUNTS.get_ptr_mut(key);
-    if c.is_none() {
-        count_lost(LOST_COUNTS_FULL);
-    }
-    c
+    hashed_entry(&COUNTS, key, &ZERO, LOST_COUNTS_FULL)
 }
 
-/// Inserts `zero` at `key` unless the key is there by now. Since the lookup that missed, a
+/// This CPU's value of `key` in `map`, inserted from `zero` when new; counted under `lost`
+/// when the map is full. The insert never replaces an entry: since the lookup that missed, a
 /// program in interrupt context on this CPU (a completion) may have inserted the key and
-/// counted in it; an update of an existing per-CPU entry would overwrite this CPU's value
-/// with the zeros, and that count would be gone. A full map fails here and in the lookup
-/// after, where it is counted as lost.
+/// counted in it, and an update of an existing per-CPU entry would overwrite this CPU's value
+/// with the zeros.
 #[inline(always)]
-pub fn insert_new<V>(map: &PerCpuHashMap<CountKey, V>, key: &CountKey, zero: &V) {
-    let _ = map.insert(key, zero, BPF_NOEXIST as u64);
+pub fn hashed_entry<V>(
+    map: &PerCpuHashMap<CountKey, V>,
+    key: &CountKey,
+    zero: &PerCpuArray<V>,
+    lost: u32,
+) -> Option<*mut V> {
+    if let Some(v) = map.get_ptr_mut(key) {
+        return Some(v);
+    }
+    let _ = map.insert(key, zero.get(0)?, BPF_NOEXIST as u64);
+    let v = map.get_ptr_mut(key);
+    if v.is_none() {
+        count_lost(lost);
+    }
+    v
 }
 
 #[inline(always)]

@@ -22,7 +22,7 @@ use mergetrace_common::{
 };
 
 use crate::{
-    emit::{count_lost, insert_new},
+    emit::hashed_entry,
     maps::{frozen, off, ISSUED_AT, ISSUE_SLOTS, LATENCY, LATENCY_HASHED, LATENCY_ZERO},
     read::{forget, read, Disk},
     slot::{self, key_of},
@@ -144,14 +144,5 @@ fn hist(key: &CountKey, slot: Option<u32>) -> Option<*mut LatencyHist> {
     if let Some(h) = slot.and_then(|s| LATENCY.get_ptr_mut(s)) {
         return Some(h);
     }
-    if let Some(h) = LATENCY_HASHED.get_ptr_mut(key) {
-        return Some(h);
-    }
-    let zero = LATENCY_ZERO.get(0)?;
-    insert_new(&LATENCY_HASHED, key, zero);
-    let h = LATENCY_HASHED.get_ptr_mut(key);
-    if h.is_none() {
-        count_lost(LOST_LATENCY_FULL);
-    }
-    h
+    hashed_entry(&LATENCY_HASHED, key, &LATENCY_ZERO, LOST_LATENCY_FULL)
 }
