@@ -463,6 +463,7 @@ fn scrapes_under_load_bad_requests_and_a_stop() {
     // many concurrent scrapes hold at their peak, and an allocator's arenas warming up (more
     // on a slow, crowded machine), does not. So up to three more rounds, until one holds
     // still: a leak of 3.2 KiB a scrape or more grows every one of them.
+    let held_still = |growth: &[i64]| growth.last().is_some_and(|g| *g <= 2048);
     let mut growth = Vec::new();
     let mut rss = rss_loaded;
     for _ in 0..3 {
@@ -472,7 +473,7 @@ fn scrapes_under_load_bad_requests_and_a_stop() {
         let now = server.rss_kb();
         growth.push(now as i64 - rss as i64);
         rss = now;
-        if growth.last().is_some_and(|g| *g <= 2048) {
+        if held_still(&growth) {
             break;
         }
     }
@@ -487,7 +488,7 @@ fn scrapes_under_load_bad_requests_and_a_stop() {
         SCRAPERS * EACH
     );
     assert!(
-        growth.last().is_some_and(|g| *g <= 2048),
+        held_still(&growth),
         "RSS grew by {growth:?} KiB in three more rounds of {} scrapes each: a leak",
         SCRAPERS * EACH
     );
