@@ -18,13 +18,13 @@ use mergetrace_common::{
         lat_bucket, IssuedAt, LatencyHist, ISSUE_QUEUES, ISSUE_SLOTS_PER_DISK, ISSUE_TAGS, MERGED,
         SINGLE,
     },
-    CountKey, Event, LOST_LATENCY_FULL,
+    CountKey, Event, LOST_COMPLETION_UNSEEN, LOST_LATENCY_FULL,
 };
 
 use crate::{
-    emit::hashed_entry,
+    emit::{count_lost, hashed_entry},
     maps::{frozen, off, ISSUED_AT, ISSUE_SLOTS, LATENCY, LATENCY_HASHED, LATENCY_ZERO},
-    read::{forget, read, Disk},
+    read::{forget, read, read_probe, Disk},
     slot::{self, key_of},
 };
 
@@ -72,10 +72,33 @@ pub fn issued(rq: u64, ev: &Event, bios: u32, reissue: bool, disk: Disk, slot: O
         _pad: 0,
     };
     match issue_index(rq, disk).and_then(|i| ISSUE_SLOTS.get_ptr_mut(i)) {
-        Some(entry) => unsafe { *entry = at },
+        Some(entry) => unsafe {
+            if !reissue {
+                count_unseen(rq, (*entry).rq);
+            }
+            *entry = at
+        },
         None => {
             let _ = ISSUED_AT.insert(&rq, &at, 0);
         }
+    }
+}
+
+/// At a request's first issue, before it takes its tag's entry: an entry still holding a
+/// request means that request ended without the completion program running (the kernel skips
+/// eBPF programs now and then; see `LOST_COMPLETION_UNSEEN`): counted lost, never silent.
+/// Either it is the same request memory again (without a scheduler a tag's request is fixed),
+/// or another request whose tag is still this one although the kernel gave it to `rq`. A
+/// request requeued from this tag let it go (its tag is -1 or another by now, and its next
+/// issue is a reissue): its stale entry is not counted.
+#[inline(always)]
+fn count_unseen(rq: u64, prev: u64) {
+    if prev == 0 {
+        return;
+    }
+    // `prev` comes from a map: the verifier cannot type it, so through the helper.
+    if prev == rq || read_probe::<i32>(prev, off!(rq_tag)) == read::<i32>(rq, off!(rq_tag)) {
+        count_lost(LOST_COMPLETION_UNSEEN);
     }
 }
 

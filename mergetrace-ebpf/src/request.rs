@@ -13,7 +13,7 @@ use crate::{
     chain::walk,
     emit::{emit, emit_slotted, now},
     latency,
-    maps::{off, Inserted, ABSORBED, INSERTED, REQUEUED, SPLIT_PIECES},
+    maps::{frozen, off, Inserted, ABSORBED, INSERTED, REQUEUED, SPLIT_PIECES},
     read::{
         blkg_cgroup_id, disk_dev, elevator_is_kyber, forget_all, pending_add, queue_disk, read,
         read_probe, ready, rq_disk, traced, Disk,
@@ -371,6 +371,11 @@ pub fn block_rq_requeue(ctx: BtfTracePointContext) -> u32 {
 /// `block_rq_complete(rq, error, nr_bytes)`; may be partial.
 #[btf_tracepoint(function = "block_rq_complete")]
 pub fn block_rq_complete(ctx: BtfTracePointContext) -> u32 {
+    // The tests' stand-in for a completion the kernel did not run us for (pruned otherwise).
+    let skip = frozen!(MODES.skip_completions_at);
+    if skip != 0 && rq_trace_sector(ctx.arg(0)) + 1 == skip as u64 {
+        return 0;
+    }
     let error: u64 = ctx.arg(1);
     let nr_bytes: u64 = ctx.arg(2);
     if let Some((mut ev, disk, _)) = rq_event(ctx.arg(0), kind::RQ_COMPLETE) {

@@ -441,6 +441,12 @@ impl Session {
         // oracle the per-request paths are tested against).
         modes.merge_path_from_stack =
             std::env::var("MERGETRACE_MERGE_PATH_FROM_STACK").is_ok_and(|v| v == "1") as u32;
+        // Another: the completions of requests at this sector go unseen, as the kernel
+        // sometimes lets them (what `completion_unseen` is tested with).
+        modes.skip_completions_at = std::env::var("MERGETRACE_SKIP_COMPLETIONS_AT_SECTOR")
+            .ok()
+            .and_then(|v| v.parse::<u32>().ok())
+            .map_or(0, |s| s.saturating_add(1));
         let wants = run_wants(devices, opts.wants, &iocost, modes);
         // Latency histograms are counted, not sent: a capture has the events for them.
         modes.latency = (wants.latency && modes.aggregate != 0) as u32;
