@@ -71,10 +71,24 @@ fn quick_demo_runs_the_merging_lab_and_checks_itself() {
         }
     }
     let before = stale.then(|| queue_settings(&next));
-    let out = Command::new(mergetrace_bin())
-        .args(["demo", "--quick"])
-        .output()
-        .expect("cannot run mergetrace demo");
+    let run = || {
+        Command::new(mergetrace_bin())
+            .args(["demo", "--quick"])
+            .output()
+            .expect("cannot run mergetrace demo")
+    };
+    let mut out = run();
+    if !out.status.success() && only_unseen_completions(&String::from_utf8_lossy(&out.stderr)) {
+        // On 6.18 the kernel now and then ends a request without running eBPF programs on
+        // block_rq_complete (ftrace's own event records it; bpftrace misses it too): about one
+        // demo in 40 here, always in a latency arm, always completions only. The demo says so
+        // and fails; one more run must then pass exactly, and any other mismatch fails at once.
+        eprintln!(
+            "demo run 1 saw completions the kernel never showed the programs; once more:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out = run();
+    }
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -226,4 +240,17 @@ fn assert_iocost_arm(stdout: &str) {
                 .any(|l| l.starts_with(&format!("{maj_min} enable=1"))),
         "io.cost left on for {disk}: {qos}"
     );
+}
+
+/// Whether every mismatch the demo reported is a latency arm's completions the kernel never
+/// ran the completion program for (each request issued, counted and equal to diskstats).
+fn only_unseen_completions(stderr: &str) -> bool {
+    let mismatches: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("mergetrace demo: MISMATCH "))
+        .collect();
+    !mismatches.is_empty()
+        && mismatches.iter().all(|l| {
+            l.contains("requests ended without the kernel running mergetrace's completion program")
+        })
 }

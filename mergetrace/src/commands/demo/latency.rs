@@ -10,6 +10,7 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
+use mergetrace_common::LOST_COMPLETION_UNSEEN;
 
 use super::{
     check_interrupted,
@@ -30,40 +31,65 @@ pub(super) struct LatencyArm {
     pub(super) writer: (Counts, Latency),
     pub(super) reader: (Counts, Latency),
     pub(super) disk: DiskStats,
+    /// Requests the kernel ended without running the completion program, as far as seen in
+    /// the arm (lost `completion_unseen`: found when their tag is issued again).
+    pub(super) unseen: u64,
 }
 
 impl LatencyArm {
     /// Mismatches against the kernel's counters, as sentences.
     pub(super) fn mismatches(&self) -> Vec<String> {
-        let mut out = Vec::new();
         let label = format!("latency arm nomerges={}", self.nomerges);
-        let mut cmp = |what: &str, ours: u64, kernel: u64| {
-            if ours != kernel {
-                out.push(format!("{label}: {what} mergetrace {ours} ≠ {kernel}"));
-            }
+        let differs = |what: &str, ours: u64, kernel: u64| {
+            (ours != kernel).then(|| format!("{label}: {what} mergetrace {ours} ≠ {kernel}"))
         };
-        cmp(
-            "writer requests vs diskstats writes",
-            self.writer.0.requests(),
-            self.disk.writes,
-        );
-        cmp(
-            "reader requests vs diskstats reads",
-            self.reader.0.requests(),
-            self.disk.reads,
-        );
+        let mut out: Vec<String> = [
+            differs(
+                "writer requests vs diskstats writes",
+                self.writer.0.requests(),
+                self.disk.writes,
+            ),
+            differs(
+                "reader requests vs diskstats reads",
+                self.reader.0.requests(),
+                self.disk.reads,
+            ),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         for (who, (c, l)) in [("writer", &self.writer), ("reader", &self.reader)] {
-            for (stage, name) in [(Stage::Queue, "queue"), (Stage::Device, "device")] {
-                cmp(
-                    &format!("{who} {name} latency count vs its requests"),
-                    l.count(stage, Class::All),
-                    c.requests(),
-                );
+            let requests = c.requests();
+            let queue = l.count(Stage::Queue, Class::All);
+            let device = l.count(Stage::Device, Class::All);
+            out.extend(differs(
+                &format!("{who} queue latency count vs its requests"),
+                queue,
+                requests,
+            ));
+            if device < requests && queue == requests {
+                // Each issued and counted, some never seen to end: say it as what it is.
+                out.push(format!(
+                    "{label}: {who} device latency count mergetrace {device} ≠ {requests}: {} \
+                     {UNSEEN} ({} found so far as lost completion_unseen)",
+                    requests - device,
+                    self.unseen
+                ));
+            } else {
+                out.extend(differs(
+                    &format!("{who} device latency count vs its requests"),
+                    device,
+                    requests,
+                ));
             }
         }
         out
     }
 }
+
+/// How a mismatch of completions the programs never saw ends its sentence (the test tells
+/// them from other mismatches by it).
+const UNSEEN: &str = "requests ended without the kernel running mergetrace's completion program";
 
 /// The three arms: `writes` 4 KiB writes in batches of 32 from offset 0, `reads` 4 KiB reads
 /// one at a time from the second half of the disk, at once.
@@ -108,11 +134,17 @@ pub(super) fn arms(lab: &mut Lab, writes: u64, reads: u64) -> Result<Vec<Latency
         let window = lab.session.read_totals()?.since(&counted_before);
         let disk = DiskStats::read(lab.disk.dev.major, lab.disk.dev.minor)?.since(&before);
         let dev = lab.disk.dev.dev().0;
+        let unseen = u8::try_from(LOST_COMPLETION_UNSEEN)
+            .ok()
+            .and_then(|k| window.lost_by_kind.get(&k))
+            .copied()
+            .unwrap_or(0);
         arms.push(LatencyArm {
             nomerges,
             writer: of(&window, dev, &writer, Dir::Write)?,
             reader: of(&window, dev, &reader, Dir::Read)?,
             disk,
+            unseen,
         });
     }
     lab.disk.queue("nomerges", "0")?;
