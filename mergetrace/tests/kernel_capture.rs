@@ -161,6 +161,59 @@ fn capture_round_trip_report_lineage_and_exports() {
     check_perfetto_export(&run, cap, &w, &ctx);
 }
 
+/// A capture where the kernel ended requests without running the completion program (the
+/// testing knob stands in for it: the completion program ignores one sector's completions):
+/// `report --lineage` counts each request issued again with no completion in between. Three
+/// such requests, each followed by more writes than the disk has tags (pinned to one CPU, so
+/// the tags come round), scheduler none (a tag's request memory is fixed): exactly three.
+#[test]
+fn report_lineage_counts_requests_the_completion_program_never_saw() {
+    require_root();
+    let lo = LoopDevice::new(64 << 20);
+    lo.set_scheduler("none");
+    lo.set_nomerges(2);
+    let dir = tempfile::tempdir().unwrap();
+    let capture = dir.path().join("unseen.mtr");
+    let rec = Recorder::start_with_env(
+        &lo,
+        &capture,
+        &[],
+        &[("MERGETRACE_SKIP_COMPLETIONS_AT_SECTOR", "8")],
+    );
+    let before = lo.diskstats();
+    for _ in 0..3 {
+        run_workload_on(
+            0,
+            &lo,
+            None,
+            &["--ios", "1", "--batch", "1", "--offset", "4096"],
+        );
+        run_workload_on(
+            0,
+            &lo,
+            None,
+            &["--ios", "600", "--batch", "1", "--offset", "1048576"],
+        );
+    }
+    let d = lo.diskstats().since(&before);
+    rec.stop();
+    lo.set_nomerges(0);
+    let cap = capture.to_str().unwrap();
+    let (_, err) = succeeded(
+        mergetrace(&["report", cap, "--lineage", "--json"]),
+        "lineage",
+    );
+    assert_eq!(d.writes, 3 * 601, "{err}");
+    assert!(
+        err.contains(&format!("lineage: {} requests, {0} consistent", d.writes)),
+        "{err}"
+    );
+    assert!(
+        err.contains("; 3 were issued again with no completion between"),
+        "{err}"
+    );
+}
+
 /// Writers bound one to each CPU, every CPU's events in a ring of its own: the capture is in
 /// one time order (the rings merged back in user space), with every bio and request counted.
 #[test]

@@ -29,7 +29,18 @@ impl Recorder {
 
     /// `mergetrace record -d DEV -o FILE EXTRA...`.
     pub fn start_with(dev: &BlockDev, out: &Path, extra: &[&str]) -> Recorder {
+        Recorder::start_with_env(dev, out, extra, &[])
+    }
+
+    /// [`Recorder::start_with`] with extra environment variables for the recorder.
+    pub fn start_with_env(
+        dev: &BlockDev,
+        out: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Recorder {
         let mut child = Command::new(mergetrace_bin())
+            .envs(env.iter().copied())
             .args(["record", "-d", &dev.name, "-o"])
             .arg(out)
             .args(extra)

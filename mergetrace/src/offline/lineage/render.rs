@@ -212,7 +212,8 @@ pub fn summary(s: &Stats) -> String {
          first bio and range: {}, by range only: {}, by first bio only: {}, without data: {}, \
          unmatched: {}; {} bios ({} split pieces, {} without a bio_queue in the capture, {} \
          placed by inference among adjacent requests); {} merges found no request; {} requests \
-         were built but not issued in the capture",
+         were built but not issued in the capture; {} were issued again with no completion \
+         between (the kernel ended them without running the completion program)",
         s.requests,
         s.consistent,
         m("exact"),
@@ -225,6 +226,7 @@ pub fn summary(s: &Stats) -> String {
         s.without_queue,
         s.ambiguous,
         s.orphan_merges,
-        s.never_issued
+        s.never_issued,
+        s.completions_unseen
     )
 }

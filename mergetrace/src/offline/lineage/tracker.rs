@@ -413,8 +413,9 @@ impl Tracker {
                 );
                 return;
             }
-            // Issued again without a requeue: its completion was lost. A new request.
+            // Issued again without a requeue: its completion was never seen. A new request.
             self.in_flight.remove(&ev.id);
+            self.stats.completions_unseen += 1;
         }
         let found = self.find(ev);
         let pending = found.map(|(slot, m)| (self.remove(slot), m));

@@ -165,6 +165,10 @@ pub struct Stats {
     pub orphan_merges: u64,
     /// Requests built but never issued in the capture (still pending at its end, or lost).
     pub never_issued: u64,
+    /// Requests issued again, not requeued, with no completion in between: the kernel ended
+    /// them without running the completion program (seen where a request keeps its memory
+    /// from one issue to the next, as without a scheduler; live `--latency` sees the rest).
+    pub completions_unseen: u64,
 }
 
 /// The result of a replay.
