@@ -174,27 +174,9 @@ fn report_lineage_counts_requests_the_completion_program_never_saw() {
     lo.set_nomerges(2);
     let dir = tempfile::tempdir().unwrap();
     let capture = dir.path().join("unseen.mtr");
-    let rec = Recorder::start_with_env(
-        &lo,
-        &capture,
-        &[],
-        &[("MERGETRACE_SKIP_COMPLETIONS_AT_SECTOR", "8")],
-    );
+    let rec = Recorder::start_with_env(&lo, &capture, &[], &[SKIP_COMPLETIONS]);
     let before = lo.diskstats();
-    for _ in 0..3 {
-        run_workload_on(
-            0,
-            &lo,
-            None,
-            &["--ios", "1", "--batch", "1", "--offset", "4096"],
-        );
-        run_workload_on(
-            0,
-            &lo,
-            None,
-            &["--ios", "600", "--batch", "1", "--offset", "1048576"],
-        );
-    }
+    unseen_completions(&lo);
     let d = lo.diskstats().since(&before);
     rec.stop();
     lo.set_nomerges(0);

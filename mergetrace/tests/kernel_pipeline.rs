@@ -466,25 +466,10 @@ fn completions_the_programs_never_saw_are_counted_lost() {
         lo.set_scheduler(sched);
         lo.set_nomerges(2);
         udev_settle();
-        let tracer = Tracer::start_with_env(
-            &["-d", lo.name.as_str(), "--latency"],
-            &[("MERGETRACE_SKIP_COMPLETIONS_AT_SECTOR", "8")],
-        );
+        let tracer =
+            Tracer::start_with_env(&["-d", lo.name.as_str(), "--latency"], &[SKIP_COMPLETIONS]);
         let before = lo.diskstats();
-        for _ in 0..3 {
-            run_workload_on(
-                0,
-                &lo,
-                None,
-                &["--ios", "1", "--batch", "1", "--offset", "4096"],
-            );
-            run_workload_on(
-                0,
-                &lo,
-                None,
-                &["--ios", "600", "--batch", "1", "--offset", "1048576"],
-            );
-        }
+        unseen_completions(&lo);
         let d = lo.diskstats().since(&before);
         let out = tracer.stop();
         let w = &out.device_total(&lo)["write"];

@@ -281,6 +281,30 @@ pub fn run_workload(dev: &BlockDev, cg: Option<&Cgroup>, args: &[&str]) -> Value
     run_workload_with(Command::new(mergetrace_bin()), dev, cg, args)
 }
 
+/// The testing knob that stands in for a kernel ending requests without running the
+/// completion program: it ignores the completions at this sector (see [`unseen_completions`]).
+pub const SKIP_COMPLETIONS: (&str, &str) = ("MERGETRACE_SKIP_COMPLETIONS_AT_SECTOR", "8");
+
+/// Three writes at the sector [`SKIP_COMPLETIONS`] names, each followed by 600 more writes
+/// elsewhere, all on CPU 0: more than the disk has tags and scheduler requests, so each tag
+/// comes round and finds what its unseen request left. 1,803 write requests in all.
+pub fn unseen_completions(dev: &BlockDev) {
+    for _ in 0..3 {
+        run_workload_on(
+            0,
+            dev,
+            None,
+            &["--ios", "1", "--batch", "1", "--offset", "4096"],
+        );
+        run_workload_on(
+            0,
+            dev,
+            None,
+            &["--ios", "600", "--batch", "1", "--offset", "1048576"],
+        );
+    }
+}
+
 /// As [`run_workload`], the process bound to one CPU (`sched_setaffinity`).
 pub fn run_workload_on(cpu: usize, dev: &BlockDev, cg: Option<&Cgroup>, args: &[&str]) -> Value {
     use std::os::unix::process::CommandExt;
