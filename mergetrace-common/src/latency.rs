@@ -69,8 +69,9 @@ impl LatencyHist {
 }
 
 /// Issue-time slots per traced disk: a request in flight is found at
-/// `hardware queue × ISSUE_TAGS + driver tag` (the kernel hands a tag to one request at a
-/// time); beyond that, in a hash map.
+/// `hardware queue × ISSUE_TAGS + tag`, its scheduler tag under an I/O scheduler, else its
+/// driver tag (the kernel hands a tag to one request at a time, and a tag's request memory is
+/// fixed); beyond that, in a hash map.
 pub const ISSUE_QUEUES: u32 = 64;
 pub const ISSUE_TAGS: u32 = 1024;
 pub const ISSUE_SLOTS_PER_DISK: u32 = ISSUE_QUEUES * ISSUE_TAGS;

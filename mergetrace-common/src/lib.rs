@@ -447,16 +447,16 @@ pub struct KernelOffsets {
     /// `request_queue.limits` + `queue_limits.max_discard_segments` (`unsigned short`): a queue
     /// taking more than one merges discards as ranges (`blk_discard_mergable`).
     pub q_max_discard_segments: u32,
-    /// `request.tag`, `request.mq_hctx` and `blk_mq_hw_ctx.queue_num`: a request in flight is
-    /// (hardware queue, driver tag), which indexes `--latency`'s issue times.
+    /// `request.tag`, `request.internal_tag`, `request.mq_hctx` and `blk_mq_hw_ctx.queue_num`:
+    /// a request in flight is (hardware queue, its scheduler tag, else its driver tag), which
+    /// indexes `--latency`'s issue times.
     pub rq_tag: u32,
+    pub rq_internal_tag: u32,
     pub rq_mq_hctx: u32,
     pub hctx_queue_num: u32,
     /// The BTF id of `struct throtl_grp` where the programs may cast to it (the kernel has the
     /// `bpf_rdonly_cast` kfunc, 6.2+): a group's rules are then plain loads. 0: probe reads.
     pub throtl_grp_btf_id: u32,
-    /// Unused: keeps the struct a whole number of u64s.
-    pub pad: u32,
 }
 
 /// The call number a program uses for the kernel's `bpf_rdonly_cast` kfunc. aya does not link

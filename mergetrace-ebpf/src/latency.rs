@@ -24,7 +24,7 @@ use mergetrace_common::{
 use crate::{
     emit::{count_lost, hashed_entry},
     maps::{frozen, off, ISSUED_AT, ISSUE_SLOTS, LATENCY, LATENCY_HASHED, LATENCY_ZERO},
-    read::{forget, read, read_probe, Disk},
+    read::{forget, read, Disk},
     slot::{self, key_of},
 };
 
@@ -34,10 +34,17 @@ pub fn wanted() -> bool {
     frozen!(MODES.latency) != 0
 }
 
-/// The request's index in `ISSUE_SLOTS`, if its hardware queue and tag fit.
+/// The request's index in `ISSUE_SLOTS`, if its hardware queue and tag fit. Under a scheduler
+/// its scheduler tag: it keeps it from allocation to end, through a requeue (which gives the
+/// driver tag back), so each request has one entry and each entry one request memory.
 #[inline(always)]
 fn issue_index(rq: u64, disk: Disk) -> Option<u32> {
-    let tag: i32 = read(rq, off!(rq_tag));
+    let sched_tag: i32 = read(rq, off!(rq_internal_tag));
+    let tag: i32 = if sched_tag >= 0 {
+        sched_tag
+    } else {
+        read(rq, off!(rq_tag))
+    };
     let queue: u32 = read(read::<u64>(rq, off!(rq_mq_hctx)), off!(hctx_queue_num));
     if tag < 0 || tag as u32 >= ISSUE_TAGS || queue >= ISSUE_QUEUES {
         return None;
@@ -84,20 +91,14 @@ pub fn issued(rq: u64, ev: &Event, bios: u32, reissue: bool, disk: Disk, slot: O
     }
 }
 
-/// At a request's first issue, before it takes its tag's entry: an entry still holding a
-/// request means that request ended without the completion program running (the kernel skips
-/// eBPF programs now and then; see `LOST_COMPLETION_UNSEEN`): counted lost, never silent.
-/// Either it is the same request memory again (without a scheduler a tag's request is fixed),
-/// or another request whose tag is still this one although the kernel gave it to `rq`. A
-/// request requeued from this tag let it go (its tag is -1 or another by now, and its next
-/// issue is a reissue): its stale entry is not counted.
+/// At a request's first issue, before it takes its entry: the entry's request memory is this
+/// one (see `issue_index`), so if it is still there, the request it held last was issued and
+/// ended without the completion program running (the kernel skips eBPF programs now and then;
+/// see `LOST_COMPLETION_UNSEEN`): counted lost, never silent. A requeued request keeps its
+/// entry and its next issue is a reissue, which does not come here.
 #[inline(always)]
 fn count_unseen(rq: u64, prev: u64) {
-    if prev == 0 {
-        return;
-    }
-    // `prev` comes from a map: the verifier cannot type it, so through the helper.
-    if prev == rq || read_probe::<i32>(prev, off!(rq_tag)) == read::<i32>(rq, off!(rq_tag)) {
+    if prev == rq {
         count_lost(LOST_COMPLETION_UNSEEN);
     }
 }

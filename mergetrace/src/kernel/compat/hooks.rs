@@ -479,6 +479,11 @@ pub const HOOKS: &[Hook] = &[
     hook(
         "request in flight (--latency)",
         HookKind::Field,
+        "request.internal_tag",
+    ),
+    hook(
+        "request in flight (--latency)",
+        HookKind::Field,
         "request.mq_hctx",
     ),
     hook(

@@ -53,7 +53,8 @@ pub fn resolve_offsets(btf: &Btf, kfuncs: &Kfuncs) -> Result<KernelOffsets> {
         "request" {
             rq_q: "q", rq_cmd_flags: "cmd_flags", rq_data_len: "__data_len",
             rq_sector: "__sector", rq_bio: "bio", rq_state: "state",
-            rq_start_time_ns: "start_time_ns", rq_tag: "tag", rq_mq_hctx: "mq_hctx",
+            rq_start_time_ns: "start_time_ns", rq_tag: "tag",
+            rq_internal_tag: "internal_tag", rq_mq_hctx: "mq_hctx",
         }
         "blk_mq_hw_ctx" { hctx_queue_num: "queue_num" }
         "work_struct" { work_func: "func" }
@@ -88,7 +89,6 @@ pub fn resolve_offsets(btf: &Btf, kfuncs: &Kfuncs) -> Result<KernelOffsets> {
         // The helper list of this kernel, in BTF (5.11+ has it).
         current_task_btf: btf.enum_value("BPF_FUNC_get_current_task_btf").is_some() as u32,
         throtl_grp_btf_id: kfuncs::throtl_grp_btf_id(btf, kfuncs),
-        pad: 0,
     })
 }
 
