@@ -166,8 +166,8 @@ pub struct Stats {
     /// Requests built but never issued in the capture (still pending at its end, or lost).
     pub never_issued: u64,
     /// Requests issued again, not requeued, with no completion in between: the kernel ended
-    /// them without running the completion program (seen where a request keeps its memory
-    /// from one issue to the next, as without a scheduler; live `--latency` sees the rest).
+    /// them without running the completion program (found when the request memory, fixed per
+    /// tag, is issued again, as live `--latency`'s `completion_unseen` is).
     pub completions_unseen: u64,
 }
 
