@@ -505,8 +505,9 @@ pub const LOST_LATENCY_FULL: u32 = kind::COUNT + 2;
 /// as throttled.
 pub const LOST_DISPATCH_FULL: u32 = kind::COUNT + 3;
 /// Lost slot (`--latency`): the kernel ended a request without running the completion
-/// program, seen when its driver tag's next request is issued and finds the issue entry still
-/// taken. Its device latency is missing from the histograms. Observed on 6.18 for requests
+/// program, seen when the same request memory is issued again (its tag's, the scheduler's
+/// under a scheduler) and finds its issue entry still there. Its device latency is missing
+/// from the histograms. Observed on 6.18 for requests
 /// completed in the block softirq on top of one particular task, while ftrace's own event for
 /// the same tracepoint recorded them.
 pub const LOST_COMPLETION_UNSEEN: u32 = kind::COUNT + 4;
