@@ -204,6 +204,11 @@ pub struct Modes {
     /// completions the completion program ignores, as the kernel sometimes does not run it
     /// (`LOST_COMPLETION_UNSEEN`); 0, always, outside the tests.
     pub skip_completions_at: u32,
+    /// Events sent are first gathered in this CPU's [`Staged`] batch and go to its ring a
+    /// batch at a time (one ring reservation per batch, not per event). Off where a program
+    /// on a tracepoint can be preempted by another task's (PREEMPT_RT): the batch is guarded
+    /// against interrupts only.
+    pub staged: u32,
 }
 
 impl Modes {
@@ -216,6 +221,7 @@ impl Modes {
         latency: 0,
         requests_only: 0,
         skip_completions_at: 0,
+        staged: 0,
     };
     /// Every event to the ring buffer, no counting (capture).
     pub const EMITTING: Modes = Modes {
@@ -226,6 +232,7 @@ impl Modes {
         latency: 0,
         requests_only: 0,
         skip_completions_at: 0,
+        staged: 0,
     };
 }
 
@@ -543,6 +550,28 @@ pub struct CgroupEvent {
     pub path: [u8; CGROUP_PATH_MAX],
 }
 
+/// Events a CPU gathers before it sends them to its ring in one record ([`Staged`]).
+pub const STAGED_EVENTS: usize = 64;
+
+/// A staged batch goes to the ring once its first event is this old, when the CPU sends
+/// another; user space sends the batch of a CPU that sends nothing more (`flush_staged`).
+pub const STAGED_MAX_AGE_NS: u64 = 10_000_000;
+
+/// One CPU's batch of events on their way to its ring (the per-CPU `STAGING` map). A ring
+/// record then holds one event or several, back to back.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Staged {
+    /// `ts_ns` of the batch's first event; 0 while empty.
+    pub first_ts: u64,
+    /// Set while a program on this CPU writes the batch: a program that interrupts it (a
+    /// completion in softirq) sends its event straight to the ring instead.
+    pub busy: u32,
+    /// Events in `events`.
+    pub len: u32,
+    pub events: [Event; STAGED_EVENTS],
+}
+
 pub const CGROUP_MKDIR: u32 = 1;
 pub const CGROUP_RMDIR: u32 = 2;
 
@@ -561,6 +590,7 @@ mod pod {
     unsafe impl aya::Pod for super::TracedDevices {}
     unsafe impl aya::Pod for super::SlotRef {}
     unsafe impl aya::Pod for super::CgroupEvent {}
+    unsafe impl aya::Pod for super::Staged {}
     unsafe impl aya::Pod for super::latency::LatencyHist {}
     unsafe impl aya::Pod for super::latency::IssuedAt {}
 }

@@ -1,16 +1,27 @@
 //! An event's way out: counted in this CPU's counters with the counting rule user space also
 //! applies to captures (`mergetrace_common::count`), and/or sent to user space.
+use core::{
+    mem::size_of,
+    ptr::{read_volatile, write_volatile},
+    sync::atomic::{compiler_fence, Ordering},
+};
+
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns},
+    macros::raw_tracepoint,
     maps::{PerCpuArray, PerCpuHashMap},
+    programs::RawTracePointContext,
 };
-use mergetrace_common::{flags, kind, unplug_slot, CountKey, Counters, Event, LOST_COUNTS_FULL};
+use mergetrace_common::{
+    flags, kind, unplug_slot, CountKey, Counters, Event, Staged, LOST_COUNTS_FULL, STAGED_EVENTS,
+    STAGED_MAX_AGE_NS,
+};
 
 use crate::{
     maps::{
         frozen, COUNTERS, COUNTS, EVENTS, LOST, METER_UNITS, RING_WAKE_BYTES, SENT_SINCE_WAKE,
-        UNPLUGS, ZERO,
+        STAGING, UNPLUGS, ZERO,
     },
     slot::{self, key_of},
 };
@@ -65,43 +76,145 @@ fn counting() -> bool {
 }
 
 /// Sends the event to user space on this CPU's ring, in a run that sends events (every
-/// possible CPU has one; without it the event counts as lost).
+/// possible CPU has one; without it the event counts as lost): through the CPU's batch
+/// where batches are on, else (or when the batch is being written by the program this one
+/// interrupted) on its own.
 #[inline(always)]
 fn send(ev: &Event) {
     if !emitting() {
         return;
     }
-    let Some(ring) = EVENTS.get(unsafe { bpf_get_smp_processor_id() }) else {
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    if frozen!(MODES.staged) != 0 {
+        if let Some(batch) = STAGING.get_ptr_mut(0) {
+            if stage(batch, ev, cpu) {
+                return;
+            }
+        }
+    }
+    let Some(ring) = EVENTS.get(cpu) else {
         count_lost(ev.kind as u32);
         return;
     };
     match ring.reserve(0) {
         Some(mut entry) => {
             entry.write(*ev);
-            entry.submit(if woke_due() {
-                BPF_RB_FORCE_WAKEUP
-            } else {
-                BPF_RB_NO_WAKEUP
-            });
+            entry.submit(wake_flag(ENTRY));
         }
         None => count_lost(ev.kind as u32),
     }
 }
 
-/// Batched wake-ups: whether this event should wake the reader, once a good batch is waiting
-/// (it also polls on a short timer), instead of once per event. Counted per CPU rather than
+/// A ring entry of one event: the event and the ring's 8-byte record header.
+const ENTRY: u64 = size_of::<Event>() as u64 + 8;
+
+/// Adds `ev` to this CPU's batch, and sends the batch once it is full or its first event
+/// [`STAGED_MAX_AGE_NS`] old. A reservation on the ring costs about as much as the rest of
+/// sending an event; a batch pays one for 64 events. False, with nothing done, while a
+/// program this one interrupted (on the same CPU: the map is per CPU) is writing the batch.
+#[inline(always)]
+fn stage(batch: *mut Staged, ev: &Event, cpu: u32) -> bool {
+    unsafe {
+        if read_volatile(&raw const (*batch).busy) != 0 {
+            return false;
+        }
+        write_volatile(&raw mut (*batch).busy, 1);
+        compiler_fence(Ordering::SeqCst);
+        let len = (*batch).len as usize;
+        if len < STAGED_EVENTS {
+            if len == 0 {
+                (*batch).first_ts = ev.ts_ns;
+            }
+            (*batch).events[len] = *ev;
+            (*batch).len = len as u32 + 1;
+        }
+        if len + 1 >= STAGED_EVENTS
+            || ev.ts_ns.saturating_sub((*batch).first_ts) >= STAGED_MAX_AGE_NS
+        {
+            send_batch(batch, cpu);
+        }
+        compiler_fence(Ordering::SeqCst);
+        write_volatile(&raw mut (*batch).busy, 0);
+    }
+    true
+}
+
+/// Sends this CPU's batch to its ring as one record and empties it; its events count as
+/// lost, each under its kind, when the ring has no room. The caller holds the batch
+/// (`busy`). One copy for every program that sends (not inlined into each).
+#[inline(never)]
+fn send_batch(batch: *mut Staged, cpu: u32) {
+    let b = unsafe { &mut *batch };
+    let len = b.len as usize;
+    if len == 0 || len > STAGED_EVENTS {
+        return;
+    }
+    let events = unsafe { core::slice::from_raw_parts(b.events.as_ptr(), len) };
+    let bytes = (len * size_of::<Event>()) as u64 + 8;
+    let sent = match EVENTS.get(cpu) {
+        Some(ring) => ring
+            .output_untyped::<[Event]>(events, wake_flag(bytes))
+            .is_ok(),
+        None => false,
+    };
+    if !sent {
+        for i in 0..STAGED_EVENTS {
+            if i >= len {
+                break;
+            }
+            count_lost(b.events[i].kind as u32);
+        }
+    }
+    b.len = 0;
+    b.first_ts = 0;
+}
+
+/// Sends the batch of the CPU it runs on, unless a program there is writing it (then its
+/// next event, or user space's next try, sends it). User space runs it on a CPU whose batch
+/// has waited too long with no event after it (`BPF_PROG_TEST_RUN` on that CPU), and never
+/// attaches it.
+#[raw_tracepoint]
+pub fn flush_staged(_ctx: RawTracePointContext) -> u32 {
+    let Some(batch) = STAGING.get_ptr_mut(0) else {
+        return 0;
+    };
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    unsafe {
+        if read_volatile(&raw const (*batch).busy) != 0 {
+            return 0;
+        }
+        write_volatile(&raw mut (*batch).busy, 1);
+        compiler_fence(Ordering::SeqCst);
+        send_batch(batch, cpu);
+        compiler_fence(Ordering::SeqCst);
+        write_volatile(&raw mut (*batch).busy, 0);
+    }
+    0
+}
+
+/// The ring's flag for a record of `bytes` (see [`woke_due`]).
+#[inline(always)]
+fn wake_flag(bytes: u64) -> u64 {
+    if woke_due(bytes) {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    }
+}
+
+/// Batched wake-ups: whether a record of `bytes` (an event or a batch of them, with the
+/// ring's header) should wake the reader, once a good amount is waiting (it also polls on a
+/// short timer), instead of once per record. Counted per CPU rather than
 /// asked of the ring: `bpf_ringbuf_query` is a helper call, ~30 ns on every event here. The
 /// count does not see what the reader took on its timer, so a wake-up can come sooner than
 /// needed; it wakes once per `RING_WAKE_BYTES` sent at most, as before.
 #[inline(always)]
-fn woke_due() -> bool {
-    // A ring entry: the event and the ring's 8-byte record header.
-    const ENTRY: u64 = core::mem::size_of::<Event>() as u64 + 8;
+fn woke_due(bytes: u64) -> bool {
     let Some(sent) = SENT_SINCE_WAKE.get_ptr_mut(0) else {
         return true;
     };
     let wake = unsafe { core::ptr::read_volatile(&raw const RING_WAKE_BYTES) };
-    let now = unsafe { *sent } + ENTRY;
+    let now = unsafe { *sent } + bytes;
     let due = now >= wake;
     // An interrupt's program on this CPU between the read and the write loses its count:
     // that wake-up comes one event later.

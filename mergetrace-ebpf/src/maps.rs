@@ -7,7 +7,8 @@ use aya_ebpf::{
 use mergetrace_common::{
     latency::{IssuedAt, LatencyHist, ISSUED_AT_ENTRIES},
     CountKey, Counters, DeviceState, Event, KernelOffsets, KernelSymbols, MeterUnits, Modes,
-    SlotRef, TracedDevices, LOST_SLOTS, MAX_DEVICES, MAX_SLOTS, REMOVED_SLOTS, UNPLUG_SLOTS,
+    SlotRef, Staged, TracedDevices, LOST_SLOTS, MAX_DEVICES, MAX_SLOTS, REMOVED_SLOTS,
+    UNPLUG_SLOTS,
 };
 
 use crate::throttle::Dispatching;
@@ -102,6 +103,11 @@ pub static ZERO: PerCpuArray<Counters> = PerCpuArray::with_max_entries(1, 0);
 /// the verifier checks the rings against.
 #[btf_map]
 pub static EVENTS: ArrayOfMaps<BtfRingBuf<Event, 4096>, 1> = ArrayOfMaps::new();
+
+/// Per CPU: the events on their way to this CPU's ring in `EVENTS`, a batch at a time
+/// (`emit::send`, when `MODES.staged`).
+#[map]
+pub static STAGING: PerCpuArray<Staged> = PerCpuArray::with_max_entries(1, 0);
 
 /// Cgroup births and removals for user space (`cgroup_mkdir`, `cgroup_rmdir`).
 #[map]

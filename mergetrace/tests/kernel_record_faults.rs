@@ -1,6 +1,7 @@
 //! Faults around captures: a stalled reader overflows the ring buffer (counted, recorded, the
 //! run goes on), the disk fills up (clear error, what was written stays readable), kill -9
-//! (readable to the last chunk, kernel clean), bad output paths, files from a newer mergetrace.
+//! (readable to the last chunk, kernel clean, a quiet CPU's last events in it), bad output
+//! paths, files from a newer mergetrace.
 //! Real kernel and loop devices; needs root (fails, never skips, without it).
 mod support;
 
@@ -198,6 +199,49 @@ fn kill_9_leaves_a_readable_capture() {
         Some(8192),
         "{v}"
     );
+}
+
+/// The programs gather a CPU's events in a batch of 64 before they send them. A CPU that goes
+/// quiet with a batch not full must not keep it until the run ends: user space sends it
+/// during the run, so a capture cut short by kill -9 still holds it. Ten writes from one CPU
+/// make ~50 events, fewer than a batch, in a few milliseconds.
+#[test]
+fn a_quiet_cpus_last_events_reach_the_capture_during_the_run() {
+    require_root();
+    let dev = LoopDevice::new(64 << 20);
+    let (file, _c) = capture_path("quiet");
+    let rec = start_record(&dev, &file, &["-i", "100ms"]);
+    let before = dev.diskstats();
+    run_workload_on(1, &dev, None, &["--ios", "10", "--batch", "1"]);
+    let writes = dev.diskstats().since(&before).writes;
+    thread::sleep(Duration::from_millis(600)); // several of the capture's flushes
+    let out = stop(rec, libc::SIGKILL);
+    assert!(!out.status.success());
+    let jsonl = file.with_extension("jsonl");
+    let export = Command::new(bin())
+        .args(["export", file.to_str().unwrap(), "--format", "jsonl", "-o"])
+        .arg(&jsonl)
+        .output()
+        .unwrap();
+    assert!(
+        export.status.success(),
+        "{}",
+        String::from_utf8_lossy(&export.stderr)
+    );
+    let text = fs::read_to_string(&jsonl).unwrap();
+    let _ = fs::remove_file(&jsonl);
+    let count = |kind: &str| {
+        text.lines()
+            .filter(|l| {
+                let e: serde_json::Value = serde_json::from_str(l).unwrap();
+                e["kind"] == kind && e["dir"] == "write"
+            })
+            .count() as u64
+    };
+    assert_eq!(writes, 10, "the workload's writes, in /proc/diskstats");
+    for kind in ["bio_queue", "rq_issue", "rq_complete"] {
+        assert_eq!(count(kind), writes, "{kind} events in the capture");
+    }
 }
 
 #[test]

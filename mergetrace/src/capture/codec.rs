@@ -503,10 +503,11 @@ struct Linked {
 /// Index of the smallest cost, preferring `keep` on ties.
 #[inline]
 fn best<const N: usize>(costs: [u32; N], keep: usize) -> usize {
-    let mut b = keep;
-    for (i, c) in costs.iter().enumerate() {
-        if *c < costs[b] {
-            b = i;
+    // The best cost is carried, not looked up again: this runs seven times an event.
+    let (mut b, mut bc) = (keep, costs[keep]);
+    for (i, c) in costs.into_iter().enumerate() {
+        if c < bc {
+            (b, bc) = (i, c);
         }
     }
     b

@@ -244,7 +244,7 @@ pub async fn run(args: RecordArgs) -> Result<()> {
     for line in banner::lines(&devices, &session, &cgroups, &iolatency) {
         eprintln!("mergetrace: {line}");
     }
-    let rings = session.take_rings();
+    let (rings, batches) = session.take_rings();
     let ring = rings.iter().map(|r| r.ring_bytes).max().unwrap_or(0);
     eprintln!(
         "mergetrace: recording to {} (events cross on a ring per CPU, {} each)",
@@ -267,7 +267,7 @@ pub async fn run(args: RecordArgs) -> Result<()> {
     }));
     let collector = {
         let shared = shared.clone();
-        tokio::spawn(collector::run(rings, stop_rx, move |batch| {
+        tokio::spawn(collector::run(rings, batches, stop_rx, move |batch| {
             shared.lock().expect("recording lock").write(batch)
         }))
     };

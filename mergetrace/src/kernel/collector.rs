@@ -1,12 +1,16 @@
 //! Moves events from the kernel's per-CPU rings to a consumer in batches, in time order
-//! ([`TimeOrder`]).
+//! ([`TimeOrder`]), sending on the way the programs' event batches that a CPU left waiting.
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use anyhow::{Context, Result};
 use mergetrace_common::Event;
 use tokio::{io::unix::AsyncFd, sync::watch};
 
-use super::{monotonic_ns, rings::CpuRing, time_order::TimeOrder};
+use super::{
+    monotonic_ns,
+    rings::{self, Batches, CpuRing},
+    time_order::TimeOrder,
+};
 
 /// How often the reader looks without a wake-up (the programs wake it for big batches only).
 const POLL: std::time::Duration = std::time::Duration::from_millis(20);
@@ -18,36 +22,51 @@ pub struct Collected {
     pub late: u64,
 }
 
-/// Decodes one ring buffer record; `None` for a record of the wrong size.
-pub fn decode(bytes: &[u8]) -> Option<Event> {
-    (bytes.len() >= std::mem::size_of::<Event>())
-        // SAFETY: Event is plain old data of this size; read_unaligned has no alignment needs.
-        .then(|| unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const Event) })
-}
-
 /// The rings, the merge, and the batches in between.
 struct Reader {
     rings: Vec<CpuRing>,
+    /// The programs' batches, where they gather events (`Modes::staged`).
+    batches: Option<Batches>,
     order: TimeOrder,
+    /// A ring's events as read, before the merge takes them (kept for its memory).
+    decoded: Vec<Event>,
     batch: Vec<Event>,
 }
 
 impl Reader {
+    /// Sends the batches a CPU has held too long to their rings, all of them once `last`:
+    /// on the poll timer only (a wake-up comes from a CPU that is sending anyway).
+    fn send_old_batches(&self, last: bool) -> Result<()> {
+        match &self.batches {
+            Some(b) => b.send_old(if last { u64::MAX } else { monotonic_ns() }),
+            None => Ok(()),
+        }
+    }
+
     /// Drains every ring into the merge, then hands `sink` what is in time order by now (all
     /// of it once `last`).
-    fn step(&mut self, last: bool, sink: &mut impl FnMut(&[Event])) {
+    fn step(&mut self, last: bool, sink: &mut impl FnMut(&[Event])) -> Result<()> {
         // The time is read before the rings: an event not in its ring by then and older than
         // the watermark would have had to wait longer than the grace.
         let read_at = monotonic_ns();
         for (i, r) in self.rings.iter_mut().enumerate() {
-            let records = std::iter::from_fn(|| loop {
-                if let Some(ev) = decode(&r.ring.next()?) {
-                    return Some(ev);
-                }
-            });
-            self.order.push(i, records);
+            while let Some(record) = r.ring.next() {
+                // A record of another size is not the programs': skipped.
+                self.decoded
+                    .extend(rings::decode(&record).into_iter().flatten());
+            }
+            self.order.push(i, self.decoded.drain(..));
         }
         if last {
+            // With the programs detached, what no flush could send (an offline CPU's batch)
+            // is read from the map.
+            if let Some(b) = &self.batches {
+                for (cpu, events) in b.take_left()? {
+                    if cpu < self.rings.len() {
+                        self.order.push(cpu, events);
+                    }
+                }
+            }
             self.order.release_all(&mut self.batch);
         } else {
             self.order
@@ -57,6 +76,7 @@ impl Reader {
             sink(&self.batch);
             self.batch.clear();
         }
+        Ok(())
     }
 }
 
@@ -101,6 +121,7 @@ fn clear_wakeups(epoll: &OwnedFd) {
 /// more arrives).
 pub async fn run(
     rings: Vec<CpuRing>,
+    batches: Option<Batches>,
     mut stop: watch::Receiver<bool>,
     mut sink: impl FnMut(&[Event]) + Send,
 ) -> Result<Collected> {
@@ -111,6 +132,8 @@ pub async fn run(
     let mut reader = Reader {
         order: TimeOrder::new(rings.len()),
         rings,
+        batches,
+        decoded: Vec::with_capacity(4096),
         batch: Vec::with_capacity(4096),
     };
     // The programs wake us only once a batch is waiting; this picks up the rest.
@@ -118,17 +141,21 @@ pub async fn run(
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = poll.tick() => reader.step(false, &mut sink),
+            _ = poll.tick() => {
+                reader.send_old_batches(false)?;
+                reader.step(false, &mut sink)?;
+            }
             guard = fd.readable() => {
                 let mut guard = guard?;
                 clear_wakeups(fd.get_ref());
                 guard.clear_ready();
-                reader.step(false, &mut sink);
+                reader.step(false, &mut sink)?;
             }
             _ = stop.changed() => break,
         }
     }
-    reader.step(true, &mut sink);
+    reader.send_old_batches(true)?;
+    reader.step(true, &mut sink)?;
     Ok(Collected {
         late: reader.order.late(),
     })

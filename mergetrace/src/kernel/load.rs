@@ -25,7 +25,7 @@ use super::{
         hooks::{self, Attach, Hook, Program, Wants},
         Kallsyms,
     },
-    rings::{self, CpuRing},
+    rings::{self, Batches, CpuRing},
     slots::{Slots, Table},
     Tier, TierChoice, TierKind,
 };
@@ -369,6 +369,8 @@ pub struct Session {
     pub notes: Vec<String>,
     /// The event rings, a ring per possible CPU (where events are sent).
     rings: Vec<CpuRing>,
+    /// The programs' batches on the way to the rings (where events are sent in batches).
+    batches: Option<Batches>,
     lost: PerCpuArray<MapData, u64>,
     lost_seen: [u64; LOST_SLOTS as usize],
     /// The in-kernel counters and `--latency` histograms: slots, the hash maps of keys
@@ -455,6 +457,9 @@ impl Session {
             .ok()
             .and_then(|t| crate::sys::cgroups::io_hierarchy_id(&t))
             .map_or(0, |h| h + 1);
+        // Batches are guarded against interrupts, not against a program preempted by another
+        // task's on the same CPU, which a real-time kernel allows.
+        modes.staged = (modes.emit != 0 && !preemptible_tracepoints()) as u32;
         let ring_plan = if modes.emit != 0 {
             Some(rings::Plan::for_this_machine(opts.ring_bytes)?)
         } else {
@@ -469,6 +474,13 @@ impl Session {
         if opts.ebpf_log {
             forward_ebpf_log(&mut ebpf)?;
         }
+        // Loaded before the rings are installed: it refers to the rings' array, whose
+        // descriptor the installation closes.
+        let batches = if modes.staged != 0 {
+            Some(Batches::take(&mut ebpf)?)
+        } else {
+            None
+        };
         let rings = match &ring_plan {
             Some(plan) => rings::install(&mut ebpf, plan)?,
             None => Vec::new(),
@@ -510,6 +522,7 @@ impl Session {
             per_bio: modes.merge_path_from_stack != 0,
             notes,
             rings,
+            batches,
             lost,
             lost_seen: [0; LOST_SLOTS as usize],
             slots,
@@ -525,9 +538,10 @@ impl Session {
         })
     }
 
-    /// The event rings (once; empty where no events are sent).
-    pub fn take_rings(&mut self) -> Vec<CpuRing> {
-        std::mem::take(&mut self.rings)
+    /// The event rings and the programs' batches on their way there (once; empty where no
+    /// events are sent).
+    pub fn take_rings(&mut self) -> (Vec<CpuRing>, Option<Batches>) {
+        (std::mem::take(&mut self.rings), self.batches.take())
     }
 
     /// The in-kernel counters so far (summed over CPUs) and every loss so far: a running
@@ -673,6 +687,11 @@ impl Session {
     pub fn detach(&mut self) {
         self.ebpf.take();
     }
+}
+
+/// A real-time kernel (PREEMPT_RT) may preempt a tracepoint's programs.
+fn preemptible_tracepoints() -> bool {
+    std::fs::read_to_string("/sys/kernel/realtime").is_ok_and(|v| v.trim() == "1")
 }
 
 /// Whether this kernel lets mergetrace attach fentry programs: loads the object as a counting

@@ -2,11 +2,17 @@
 //! the programs' `EVENTS` array. A ring per CPU means the CPUs that submit I/O and those that
 //! complete it take no common lock and write no common cache line for each event; the price,
 //! merging the rings back into time order, is paid in user space ([`super::time_order`]).
+//! The programs gather a CPU's events in a batch ([`Staged`]) and send the batch as one ring
+//! record; [`Batches`] sends the batches of CPUs that stopped sending.
+use std::os::fd::{AsFd, AsRawFd};
+
 use anyhow::{bail, Context, Result};
 use aya::{
-    maps::{ArrayOfMaps, Map, MapData, RingBuf},
+    maps::{ArrayOfMaps, Map, MapData, PerCpuArray, RingBuf},
+    programs::{ProgramFd, RawTracePoint},
     Ebpf,
 };
+use mergetrace_common::{Event, Staged, STAGED_MAX_AGE_NS};
 
 /// The smallest ring a CPU gets, whatever `--ring-mib` and the CPU count.
 const MIN_RING_BYTES: u32 = 64 << 10;
@@ -119,9 +125,158 @@ pub fn install(ebpf: &mut Ebpf, plan: &Plan) -> Result<Vec<CpuRing>> {
     Ok(rings)
 }
 
+/// Splits a ring record into its events: one, or a batch of them back to back. `None` for a
+/// record that is not a whole number of events.
+pub fn decode(record: &[u8]) -> Option<impl Iterator<Item = Event> + '_> {
+    const SIZE: usize = std::mem::size_of::<Event>();
+    (!record.is_empty() && record.len().is_multiple_of(SIZE)).then(|| {
+        record.chunks_exact(SIZE).map(|bytes| {
+            // SAFETY: Event is plain old data of SIZE bytes; read_unaligned has no alignment
+            // needs.
+            unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const Event) }
+        })
+    })
+}
+
+/// The CPUs' batches of events not in their rings yet (the programs' `STAGING`), and the
+/// program that sends the batch of the CPU it runs on (`flush_staged`, run, never attached).
+/// A CPU that sends no more events (idle, or done with its I/O) would keep its last batch:
+/// user space looks at the batches' ages and sends the old ones.
+pub struct Batches {
+    staging: PerCpuArray<MapData, Staged>,
+    flush: ProgramFd,
+}
+
+impl Batches {
+    /// The batches of the loaded object, with its flush program loaded.
+    pub fn take(ebpf: &mut Ebpf) -> Result<Batches> {
+        let program: &mut RawTracePoint = ebpf
+            .program_mut("flush_staged")
+            .context("program flush_staged missing from the eBPF object")?
+            .try_into()?;
+        program.load().context("cannot load program flush_staged")?;
+        let flush = program.fd()?.try_clone()?;
+        let staging =
+            PerCpuArray::try_from(ebpf.take_map("STAGING").context("STAGING map missing")?)?;
+        Ok(Batches { staging, flush })
+    }
+
+    /// Sends the batches whose first event is older than the programs would let it be on a
+    /// CPU that still sends ([`STAGED_MAX_AGE_NS`]) at `now` (CLOCK_MONOTONIC ns); all
+    /// that hold events when `now` is `u64::MAX`. A batch a program is writing just then,
+    /// or an offline CPU's, stays for the next call or [`Batches::take_left`].
+    pub fn send_old(&self, now: u64) -> Result<()> {
+        let batches = self
+            .staging
+            .get(&0, 0)
+            .context("cannot read the event batches (STAGING)")?;
+        for (cpu, b) in batches.iter().enumerate() {
+            if b.len > 0 && now.saturating_sub(b.first_ts) >= STAGED_MAX_AGE_NS {
+                self.run_on(cpu as u32);
+            }
+        }
+        Ok(())
+    }
+
+    /// What is left in the batches, per CPU: to be called once the programs are detached
+    /// and nothing writes the batches any more.
+    pub fn take_left(&self) -> Result<Vec<(usize, Vec<Event>)>> {
+        let batches = self
+            .staging
+            .get(&0, 0)
+            .context("cannot read the event batches (STAGING)")?;
+        Ok(batches
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.len > 0)
+            .map(|(cpu, b)| {
+                (
+                    cpu,
+                    b.events[..(b.len as usize).min(b.events.len())].to_vec(),
+                )
+            })
+            .collect())
+    }
+
+    /// Runs the flush program on `cpu` (`BPF_PROG_TEST_RUN` with `BPF_F_TEST_RUN_ON_CPU`,
+    /// an interrupt there); the kernel refuses an offline CPU.
+    fn run_on(&self, cpu: u32) {
+        // The kernel's `bpf_attr` for BPF_PROG_TEST_RUN, up to `cpu`.
+        #[repr(C)]
+        #[derive(Default)]
+        struct TestRun {
+            prog_fd: u32,
+            retval: u32,
+            data_size_in: u32,
+            data_size_out: u32,
+            data_in: u64,
+            data_out: u64,
+            repeat: u32,
+            duration: u32,
+            ctx_size_in: u32,
+            ctx_size_out: u32,
+            ctx_in: u64,
+            ctx_out: u64,
+            flags: u32,
+            cpu: u32,
+            batch_size: u32,
+            _pad: u32,
+        }
+        const BPF_PROG_TEST_RUN: libc::c_long = 10;
+        const BPF_F_TEST_RUN_ON_CPU: u32 = 1;
+        let attr = TestRun {
+            prog_fd: self.flush.as_fd().as_raw_fd() as u32,
+            flags: BPF_F_TEST_RUN_ON_CPU,
+            cpu,
+            ..TestRun::default()
+        };
+        // SAFETY: a valid, initialised bpf_attr of the size passed, read by the kernel only.
+        unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_PROG_TEST_RUN,
+                &attr as *const TestRun,
+                std::mem::size_of::<TestRun>(),
+            )
+        };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn records_hold_one_event_or_a_batch() {
+        let ev = |ts_ns| Event {
+            ts_ns,
+            kind: 1,
+            ..Event::default()
+        };
+        let bytes = |evs: &[Event]| -> Vec<u8> {
+            evs.iter()
+                .flat_map(|e| {
+                    // SAFETY: Event is plain old data.
+                    unsafe {
+                        std::slice::from_raw_parts(
+                            e as *const Event as *const u8,
+                            std::mem::size_of::<Event>(),
+                        )
+                    }
+                    .to_vec()
+                })
+                .collect()
+        };
+        let one = bytes(&[ev(5)]);
+        assert_eq!(decode(&one).unwrap().collect::<Vec<_>>(), [ev(5)]);
+        let batch = bytes(&[ev(1), ev(2), ev(3)]);
+        assert_eq!(
+            decode(&batch).unwrap().collect::<Vec<_>>(),
+            [ev(1), ev(2), ev(3)]
+        );
+        assert!(decode(&batch[..batch.len() - 1]).is_none());
+        assert!(decode(&[]).is_none());
+    }
 
     #[test]
     fn cpu_lists_give_one_slot_past_the_highest_cpu() {
