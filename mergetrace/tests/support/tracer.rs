@@ -219,6 +219,14 @@ impl TraceOutput {
         u(&self.total, "lost_events")
     }
 
+    /// Requests the kernel ended without running the completion program (`--latency`'s lost
+    /// `completion_unseen`), 0 where none.
+    pub fn completion_unseen(&self) -> u64 {
+        self.total["lost_by_kind"]["completion_unseen"]
+            .as_u64()
+            .unwrap_or(0)
+    }
+
     /// The row of cgroup `path` on `dev` in each interval object, `None` where it had no
     /// activity.
     pub fn interval_rows(&self, dev: &BlockDev, path: &str) -> Vec<Option<&Value>> {
