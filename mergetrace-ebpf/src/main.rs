@@ -7,7 +7,8 @@
 //!
 //! - [`maps`]: the maps and the frozen globals;
 //! - [`read`]: reading kernel memory, the traced-disk filter, cgroup ids;
-//! - [`emit`]: counting an event (the shared counting rule) and sending it;
+//! - [`emit`]: counting an event (the shared counting rule) and sending it (a batch per CPU,
+//!   and `flush_staged`, which user space runs on a CPU that fell quiet);
 //! - [`slot`]: a key's counter slot, the one lookup an event's counts and latency share;
 //! - [`bio`]: programs on bio tracepoints (queue, split, merges, new request);
 //! - [`request`]: programs on request tracepoints (merge, insert, issue, requeue, complete,
@@ -17,7 +18,8 @@
 //! - [`latency`]: `--latency`'s request latency histograms (at issue and completion);
 //! - [`throttle`]: blk-throttle's dispatch work, where throttled bios are released;
 //! - [`fentry`]: the fentry tier's programs (exact throttle delays, merge attempts);
-//! - [`cgroup`]: cgroup births and removals (names, reclaiming removed cgroups' counters).
+//! - [`cgroup`]: cgroup births and removals (names, reclaiming removed cgroups' counters);
+//! - [`stats`]: `--stats`' empty program, what the kernel's run-time statistics add to a run.
 #![no_std]
 #![no_main]
 // Atomic adds (`read::pending_add`): the BPF target has no compare-and-swap for core's atomics.
@@ -34,6 +36,7 @@ mod maps;
 mod read;
 mod request;
 mod slot;
+mod stats;
 mod throttle;
 
 #[cfg(not(test))]

@@ -19,4 +19,14 @@ pub fn print_program_stats(programs: &[crate::model::snapshot::ProgramStat]) {
             p.program, p.runs, p.ns_per_run
         );
     }
+    if let Some(floor) = programs
+        .iter()
+        .find(|p| p.program == crate::kernel::STATS_FLOOR)
+    {
+        eprintln!(
+            "mergetrace: stats: {} does nothing: its {:.0} ns/run is what the kernel's \
+             statistics add to every program's run; the others' own time is their ns/run less that",
+            floor.program, floor.ns_per_run
+        );
+    }
 }

@@ -38,6 +38,9 @@ use crate::{
 pub(crate) static OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/mergetrace"));
 
+/// `--stats`' empty program: its ns/run is what the kernel's statistics add to every run.
+pub const STATS_FLOOR: &str = "stats_floor";
+
 /// How often a counting run gives new (cgroup, disk, direction) keys their counter slot
 /// ([`Session::adopt_new_keys`]): until then their events take two hash lookups each.
 pub const ADOPT_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
@@ -191,6 +194,15 @@ impl Loaded {
             self.attach_tracepoint(hook, p)?;
         }
         Ok(())
+    }
+
+    /// `--stats`' empty program on `block_rq_issue` (outside the hook table: it watches the
+    /// statistics, not the block layer), so that its ns/run tells what the statistics add.
+    fn attach_stats_floor(&mut self) -> Result<()> {
+        let t: &mut BtfTracePoint = program(&mut self.ebpf, STATS_FLOOR)?.try_into()?;
+        t.load("block_rq_issue", &self.aya_btf)
+            .and_then(|()| t.attach().map(drop))
+            .with_context(|| format!("cannot attach program {STATS_FLOOR} to block_rq_issue"))
     }
 
     /// Whether this run attaches `p`: its need met ([`Needs::met`]) and its symbol known.
@@ -467,6 +479,9 @@ impl Session {
         };
         let mut loaded = load_object(modes, ring_plan.as_ref(), &opts.meter_units, &traced)?;
         loaded.attach_tracepoints(opts.modes, wants)?;
+        if opts.stats {
+            loaded.attach_stats_floor()?;
+        }
         let tier = loaded.choose_tier(opts.tier, opts.modes, wants)?;
         let Loaded {
             mut ebpf, notes, ..

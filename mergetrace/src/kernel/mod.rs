@@ -16,7 +16,7 @@ pub mod time_order;
 use std::fmt;
 
 pub use compat::hooks::Wants;
-pub use load::{Options, Session};
+pub use load::{Options, Session, STATS_FLOOR};
 pub use privileges::check_privileges;
 
 /// How mergetrace observes the kernel.

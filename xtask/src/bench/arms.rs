@@ -138,15 +138,38 @@ impl Sample {
         }
     }
 
-    /// `--stats`: the programs' kernel time (runs × ns/run, added up) per I/O fio did, ns.
+    /// `--stats`: the programs' kernel time (runs × ns/run, added up) per I/O fio did, ns, as
+    /// the kernel's statistics report it (mergetrace's yardstick left out).
     pub fn bpf_ns_per_io(&self) -> Option<f64> {
-        if self.programs.is_empty() || self.ios == 0 {
+        self.programs_ns_per_io(0.0)
+    }
+
+    /// `--stats`: what the kernel's statistics add to each program run, ns: the ns/run of
+    /// mergetrace's empty program (`stats_floor`).
+    pub fn stats_floor_ns(&self) -> Option<f64> {
+        self.programs
+            .iter()
+            .find(|(name, ..)| name == STATS_FLOOR)
+            .map(|(_, _, ns)| *ns)
+    }
+
+    /// As [`Sample::bpf_ns_per_io`], each run's time less what the statistics add to it
+    /// ([`Sample::stats_floor_ns`]): the programs' own time, as when statistics are off.
+    pub fn bpf_net_ns_per_io(&self) -> Option<f64> {
+        self.programs_ns_per_io(self.stats_floor_ns()?)
+    }
+
+    fn programs_ns_per_io(&self, floor: f64) -> Option<f64> {
+        let programs = || {
+            self.programs
+                .iter()
+                .filter(|(name, ..)| name != STATS_FLOOR)
+        };
+        if programs().next().is_none() || self.ios == 0 {
             return None;
         }
-        let ns: f64 = self
-            .programs
-            .iter()
-            .map(|(_, runs, ns)| *runs as f64 * ns)
+        let ns: f64 = programs()
+            .map(|(_, runs, ns)| *runs as f64 * (ns - floor).max(0.0))
             .sum();
         Some(ns / self.ios as f64)
     }
@@ -182,6 +205,9 @@ impl ArmResults {
     }
 }
 
+/// mergetrace's empty program under `--stats`: its ns/run is what the statistics add to a run.
+pub const STATS_FLOOR: &str = "stats_floor";
+
 /// A line for one arm's run in one round.
 pub fn progress(arm: Arm, s: &Sample) -> String {
     let mut line = format!("bench:   {:<24} {:>8} IOPS", arm.label(), si(s.iops));
@@ -199,6 +225,9 @@ pub fn progress(arm: Arm, s: &Sample) -> String {
     }
     if let Some(b) = s.bpf_ns_per_io() {
         line += &format!("  BPF {b:.0} ns/I/O");
+        if let Some(net) = s.bpf_net_ns_per_io() {
+            line += &format!(" ({net:.0} net)");
+        }
     }
     if let Some(u) = s.recorder_ns_per_io() {
         line += &format!(", recorder {u:.0} ns/I/O");

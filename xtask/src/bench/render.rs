@@ -112,12 +112,15 @@ pub fn render_workload(w: &WorkloadOutcome, targets: &[&Target]) -> String {
     );
     out += &match w.record_cost() {
         Some(c) => format!(
-            "record per I/O: programs {:.0} ns + recording process {:.0} ns = {:.0} ns, {} of the \
-             baseline's {:.2} µs of CPU per I/O\n",
+            "record per I/O: programs {:.0} ns ({:.0} ns of their own time) + recording process \
+             {:.0} ns = {:.0} ns ({:.0} ns), {} ({}) of the baseline's {:.2} µs of CPU per I/O\n",
             c.bpf_ns_per_io,
+            c.net_ns_per_io,
             c.recorder_ns_per_io,
             c.bpf_ns_per_io + c.recorder_ns_per_io,
+            c.net_ns_per_io + c.recorder_ns_per_io,
             pct(c.share),
+            pct(c.net_share),
             c.cpu_ns_per_io / 1e3
         ),
         None => "record per I/O: not measured\n".to_string(),
@@ -235,6 +238,7 @@ pub fn arm_json(w: &WorkloadOutcome, arm: Arm) -> Value {
                 "bytes": s.bytes,
                 "programs": s.programs.iter().map(|(p, runs, ns)| json!({"program": p, "runs": runs, "ns_per_run": ns})).collect::<Vec<_>>(),
                 "bpf_ns_per_io": s.bpf_ns_per_io(),
+                "bpf_net_ns_per_io": s.bpf_net_ns_per_io(),
                 "notes": s.notes,
             }),
         })
@@ -291,14 +295,19 @@ pub fn workload_json(w: &WorkloadOutcome, dev: &str, seconds: u32) -> Value {
         "record_program_stats": stats_json(Arm::RecordStats),
         "record_cost": w.record_cost().map(|c| json!({
             "bpf_ns_per_io": c.bpf_ns_per_io,
+            "bpf_net_ns_per_io": c.net_ns_per_io,
             "recorder_ns_per_io": c.recorder_ns_per_io,
             "baseline_cpu_ns_per_io": c.cpu_ns_per_io,
             "share": c.share,
+            "net_share": c.net_share,
         })),
         "bpf_cost_per_round": shares.iter().map(|s| json!({
             "bpf_ns_per_io": s.bpf_ns_per_io,
+            "net_ns_per_io": s.net_ns_per_io,
+            "stats_floor_ns": s.floor_ns,
             "baseline_cpu_ns_per_io": s.cpu_ns_per_io,
-            "share": s.bpf_ns_per_io / s.cpu_ns_per_io,
+            "share": s.net_ns_per_io / s.cpu_ns_per_io,
+            "measured_share": s.bpf_ns_per_io / s.cpu_ns_per_io,
         })).collect::<Vec<_>>(),
     })
 }

@@ -772,8 +772,9 @@ mod tests {
             aya_obj::Object::parse(crate::kernel::load::OBJECT).expect("the eBPF object parses");
         obj.programs
             .iter()
-            // Run by user space on a CPU, never attached (`rings::Batches`).
-            .filter(|(name, _)| name.as_str() != "flush_staged")
+            // Not block-layer hooks: run by user space on a CPU, never attached
+            // (`rings::Batches`), and `--stats`' yardstick.
+            .filter(|(name, _)| !["flush_staged", "stats_floor"].contains(&name.as_str()))
             .map(|(name, p)| {
                 let attach = match p.section {
                     ProgramSection::BtfTracePoint => Attach::Tracepoint,
