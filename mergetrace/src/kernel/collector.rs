@@ -28,8 +28,6 @@ struct Reader {
     /// The programs' batches, where they gather events (`Modes::staged`).
     batches: Option<Batches>,
     order: TimeOrder,
-    /// A ring's events as read, before the merge takes them (kept for its memory).
-    decoded: Vec<Event>,
     batch: Vec<Event>,
 }
 
@@ -52,10 +50,10 @@ impl Reader {
         for (i, r) in self.rings.iter_mut().enumerate() {
             while let Some(record) = r.ring.next() {
                 // A record of another size is not the programs': skipped.
-                self.decoded
-                    .extend(rings::decode(&record).into_iter().flatten());
+                if let Some(events) = rings::decode(&record) {
+                    self.order.push(i, events);
+                }
             }
-            self.order.push(i, self.decoded.drain(..));
         }
         if last {
             // With the programs detached, what no flush could send (an offline CPU's batch)
@@ -133,7 +131,6 @@ pub async fn run(
         order: TimeOrder::new(rings.len()),
         rings,
         batches,
-        decoded: Vec::with_capacity(4096),
         batch: Vec::with_capacity(4096),
     };
     // The programs wake us only once a batch is waiting; this picks up the rest.

@@ -37,38 +37,16 @@ impl TimeOrder {
     /// Takes what ring `ring` delivered, in its order.
     pub fn push(&mut self, ring: usize, events: impl IntoIterator<Item = Event>) {
         let queue = &mut self.queues[ring];
-        let old = queue.len();
-        queue.extend(events);
-        let mut late = 0;
-        let mut sorted = true;
-        let mut prev = if old > 0 { queue[old - 1].ts_ns } else { 0 };
-        let mut first_new = u64::MAX;
-        for e in queue.range(old..) {
-            late += (e.ts_ns < self.released) as u64;
-            sorted &= e.ts_ns >= prev;
-            prev = e.ts_ns;
-            first_new = first_new.min(e.ts_ns);
-        }
-        self.late += late;
-        if sorted {
-            return;
-        }
-        // An interrupted program wrote its event after the interrupt's: sort from where the
-        // earliest new event belongs (near the end: the inversions are short).
-        let (mut from, mut end) = (0, old); // binary search of the sorted part
-        while from < end {
-            let mid = (from + end) / 2;
-            if queue[mid].ts_ns <= first_new {
-                from = mid + 1;
+        for e in events {
+            self.late += (e.ts_ns < self.released) as u64;
+            if queue.back().is_none_or(|last| last.ts_ns <= e.ts_ns) {
+                queue.push_back(e);
             } else {
-                end = mid;
+                // An interrupted program wrote its event after the interrupt's: it goes after
+                // the last one not later (near the end: the inversions are short).
+                let at = queue.partition_point(|q| q.ts_ns <= e.ts_ns);
+                queue.insert(at, e);
             }
-        }
-        let (front, back) = queue.as_mut_slices();
-        if from >= front.len() {
-            back[from - front.len()..].sort_by_key(|e| e.ts_ns);
-        } else {
-            queue.make_contiguous()[from..].sort_by_key(|e| e.ts_ns);
         }
     }
 
