@@ -39,7 +39,8 @@ pub struct LiveArgs {
     /// Plain text even on a terminal.
     #[arg(long, conflicts_with = "json")]
     pub text: bool,
-    /// Report each eBPF program's kernel time per run at the end (BPF run-time statistics).
+    /// Report each eBPF program's kernel time per run at the end (BPF run-time statistics;
+    /// `stats_floor`, an empty program, is what the statistics add to each run).
     #[arg(long)]
     pub stats: bool,
 }

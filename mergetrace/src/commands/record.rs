@@ -48,7 +48,8 @@ pub struct RecordArgs {
     #[arg(long)]
     pub requests: bool,
     /// Report at the end what the recording cost: each eBPF program's kernel time per run
-    /// (BPF run-time statistics) and this process's CPU time per event written.
+    /// (BPF run-time statistics; `stats_floor`, an empty program, is what the statistics
+    /// add to each run) and this process's CPU time per event written.
     #[arg(long)]
     pub stats: bool,
     #[command(flatten)]
