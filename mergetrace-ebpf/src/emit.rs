@@ -111,28 +111,39 @@ const ENTRY: u64 = size_of::<Event>() as u64 + 8;
 /// Adds `ev` to this CPU's batch, and sends the batch once it is full or its first event
 /// [`STAGED_MAX_AGE_NS`] old. A reservation on the ring costs about as much as the rest of
 /// sending an event; a batch pays one for 64 events. False, with nothing done, while a
-/// program this one interrupted (on the same CPU: the map is per CPU) is writing the batch.
+/// program this one interrupted is writing the batch.
 #[inline(always)]
 fn stage(batch: *mut Staged, ev: &Event, cpu: u32) -> bool {
+    holding(batch, |b| {
+        let len = b.len as usize;
+        if len >= STAGED_EVENTS {
+            // Never: a full batch is sent at once. Counted, should it happen.
+            count_lost(ev.kind as u32);
+            return;
+        }
+        if len == 0 {
+            b.first_ts = ev.ts_ns;
+        }
+        b.events[len] = *ev;
+        b.len = len as u32 + 1;
+        if len + 1 == STAGED_EVENTS || ev.ts_ns.saturating_sub(b.first_ts) >= STAGED_MAX_AGE_NS {
+            send_batch(b, cpu);
+        }
+    })
+}
+
+/// Runs `f` on this CPU's batch, marked busy meanwhile; false, without running it, when a
+/// program this one interrupted is in the middle of its own `f` (on the same CPU: the map is
+/// per CPU; it goes on once this program returns).
+#[inline(always)]
+fn holding(batch: *mut Staged, f: impl FnOnce(&mut Staged)) -> bool {
     unsafe {
         if read_volatile(&raw const (*batch).busy) != 0 {
             return false;
         }
         write_volatile(&raw mut (*batch).busy, 1);
         compiler_fence(Ordering::SeqCst);
-        let len = (*batch).len as usize;
-        if len < STAGED_EVENTS {
-            if len == 0 {
-                (*batch).first_ts = ev.ts_ns;
-            }
-            (*batch).events[len] = *ev;
-            (*batch).len = len as u32 + 1;
-        }
-        if len + 1 >= STAGED_EVENTS
-            || ev.ts_ns.saturating_sub((*batch).first_ts) >= STAGED_MAX_AGE_NS
-        {
-            send_batch(batch, cpu);
-        }
+        f(&mut *batch);
         compiler_fence(Ordering::SeqCst);
         write_volatile(&raw mut (*batch).busy, 0);
     }
@@ -143,8 +154,7 @@ fn stage(batch: *mut Staged, ev: &Event, cpu: u32) -> bool {
 /// lost, each under its kind, when the ring has no room. The caller holds the batch
 /// (`busy`). One copy for every program that sends (not inlined into each).
 #[inline(never)]
-fn send_batch(batch: *mut Staged, cpu: u32) {
-    let b = unsafe { &mut *batch };
+fn send_batch(b: &mut Staged, cpu: u32) {
     let len = b.len as usize;
     if len == 0 || len > STAGED_EVENTS {
         return;
@@ -175,19 +185,9 @@ fn send_batch(batch: *mut Staged, cpu: u32) {
 /// attaches it.
 #[raw_tracepoint]
 pub fn flush_staged(_ctx: RawTracePointContext) -> u32 {
-    let Some(batch) = STAGING.get_ptr_mut(0) else {
-        return 0;
-    };
-    let cpu = unsafe { bpf_get_smp_processor_id() };
-    unsafe {
-        if read_volatile(&raw const (*batch).busy) != 0 {
-            return 0;
-        }
-        write_volatile(&raw mut (*batch).busy, 1);
-        compiler_fence(Ordering::SeqCst);
-        send_batch(batch, cpu);
-        compiler_fence(Ordering::SeqCst);
-        write_volatile(&raw mut (*batch).busy, 0);
+    if let Some(batch) = STAGING.get_ptr_mut(0) {
+        let cpu = unsafe { bpf_get_smp_processor_id() };
+        holding(batch, |b| send_batch(b, cpu));
     }
     0
 }
