@@ -4,12 +4,10 @@
 //! merging the rings back into time order, is paid in user space ([`super::time_order`]).
 //! The programs gather a CPU's events in a batch ([`Staged`]) and send the batch as one ring
 //! record; [`Batches`] sends the batches of CPUs that stopped sending.
-use std::os::fd::{AsFd, AsRawFd};
-
 use anyhow::{bail, Context, Result};
 use aya::{
     maps::{ArrayOfMaps, Map, MapData, PerCpuArray, RingBuf},
-    programs::{ProgramFd, RawTracePoint},
+    programs::{RawTracePoint, RawTracePointRunOptions, TestRun},
     Ebpf,
 };
 use mergetrace_common::{Event, Staged, STAGED_MAX_AGE_NS};
@@ -144,7 +142,8 @@ pub fn decode(record: &[u8]) -> Option<impl Iterator<Item = Event> + '_> {
 /// user space looks at the batches' ages and sends the old ones.
 pub struct Batches {
     staging: PerCpuArray<MapData, Staged>,
-    flush: ProgramFd,
+    /// A handle of its own on the loaded program: it outlives the object's (`detach`).
+    flush: RawTracePoint,
 }
 
 impl Batches {
@@ -155,7 +154,8 @@ impl Batches {
             .context("program flush_staged missing from the eBPF object")?
             .try_into()?;
         program.load().context("cannot load program flush_staged")?;
-        let flush = program.fd()?.try_clone()?;
+        let flush = RawTracePoint::from_program_info(program.info()?, "flush_staged".into())
+            .context("cannot hold program flush_staged")?;
         let staging =
             PerCpuArray::try_from(ebpf.take_map("STAGING").context("STAGING map missing")?)?;
         Ok(Batches { staging, flush })
@@ -199,46 +199,13 @@ impl Batches {
     }
 
     /// Runs the flush program on `cpu` (`BPF_PROG_TEST_RUN` with `BPF_F_TEST_RUN_ON_CPU`,
-    /// an interrupt there); the kernel refuses an offline CPU.
+    /// an interrupt there); the kernel refuses an offline CPU, whose batch waits for
+    /// [`Batches::take_left`].
     fn run_on(&self, cpu: u32) {
-        // The kernel's `bpf_attr` for BPF_PROG_TEST_RUN, up to `cpu`.
-        #[repr(C)]
-        #[derive(Default)]
-        struct TestRun {
-            prog_fd: u32,
-            retval: u32,
-            data_size_in: u32,
-            data_size_out: u32,
-            data_in: u64,
-            data_out: u64,
-            repeat: u32,
-            duration: u32,
-            ctx_size_in: u32,
-            ctx_size_out: u32,
-            ctx_in: u64,
-            ctx_out: u64,
-            flags: u32,
-            cpu: u32,
-            batch_size: u32,
-            _pad: u32,
-        }
-        const BPF_PROG_TEST_RUN: libc::c_long = 10;
-        const BPF_F_TEST_RUN_ON_CPU: u32 = 1;
-        let attr = TestRun {
-            prog_fd: self.flush.as_fd().as_raw_fd() as u32,
-            flags: BPF_F_TEST_RUN_ON_CPU,
-            cpu,
-            ..TestRun::default()
-        };
-        // SAFETY: a valid, initialised bpf_attr of the size passed, read by the kernel only.
-        unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_PROG_TEST_RUN,
-                &attr as *const TestRun,
-                std::mem::size_of::<TestRun>(),
-            )
-        };
+        let _ = self.flush.test_run(RawTracePointRunOptions {
+            cpu: Some(cpu),
+            ..RawTracePointRunOptions::new()
+        });
     }
 }
 
