@@ -661,6 +661,11 @@ pub fn hook_status(btf: &Btf, kallsyms: &Kallsyms, version: (u32, u32)) -> Vec<H
         .collect()
 }
 
+/// The object's programs that watch no block-layer hook, so are not in [`HOOKS`]:
+/// `flush_staged`, run by the recorder on a CPU whose batch of events waited too long and never
+/// attached (`kernel::rings::Batches`), and `stats_floor`, `--stats`' empty program.
+pub const NOT_HOOKS: [&str; 2] = ["flush_staged", "stats_floor"];
+
 /// The table of docs/hooks.md, one row per hook, as [`HOOKS`] says it.
 pub fn markdown_table() -> String {
     let mut out = String::from(
@@ -772,9 +777,7 @@ mod tests {
             aya_obj::Object::parse(crate::kernel::load::OBJECT).expect("the eBPF object parses");
         obj.programs
             .iter()
-            // Not block-layer hooks: run by user space on a CPU, never attached
-            // (`rings::Batches`), and `--stats`' yardstick.
-            .filter(|(name, _)| !["flush_staged", "stats_floor"].contains(&name.as_str()))
+            .filter(|(name, _)| !NOT_HOOKS.contains(&name.as_str()))
             .map(|(name, p)| {
                 let attach = match p.section {
                     ProgramSection::BtfTracePoint => Attach::Tracepoint,
