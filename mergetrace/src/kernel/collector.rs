@@ -22,7 +22,8 @@ pub struct Collected {
     pub late: u64,
 }
 
-/// The rings, the merge, and the batches in between.
+/// The rings and the programs' batches on their way there, the merge, and the batches of
+/// events in time order it hands out.
 struct Reader {
     rings: Vec<CpuRing>,
     /// The programs' batches, where they gather events (`Modes::staged`).
