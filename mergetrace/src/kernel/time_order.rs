@@ -6,10 +6,10 @@
 //! earlier events, a program can be between its timestamp and its write while the rings
 //! are read, and a CPU's events wait in its batch until it is full or 10 ms old (30 ms at
 //! most when the CPU falls quiet: the collector's next poll sends it). So events wait here
-//! until no ring can still bring an earlier one: until they
-//! are older than the moment the rings were read, less [`GRACE_NS`]. An event later than
-//! that (its CPU stalled longer, e.g. a descheduled virtual CPU) is still written, never
-//! dropped, in the next batch, and counted as late.
+//! until no ring can still bring an earlier one: until they are older than the moment the
+//! rings were read, less [`GRACE_NS`]. An event later than that (its CPU stalled longer, e.g.
+//! a descheduled virtual CPU) is still written, never dropped, in the next batch, and counted
+//! as late.
 use std::collections::VecDeque;
 
 use mergetrace_common::Event;
