@@ -136,6 +136,9 @@ pub fn decode(record: &[u8]) -> Option<impl Iterator<Item = Event> + '_> {
     })
 }
 
+/// The program that sends a CPU's batch ([`Batches`]).
+pub const FLUSH_STAGED: &str = "flush_staged";
+
 /// The CPUs' batches of events not in their rings yet (the programs' `STAGING`), and the
 /// program that sends the batch of the CPU it runs on (`flush_staged`, run, never attached).
 /// A CPU that sends no more events (idle, or done with its I/O) would keep its last batch:
@@ -150,12 +153,14 @@ impl Batches {
     /// The batches of the loaded object, with its flush program loaded.
     pub fn take(ebpf: &mut Ebpf) -> Result<Batches> {
         let program: &mut RawTracePoint = ebpf
-            .program_mut("flush_staged")
-            .context("program flush_staged missing from the eBPF object")?
+            .program_mut(FLUSH_STAGED)
+            .with_context(|| format!("program {FLUSH_STAGED} missing from the eBPF object"))?
             .try_into()?;
-        program.load().context("cannot load program flush_staged")?;
-        let flush = RawTracePoint::from_program_info(program.info()?, "flush_staged".into())
-            .context("cannot hold program flush_staged")?;
+        program
+            .load()
+            .with_context(|| format!("cannot load program {FLUSH_STAGED}"))?;
+        let flush = RawTracePoint::from_program_info(program.info()?, FLUSH_STAGED.into())
+            .with_context(|| format!("cannot hold program {FLUSH_STAGED}"))?;
         let staging =
             PerCpuArray::try_from(ebpf.take_map("STAGING").context("STAGING map missing")?)?;
         Ok(Batches { staging, flush })
@@ -166,11 +171,7 @@ impl Batches {
     /// that hold events when `now` is `u64::MAX`. A batch a program is writing just then,
     /// or an offline CPU's, stays for the next call or [`Batches::take_left`].
     pub fn send_old(&self, now: u64) -> Result<()> {
-        let batches = self
-            .staging
-            .get(&0, 0)
-            .context("cannot read the event batches (STAGING)")?;
-        for (cpu, b) in batches.iter().enumerate() {
+        for (cpu, b) in self.read()?.iter().enumerate() {
             if b.len > 0 && now.saturating_sub(b.first_ts) >= STAGED_MAX_AGE_NS {
                 self.run_on(cpu as u32);
             }
@@ -181,11 +182,8 @@ impl Batches {
     /// What is left in the batches, per CPU: to be called once the programs are detached
     /// and nothing writes the batches any more.
     pub fn take_left(&self) -> Result<Vec<(usize, Vec<Event>)>> {
-        let batches = self
-            .staging
-            .get(&0, 0)
-            .context("cannot read the event batches (STAGING)")?;
-        Ok(batches
+        Ok(self
+            .read()?
             .iter()
             .enumerate()
             .filter(|(_, b)| b.len > 0)
@@ -196,6 +194,13 @@ impl Batches {
                 )
             })
             .collect())
+    }
+
+    /// Every possible CPU's batch, as it is now.
+    fn read(&self) -> Result<aya::maps::PerCpuValues<Staged>> {
+        self.staging
+            .get(&0, 0)
+            .context("cannot read the event batches (STAGING)")
     }
 
     /// Runs the flush program on `cpu` (`BPF_PROG_TEST_RUN` with `BPF_F_TEST_RUN_ON_CPU`,

@@ -664,7 +664,10 @@ pub fn hook_status(btf: &Btf, kallsyms: &Kallsyms, version: (u32, u32)) -> Vec<H
 /// The object's programs that watch no block-layer hook, so are not in [`HOOKS`]:
 /// `flush_staged`, run by the recorder on a CPU whose batch of events waited too long and never
 /// attached (`kernel::rings::Batches`), and `stats_floor`, `--stats`' empty program.
-pub const NOT_HOOKS: [&str; 2] = ["flush_staged", "stats_floor"];
+pub const NOT_HOOKS: [&str; 2] = [
+    crate::kernel::rings::FLUSH_STAGED,
+    crate::kernel::STATS_FLOOR,
+];
 
 /// The table of docs/hooks.md, one row per hook, as [`HOOKS`] says it.
 pub fn markdown_table() -> String {
