@@ -111,18 +111,30 @@ pub fn render_workload(w: &WorkloadOutcome, targets: &[&Target]) -> String {
         "A full capture's cost (mergetrace record --stats: its programs, as above)",
     );
     out += &match w.record_cost() {
-        Some(c) => format!(
-            "record per I/O: programs {:.0} ns ({:.0} ns of their own time) + recording process \
-             {:.0} ns = {:.0} ns ({:.0} ns), {} ({}) of the baseline's {:.2} µs of CPU per I/O\n",
-            c.bpf_ns_per_io,
-            c.net_ns_per_io,
-            c.recorder_ns_per_io,
-            c.bpf_ns_per_io + c.recorder_ns_per_io,
-            c.net_ns_per_io + c.recorder_ns_per_io,
-            pct(c.share),
-            pct(c.net_share),
-            c.cpu_ns_per_io / 1e3
-        ),
+        Some(c) => {
+            // The programs' own time beside each measured figure, where it was measured.
+            let net = c.net_ns_per_io.zip(c.net_share);
+            let mut line = format!("record per I/O: programs {:.0} ns", c.bpf_ns_per_io);
+            if let Some((net, _)) = net {
+                line += &format!(" ({net:.0} ns of their own time)");
+            }
+            line += &format!(
+                " + recording process {:.0} ns = {:.0} ns",
+                c.recorder_ns_per_io,
+                c.bpf_ns_per_io + c.recorder_ns_per_io
+            );
+            if let Some((net, _)) = net {
+                line += &format!(" ({:.0} ns)", net + c.recorder_ns_per_io);
+            }
+            line += &format!(", {}", pct(c.share));
+            if let Some((_, share)) = net {
+                line += &format!(" ({})", pct(share));
+            }
+            line + &format!(
+                " of the baseline's {:.2} µs of CPU per I/O\n",
+                c.cpu_ns_per_io / 1e3
+            )
+        }
         None => "record per I/O: not measured\n".to_string(),
     };
     out

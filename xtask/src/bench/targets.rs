@@ -300,7 +300,9 @@ impl WorkloadOutcome {
     /// programs' kernel time, the recording process's CPU time, and the baseline's CPU time
     /// per I/O they add to. `None` where it did not run or reported nothing.
     pub fn record_cost(&self) -> Option<RecordCost> {
-        let rounds: Vec<(f64, f64, f64, f64)> = self.arms[&Arm::RecordStats]
+        // Per round: programs as measured, recorder, baseline CPU, programs' own time.
+        type Round = (f64, f64, f64, Option<f64>);
+        let rounds: Vec<Round> = self.arms[&Arm::RecordStats]
             .samples
             .iter()
             .zip(&self.arms[&Arm::Baseline].samples)
@@ -310,21 +312,22 @@ impl WorkloadOutcome {
                     s.bpf_ns_per_io()?,
                     s.recorder_ns_per_io()?,
                     b.as_ref()?.cpu_ns_per_io.filter(|c| *c > 0.0)?,
-                    // Without the yardstick (an older binary), as measured.
-                    s.bpf_net_ns_per_io().or(s.bpf_ns_per_io())?,
+                    s.bpf_net_ns_per_io(),
                 ))
             })
             .collect();
-        let med = |f: fn(&(f64, f64, f64, f64)) -> f64| {
-            Summary::of(&rounds.iter().map(f).collect::<Vec<_>>()).map(|s| s.median)
+        let med = |f: &dyn Fn(&Round) -> Option<f64>| {
+            let v: Option<Vec<f64>> = rounds.iter().map(f).collect();
+            Summary::of(&v?).map(|s| s.median)
         };
         Some(RecordCost {
-            bpf_ns_per_io: med(|r| r.0)?,
-            net_ns_per_io: med(|r| r.3)?,
-            recorder_ns_per_io: med(|r| r.1)?,
-            cpu_ns_per_io: med(|r| r.2)?,
-            share: med(|r| (r.0 + r.1) / r.2)?,
-            net_share: med(|r| (r.3 + r.1) / r.2)?,
+            bpf_ns_per_io: med(&|r| Some(r.0))?,
+            recorder_ns_per_io: med(&|r| Some(r.1))?,
+            cpu_ns_per_io: med(&|r| Some(r.2))?,
+            share: med(&|r| Some((r.0 + r.1) / r.2))?,
+            // Only where every round has the yardstick (never guessed from the measured).
+            net_ns_per_io: med(&|r| r.3),
+            net_share: med(&|r| Some((r.3? + r.1) / r.2)),
         })
     }
 
@@ -381,15 +384,16 @@ pub enum Ratio {
 /// A full capture's cost per I/O (medians over the `record --stats` rounds), ns.
 pub struct RecordCost {
     pub bpf_ns_per_io: f64,
-    /// The programs' own time: less what the statistics add to each run.
-    pub net_ns_per_io: f64,
+    /// The programs' own time: less what the statistics add to each run; `None` without
+    /// `stats_floor` in the statistics.
+    pub net_ns_per_io: Option<f64>,
     pub recorder_ns_per_io: f64,
     /// The baseline's CPU time per I/O.
     pub cpu_ns_per_io: f64,
     /// (programs + recorder) / the baseline's CPU time, median of the rounds.
     pub share: f64,
     /// As `share`, with the programs' own time.
-    pub net_share: f64,
+    pub net_share: Option<f64>,
 }
 
 pub struct ProgramStat {
@@ -747,6 +751,8 @@ mod tests {
         o.arms.get_mut(&Arm::RecordStats).unwrap().samples = vec![stats(0.6), stats(0.6)];
         let c = o.record_cost().unwrap();
         assert_eq!(c.bpf_ns_per_io, 400.0);
+        // No stats_floor in these statistics: the programs' own time is not told.
+        assert_eq!((c.net_ns_per_io, c.net_share), (None, None));
         assert_eq!(c.recorder_ns_per_io, 600.0);
         assert_eq!(c.cpu_ns_per_io, 4500.0);
         // 1000 / 4000 = 25 %, 1000 / 5000 = 20 %: median 22.5 %.
