@@ -153,10 +153,11 @@ impl Running {
         let out = self.wait(PROGRAM_TIMEOUT);
         assert!(
             out.status.success(),
-            "{what} failed ({}):\n{}{}",
+            "{what} failed ({}):\n{}{}\n{}",
             out.status,
             out.stdout,
-            out.stderr
+            out.stderr,
+            kernel_log_tail(30)
         );
         out.stdout
     }
@@ -181,6 +182,28 @@ impl Drop for Running {
 /// Runs `cmd` to completion (confined), requiring success; returns its stdout.
 pub fn run(cmd: Command, cg: Option<&Cgroup>, user: Option<User>) -> String {
     Running::start(cmd, cg, user).wait_ok()
+}
+
+/// The kernel log's last `lines` lines, titled, for a failure message: an I/O error a program
+/// reports (EIO from `sync`, say) is explained there, by the driver or the filesystem.
+pub fn kernel_log_tail(lines: usize) -> String {
+    match std::process::Command::new("dmesg").output() {
+        Ok(o) if o.status.success() => {
+            let text = String::from_utf8_lossy(&o.stdout);
+            let all: Vec<&str> = text.lines().collect();
+            let tail = &all[all.len().saturating_sub(lines)..];
+            format!(
+                "the kernel log's last {} lines:\n{}",
+                tail.len(),
+                tail.join("\n")
+            )
+        }
+        Ok(o) => format!(
+            "(dmesg failed: {})",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Err(e) => format!("(cannot run dmesg: {e})"),
+    }
 }
 
 /// `Command::new(program).args(args)`, with a C locale (no locale warnings from postgres).
