@@ -21,7 +21,7 @@ use mergetrace_common::{
 use crate::{
     maps::{
         frozen, COUNTERS, COUNTS, EVENTS, LOST, METER_UNITS, RING_WAKE_BYTES, SENT_SINCE_WAKE,
-        STAGING, UNPLUGS, ZERO,
+        STAGED_SINCE, STAGING, UNPLUGS, ZERO,
     },
     slot::{self, key_of},
 };
@@ -123,6 +123,7 @@ fn stage(batch: *mut Staged, ev: &Event, cpu: u32) -> bool {
         }
         if len == 0 {
             b.first_ts = ev.ts_ns;
+            set_staged_since(ev.ts_ns);
         }
         b.events[len] = *ev;
         b.len = len as u32 + 1;
@@ -177,6 +178,15 @@ fn send_batch(b: &mut Staged, cpu: u32) {
     }
     b.len = 0;
     b.first_ts = 0;
+    set_staged_since(0);
+}
+
+/// This CPU's `STAGED_SINCE`: its batch's first `ts_ns`, or 0 once sent.
+#[inline(always)]
+fn set_staged_since(ts_ns: u64) {
+    if let Some(since) = STAGED_SINCE.get_ptr_mut(0) {
+        unsafe { write_volatile(since, ts_ns) };
+    }
 }
 
 /// Sends the batch of the CPU it runs on, unless a program there is writing it (then its

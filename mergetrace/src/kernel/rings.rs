@@ -145,6 +145,8 @@ pub const FLUSH_STAGED: &str = "flush_staged";
 /// user space looks at the batches' ages and sends the old ones.
 pub struct Batches {
     staging: PerCpuArray<MapData, Staged>,
+    /// Per CPU, its batch's first `ts_ns` (0: empty): what a poll reads.
+    since: PerCpuArray<MapData, u64>,
     /// A handle of its own on the loaded program: it outlives the object's (`detach`).
     flush: RawTracePoint,
 }
@@ -163,7 +165,15 @@ impl Batches {
             .with_context(|| format!("cannot hold program {FLUSH_STAGED}"))?;
         let staging =
             PerCpuArray::try_from(ebpf.take_map("STAGING").context("STAGING map missing")?)?;
-        Ok(Batches { staging, flush })
+        let since = PerCpuArray::try_from(
+            ebpf.take_map("STAGED_SINCE")
+                .context("STAGED_SINCE map missing")?,
+        )?;
+        Ok(Batches {
+            staging,
+            since,
+            flush,
+        })
     }
 
     /// Sends the batches whose first event is older than the programs would let it be on a
@@ -171,8 +181,12 @@ impl Batches {
     /// that hold events when `now` is `u64::MAX`. A batch a program is writing just then,
     /// or an offline CPU's, stays for the next call or [`Batches::take_left`].
     pub fn send_old(&self, now: u64) -> Result<()> {
-        for (cpu, b) in self.read()?.iter().enumerate() {
-            if b.len > 0 && now.saturating_sub(b.first_ts) >= STAGED_MAX_AGE_NS {
+        let since = self
+            .since
+            .get(&0, 0)
+            .context("cannot read the event batches' ages (STAGED_SINCE)")?;
+        for (cpu, &first_ts) in since.iter().enumerate() {
+            if first_ts != 0 && now.saturating_sub(first_ts) >= STAGED_MAX_AGE_NS {
                 self.run_on(cpu as u32);
             }
         }
@@ -183,7 +197,9 @@ impl Batches {
     /// and nothing writes the batches any more.
     pub fn take_left(&self) -> Result<Vec<(usize, Vec<Event>)>> {
         Ok(self
-            .read()?
+            .staging
+            .get(&0, 0)
+            .context("cannot read the event batches (STAGING)")?
             .iter()
             .enumerate()
             .filter(|(_, b)| b.len > 0)
@@ -194,13 +210,6 @@ impl Batches {
                 )
             })
             .collect())
-    }
-
-    /// Every possible CPU's batch, as it is now.
-    fn read(&self) -> Result<aya::maps::PerCpuValues<Staged>> {
-        self.staging
-            .get(&0, 0)
-            .context("cannot read the event batches (STAGING)")
     }
 
     /// Runs the flush program on `cpu` (`BPF_PROG_TEST_RUN` with `BPF_F_TEST_RUN_ON_CPU`,
