@@ -297,6 +297,26 @@ fn record_stats_show_the_programs_runs_and_the_recorders_cpu() {
         cpu.contains(" ms of this process's CPU, ") && cpu.ends_with(" ns per event"),
         "{cpu}"
     );
+    // The collecting thread's CPU by stage, the four figures in their order.
+    let stages = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("mergetrace: stats: per event, "))
+        .unwrap_or_else(|| panic!("no recorder stages line in: {stderr}"));
+    let mut rest = stages;
+    for name in [
+        "reading the rings ",
+        "time order ",
+        "encoding and writing ",
+        "the rest ",
+    ] {
+        let (ns, after) = rest
+            .trim_start_matches(", ")
+            .strip_prefix(name)
+            .and_then(|r| r.split_once(" ns"))
+            .unwrap_or_else(|| panic!("no '{name}N ns' where expected in: {stages}"));
+        assert!(ns.parse::<u64>().is_ok(), "{stages}");
+        rest = after;
+    }
     assert!(events_written(&stderr) >= ios, "{stderr}");
 }
 

@@ -49,7 +49,8 @@ pub struct RecordArgs {
     pub requests: bool,
     /// Report at the end what the recording cost: each eBPF program's kernel time per run
     /// (BPF run-time statistics; `stats_floor`, an empty program, is what the statistics
-    /// add to each run) and this process's CPU time per event written.
+    /// add to each run) and this process's CPU time per event written, by stage: reading the
+    /// rings, time order, encoding and writing, the rest.
     #[arg(long)]
     pub stats: bool,
     #[command(flatten)]
@@ -268,9 +269,13 @@ pub async fn run(args: RecordArgs) -> Result<()> {
     }));
     let collector = {
         let shared = shared.clone();
-        tokio::spawn(collector::run(rings, batches, stop_rx, move |batch| {
-            shared.lock().expect("recording lock").write(batch)
-        }))
+        tokio::spawn(collector::run(
+            rings,
+            batches,
+            stop_rx,
+            args.stats,
+            move |batch| shared.lock().expect("recording lock").write(batch),
+        ))
     };
     stop.after(args.run.duration);
     let mut ticker = tokio::time::interval(args.run.interval);
@@ -317,6 +322,7 @@ pub async fn run(args: RecordArgs) -> Result<()> {
         print_stats(
             &program_stats,
             crate::sys::process_cpu_ns() - cpu_at_start,
+            collected.costs.unwrap_or_default(),
             events,
         );
     }
@@ -324,13 +330,29 @@ pub async fn run(args: RecordArgs) -> Result<()> {
 }
 
 /// `--stats`: the programs' kernel time, as the live view prints it, and this process's CPU
-/// time while it recorded (`cpu_ns`: user and system, every thread) per event written.
-fn print_stats(programs: &[crate::model::snapshot::ProgramStat], cpu_ns: u64, events: u64) {
+/// time while it recorded (`cpu_ns`: user and system, every thread) per event written, with
+/// the collecting thread's share of it by stage.
+fn print_stats(
+    programs: &[crate::model::snapshot::ProgramStat],
+    cpu_ns: u64,
+    costs: collector::Costs,
+    events: u64,
+) {
     super::print_program_stats(programs);
+    let per_event = |ns: u64| ns as f64 / events.max(1) as f64;
     eprintln!(
         "mergetrace: stats: recording took {:.0} ms of this process's CPU, {:.0} ns per event",
         cpu_ns as f64 / 1e6,
-        cpu_ns as f64 / events.max(1) as f64
+        per_event(cpu_ns)
+    );
+    let staged = costs.reading_ns + costs.ordering_ns + costs.consuming_ns;
+    eprintln!(
+        "mergetrace: stats: per event, reading the rings {:.0} ns, time order {:.0} ns, \
+         encoding and writing {:.0} ns, the rest {:.0} ns (polls, wake-ups, flushes)",
+        per_event(costs.reading_ns),
+        per_event(costs.ordering_ns),
+        per_event(costs.consuming_ns),
+        per_event(cpu_ns.saturating_sub(staged))
     );
 }
 

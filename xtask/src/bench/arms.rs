@@ -123,6 +123,8 @@ pub struct Sample {
     pub programs: Vec<(String, u64, f64)>,
     /// `record --stats`: the recording process's own CPU time while it recorded, ns.
     pub recorder_cpu_ns: Option<f64>,
+    /// `record --stats`: that time by stage of its data path, ns per event written.
+    pub recorder_stages: Option<RecorderStages>,
     pub notes: Vec<String>,
 }
 
@@ -177,6 +179,31 @@ impl Sample {
     /// `record --stats`: the recording process's CPU time per I/O fio did, ns.
     pub fn recorder_ns_per_io(&self) -> Option<f64> {
         (self.ios > 0).then(|| self.recorder_cpu_ns.map(|ns| ns / self.ios as f64))?
+    }
+
+    /// `record --stats`: the recording process's stages per I/O fio did, ns (each stage's
+    /// ns per event times the events written per I/O).
+    pub fn recorder_stages_per_io(&self) -> Option<RecorderStages> {
+        let per_io = self.events? as f64 / (self.ios > 0).then_some(self.ios)? as f64;
+        Some(self.recorder_stages?.scaled(per_io))
+    }
+}
+
+/// The recording process's CPU by stage of its data path (`record --stats`' "per event,
+/// reading the rings …" line): reading the rings, time order, encoding and writing, the rest.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct RecorderStages(pub [f64; 4]);
+
+impl RecorderStages {
+    pub const NAMES: [&'static str; 4] = [
+        "reading the rings",
+        "time order",
+        "encoding and writing",
+        "the rest",
+    ];
+
+    pub fn scaled(self, by: f64) -> RecorderStages {
+        RecorderStages(self.0.map(|v| v * by))
     }
 }
 

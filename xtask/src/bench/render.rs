@@ -5,7 +5,7 @@ use std::fs;
 use serde_json::{json, Value};
 
 use super::{
-    arms::Arm,
+    arms::{Arm, RecorderStages},
     fio::{self, Workload, DEVICE_BYTES, REGION_BYTES},
     stats::{self, pct, si, table, Summary},
     sys::LoopDev,
@@ -130,10 +130,19 @@ pub fn render_workload(w: &WorkloadOutcome, targets: &[&Target]) -> String {
             if let Some((_, share)) = net {
                 line += &format!(" ({})", pct(share));
             }
-            line + &format!(
+            line += &format!(
                 " of the baseline's {:.2} µs of CPU per I/O\n",
                 c.cpu_ns_per_io / 1e3
-            )
+            );
+            if let Some(s) = c.recorder_stages {
+                let stages: Vec<String> = RecorderStages::NAMES
+                    .iter()
+                    .zip(s.0)
+                    .map(|(name, ns)| format!("{name} {ns:.0} ns"))
+                    .collect();
+                line += &format!("  the recording process per I/O: {}\n", stages.join(", "));
+            }
+            line
         }
         None => "record per I/O: not measured\n".to_string(),
     };
@@ -309,6 +318,10 @@ pub fn workload_json(w: &WorkloadOutcome, dev: &str, seconds: u32) -> Value {
             "bpf_ns_per_io": c.bpf_ns_per_io,
             "bpf_net_ns_per_io": c.net_ns_per_io,
             "recorder_ns_per_io": c.recorder_ns_per_io,
+            "recorder_stages_ns_per_io": c.recorder_stages.map(|s| {
+                RecorderStages::NAMES.iter().zip(s.0).map(|(n, v)| (n.to_string(), json!(v)))
+                    .collect::<serde_json::Map<_, _>>()
+            }),
             "baseline_cpu_ns_per_io": c.cpu_ns_per_io,
             "share": c.share,
             "net_share": c.net_share,

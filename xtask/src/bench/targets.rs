@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde_json::{json, Value};
 
 use super::{
-    arms::{Arm, ArmResults},
+    arms::{Arm, ArmResults, RecorderStages},
     calibrate::Calibration,
     fio::{Fio, Workload},
     offline::{self, Offline},
@@ -320,7 +320,20 @@ impl WorkloadOutcome {
             let v: Option<Vec<f64>> = rounds.iter().map(f).collect();
             Summary::of(&v?).map(|s| s.median)
         };
+        // Each stage's median over the rounds that split the recorder's time.
+        let stages: Vec<RecorderStages> = self.arms[&Arm::RecordStats]
+            .samples
+            .iter()
+            .filter_map(|s| s.as_ref()?.recorder_stages_per_io())
+            .collect();
+        let recorder_stages = (!stages.is_empty()).then(|| {
+            RecorderStages(std::array::from_fn(|i| {
+                let v: Vec<f64> = stages.iter().map(|s| s.0[i]).collect();
+                Summary::of(&v).map_or(0.0, |s| s.median)
+            }))
+        });
         Some(RecordCost {
+            recorder_stages,
             bpf_ns_per_io: med(&|r| Some(r.0))?,
             recorder_ns_per_io: med(&|r| Some(r.1))?,
             cpu_ns_per_io: med(&|r| Some(r.2))?,
@@ -388,6 +401,9 @@ pub struct RecordCost {
     /// `stats_floor` in the statistics.
     pub net_ns_per_io: Option<f64>,
     pub recorder_ns_per_io: f64,
+    /// The recording process's time per I/O by stage, each the median of the rounds; `None`
+    /// where `record --stats` did not split it.
+    pub recorder_stages: Option<RecorderStages>,
     /// The baseline's CPU time per I/O.
     pub cpu_ns_per_io: f64,
     /// (programs + recorder) / the baseline's CPU time, median of the rounds.
@@ -739,21 +755,29 @@ mod tests {
             s.as_mut().unwrap().cpu_ns_per_io = Some(cpu);
         }
         // 1000 I/Os: programs (1000 × 300 + 1000 × 100) / 1000 = 400 ns, recorder 600 ns.
-        let stats = |recorder_ms: f64| {
+        let stats = |recorder_ms: f64, order: f64| {
             Some(Sample {
                 iops: 90.0,
                 ios: 1000,
                 programs: vec![("a".into(), 1000, 300.0), ("b".into(), 1000, 100.0)],
                 recorder_cpu_ns: Some(recorder_ms * 1e6),
+                // 5 events an I/O: each stage's ns per event × 5, per I/O.
+                events: Some(5000),
+                recorder_stages: Some(RecorderStages([10.0, order, 80.0, 20.0])),
                 ..Sample::default()
             })
         };
-        o.arms.get_mut(&Arm::RecordStats).unwrap().samples = vec![stats(0.6), stats(0.6)];
+        o.arms.get_mut(&Arm::RecordStats).unwrap().samples =
+            vec![stats(0.6, 10.0), stats(0.6, 30.0)];
         let c = o.record_cost().unwrap();
         assert_eq!(c.bpf_ns_per_io, 400.0);
         // No stats_floor in these statistics: the programs' own time is not told.
         assert_eq!((c.net_ns_per_io, c.net_share), (None, None));
         assert_eq!(c.recorder_ns_per_io, 600.0);
+        assert_eq!(
+            c.recorder_stages,
+            Some(RecorderStages([50.0, 100.0, 400.0, 100.0]))
+        );
         assert_eq!(c.cpu_ns_per_io, 4500.0);
         // 1000 / 4000 = 25 %, 1000 / 5000 = 20 %: median 22.5 %.
         assert!((c.share - 0.225).abs() < 1e-12, "{}", c.share);

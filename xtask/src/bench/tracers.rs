@@ -17,7 +17,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
 use super::{
-    arms::{Arm, Sample},
+    arms::{Arm, RecorderStages, Sample},
     fio::{self, Fio},
     sys::{self, last_line, nap, LimitCgroup, LoopDev, Proc, Ready},
 };
@@ -228,7 +228,11 @@ impl Ctx<'_> {
                 if arm == Arm::RecordStats {
                     s.programs = parse_record_program_stats(&f.stderr);
                     s.recorder_cpu_ns = parse_recorder_cpu_ns(&f.stderr);
-                    if s.programs.is_empty() || s.recorder_cpu_ns.is_none() {
+                    s.recorder_stages = parse_recorder_stages(&f.stderr);
+                    if s.programs.is_empty()
+                        || s.recorder_cpu_ns.is_none()
+                        || s.recorder_stages.is_none()
+                    {
                         s.notes
                             .push("no \"mergetrace: stats:\" lines on stderr".into());
                     }
@@ -383,6 +387,25 @@ pub fn parse_recorder_cpu_ns(stderr: &str) -> Option<f64> {
     })
 }
 
+/// `record --stats`' "per event, reading the rings N ns, time order N ns, encoding and
+/// writing N ns, the rest N ns" line, in its order ([`RecorderStages::NAMES`]).
+pub fn parse_recorder_stages(stderr: &str) -> Option<RecorderStages> {
+    stderr.lines().find_map(|l| {
+        let mut rest = l.strip_prefix("mergetrace: stats: per event, ")?;
+        let mut stages = [0.0; 4];
+        for (v, name) in stages.iter_mut().zip(RecorderStages::NAMES) {
+            let (ns, after) = rest
+                .trim_start_matches(", ")
+                .strip_prefix(name)?
+                .trim_start()
+                .split_once(" ns")?;
+            *v = ns.parse().ok()?;
+            rest = after;
+        }
+        Some(RecorderStages(stages))
+    })
+}
+
 pub fn parse_program_stats(total: &Value) -> Vec<(String, u64, f64)> {
     total["program_stats"]
         .as_array()
@@ -470,7 +493,9 @@ mod tests {
         let rec = "mergetrace: wrote 10 events (0 lost) in 40 bytes to /x (4.0 bytes/event)\n\
                    mergetrace: stats: block_bio_queue                828978 runs      445 ns/run\n\
                    mergetrace: stats: workqueue_execute_end          226503 runs       80 ns/run\n\
-                   mergetrace: stats: recording took 802 ms of this process's CPU, 145 ns per event\n";
+                   mergetrace: stats: recording took 802 ms of this process's CPU, 145 ns per event\n\
+                   mergetrace: stats: per event, reading the rings 7 ns, time order 10 ns, \
+                   encoding and writing 55 ns, the rest 73 ns (polls, wake-ups, flushes)\n";
         assert_eq!(
             parse_record_program_stats(rec),
             vec![
@@ -479,6 +504,14 @@ mod tests {
             ]
         );
         assert_eq!(parse_recorder_cpu_ns(rec), Some(802e6));
+        assert_eq!(
+            parse_recorder_stages(rec),
+            Some(RecorderStages([7.0, 10.0, 55.0, 73.0]))
+        );
+        assert_eq!(
+            parse_recorder_stages("mergetrace: stats: per event, x 1 ns"),
+            None
+        );
         assert_eq!(
             parse_recorder_cpu_ns("mergetrace: stats: x 1 runs 2 ns/run"),
             None
