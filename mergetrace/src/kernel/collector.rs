@@ -20,7 +20,7 @@ const POLL: std::time::Duration = std::time::Duration::from_millis(20);
 pub struct Collected {
     /// Events that reached user space after later ones had been written (kept, out of order).
     pub late: u64,
-    /// Where the collecting thread's CPU went, when asked for ([`run`]'s `timed`).
+    /// Where the collecting thread's CPU went, when asked for ([`run`]'s `time_stages`).
     pub costs: Option<Costs>,
 }
 
@@ -154,12 +154,12 @@ fn clear_wakeups(epoll: &OwnedFd) {
 
 /// Reads the rings until `stop` changes, handing each batch to `sink` in time order; after
 /// the stop it drains what is left (call it after detaching the programs so that nothing
-/// more arrives). `timed`: also tell where the thread's CPU went ([`Costs`]).
+/// more arrives). `time_stages`: also tell where the thread's CPU went ([`Costs`]).
 pub async fn run(
     rings: Vec<CpuRing>,
     batches: Option<Batches>,
     mut stop: watch::Receiver<bool>,
-    timed: bool,
+    time_stages: bool,
     mut sink: impl FnMut(&[Event]) + Send,
 ) -> Result<Collected> {
     // SAFETY: the AsyncFd owns the epoll fd, so it stays open while registered.
@@ -171,7 +171,7 @@ pub async fn run(
         rings,
         batches,
         batch: Vec::with_capacity(4096),
-        costs: timed.then(Costs::default),
+        costs: time_stages.then(Costs::default),
     };
     // The programs wake us only once a batch is waiting; this picks up the rest.
     let mut poll = tokio::time::interval(POLL);
