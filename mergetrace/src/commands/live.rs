@@ -224,8 +224,10 @@ impl Live {
             &opts,
         );
         s.program_stats = program_stats;
+        s.unsaid = self.session.unsaid()?;
         view.total(&s)?;
         super::print_program_stats(&s.program_stats);
+        super::warn_skipped_runs(&s.unsaid);
         if s.lost_events > 0 {
             eprintln!(
                 "mergetrace: warning: {} events could not be counted ({}): the counts are low",

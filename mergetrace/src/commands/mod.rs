@@ -10,6 +10,23 @@ pub mod report;
 pub mod serve;
 pub mod workload;
 
+/// A warning when the kernel skipped runs of the programs (never silent: the counts or
+/// events those runs would have made are missing).
+pub fn warn_skipped_runs(unsaid: &crate::model::snapshot::Unsaid) {
+    if unsaid.skipped_runs.is_empty() {
+        return;
+    }
+    let runs: Vec<String> = (unsaid.skipped_runs.iter())
+        .map(|(program, n)| format!("{n} of {program}"))
+        .collect();
+    eprintln!(
+        "mergetrace: warning: the kernel skipped runs of the programs ({}): each was already \
+         running on its CPU when an interrupt reached the same hook; what those runs would have \
+         counted is missing",
+        runs.join(", ")
+    );
+}
+
 /// `--stats` (live view, record): each program's runs and kernel time per run on stderr, one
 /// line each (the bench reads these lines).
 pub fn print_program_stats(programs: &[crate::model::snapshot::ProgramStat]) {

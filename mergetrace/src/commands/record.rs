@@ -300,6 +300,7 @@ pub async fn run(args: RecordArgs) -> Result<()> {
         Vec::new()
     };
     session.detach();
+    super::warn_skipped_runs(&session.unsaid()?);
     let _ = stop_tx.send(true);
     let collected = collector.await.context("collector task failed")??;
     let mut rec = Arc::try_unwrap(shared)

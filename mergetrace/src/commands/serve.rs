@@ -256,6 +256,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     poller.abort();
     let mut ex = exporter.lock().unwrap_or_else(|p| p.into_inner());
     ex.session.detach();
+    super::warn_skipped_runs(&ex.session.unsaid()?);
     eprintln!("mergetrace: stopped; programs detached");
     Ok(())
 }

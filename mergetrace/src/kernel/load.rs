@@ -27,10 +27,14 @@ use super::{
     },
     rings::{self, Batches, CpuRing},
     slots::{Slots, Table},
+    unfinished::{self, IssueEntries},
     Tier, TierChoice, TierKind,
 };
 use crate::{
-    model::{aggregate::Window, snapshot::ProgramStat},
+    model::{
+        aggregate::Window,
+        snapshot::{ProgramStat, Unsaid},
+    },
     sys::device::Device,
 };
 
@@ -403,6 +407,10 @@ pub struct Session {
     pub iocost: BTreeMap<u32, crate::sys::iocost::Iocost>,
     /// wbt on the traced disks whose queue has it (on or off), by `dev_t`.
     pub wbt: BTreeMap<u32, crate::sys::wbt::Wbt>,
+    /// `--latency`'s issue entries, for the requests left unfinished at the end.
+    issue_entries: Option<IssueEntries>,
+    /// The runs the kernel skipped, by program, as [`Session::detach`] found them.
+    skipped: BTreeMap<String, u64>,
     /// Held while BPF run-time statistics are on (closing it turns them off).
     _stats: Option<std::os::fd::OwnedFd>,
 }
@@ -530,6 +538,11 @@ impl Session {
             devs.clone(),
         )?;
         let cgroup_ring = RingBuf::try_from(take("CGROUP_EVENTS")?)?;
+        let issue_entries = if modes.latency != 0 {
+            Some(IssueEntries::take(&mut ebpf, devices)?)
+        } else {
+            None
+        };
         Ok(Session {
             ebpf: Some(ebpf),
             tier,
@@ -549,6 +562,8 @@ impl Session {
             devs,
             iocost,
             wbt,
+            issue_entries,
+            skipped: BTreeMap::new(),
             _stats: stats,
         })
     }
@@ -700,7 +715,23 @@ impl Session {
 
     /// Detaches and unloads every program. Maps stay readable (the ring can be drained).
     pub fn detach(&mut self) {
-        self.ebpf.take();
+        if let Some(ebpf) = self.ebpf.take() {
+            self.skipped = unfinished::skipped_runs(&ebpf);
+        }
+    }
+
+    /// What the run's end leaves unsaid (call after [`Session::detach`]): the runs the
+    /// kernel skipped, by program, and with `--latency` the requests issued whose completion
+    /// no program saw.
+    pub fn unsaid(&self) -> Result<Unsaid> {
+        let unfinished_requests = match &self.issue_entries {
+            Some(e) => Some(e.unfinished()?),
+            None => None,
+        };
+        Ok(Unsaid {
+            skipped_runs: self.skipped.clone(),
+            unfinished_requests,
+        })
     }
 }
 

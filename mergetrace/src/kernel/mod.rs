@@ -2,7 +2,8 @@
 //! BTF ([`btf`]), loading and attaching the programs from the hook table ([`load`]), who may
 //! load them ([`privileges`]), the counter slots the programs count in ([`slots`]), the
 //! event rings ([`rings`]) and their stream in time order ([`collector`], [`time_order`]), and
-//! cgroup births and removals ([`cgroup_events`]).
+//! cgroup births and removals ([`cgroup_events`]), and what a run's end leaves unsaid
+//! ([`unfinished`]).
 pub mod btf;
 pub mod cgroup_events;
 pub mod collector;
@@ -12,6 +13,7 @@ pub mod privileges;
 pub mod rings;
 pub mod slots;
 pub mod time_order;
+pub mod unfinished;
 
 use std::fmt;
 

@@ -227,6 +227,12 @@ impl TraceOutput {
             .unwrap_or(0)
     }
 
+    /// `--latency`'s requests issued whose completion no program saw by the run's end
+    /// (`unfinished_requests`); panics where the run did not count them.
+    pub fn unfinished_requests(&self) -> u64 {
+        u(&self.total, "unfinished_requests")
+    }
+
     /// The row of cgroup `path` on `dev` in each interval object, `None` where it had no
     /// activity.
     pub fn interval_rows(&self, dev: &BlockDev, path: &str) -> Vec<Option<&Value>> {

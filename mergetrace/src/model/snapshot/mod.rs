@@ -131,6 +131,28 @@ pub struct Snapshot {
     /// `--stats`: what each eBPF program cost (kernel BPF stats), in the total object.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub program_stats: Vec<ProgramStat>,
+    /// In the total object: what the kernel side could not say by the run's end.
+    #[serde(flatten)]
+    pub unsaid: Unsaid,
+}
+
+/// What the kernel side leaves unsaid at a run's end (`Session::unsaid`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Unsaid {
+    /// The runs the kernel skipped of each program it skipped any of, by program (its
+    /// `recursion_misses`: the program was already running on that CPU when an interrupt
+    /// reached the same hook). What those runs would have counted is missing.
+    #[serde(
+        rename = "kernel_skipped_runs",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub skipped_runs: BTreeMap<String, u64>,
+    /// `--latency`: requests issued in the run whose completion no program saw, neither at
+    /// their end nor by a later issue of their tag (`completion_unseen`): in flight as the
+    /// run ended, or ended without the completion program running. Their device latency is
+    /// not in the histograms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unfinished_requests: Option<u64>,
 }
 
 /// One eBPF program's runs and time in the kernel (`BPF_ENABLE_STATS`).
@@ -208,6 +230,7 @@ pub fn build(
             .map(|d| device_snapshot(window, d, lookup, opts, secs, kind))
             .collect(),
         program_stats: Vec::new(),
+        unsaid: Unsaid::default(),
     }
 }
 

@@ -24,6 +24,7 @@ pub fn snapshot(rows: &[(&str, DirStats)]) -> Snapshot {
         lost_events: 0,
         lost_by_kind: BTreeMap::new(),
         program_stats: Vec::new(),
+        unsaid: Default::default(),
         devices: vec![DeviceSnapshot {
             device: "loop3".into(),
             major: 7,
