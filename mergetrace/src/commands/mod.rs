@@ -11,7 +11,7 @@ pub mod serve;
 pub mod workload;
 
 /// A warning when the kernel skipped runs of the programs (never silent: the counts or
-/// events those runs would have made are missing).
+/// events those runs would have made may be missing; the kernel does not say on which disk).
 pub fn warn_skipped_runs(unsaid: &crate::model::snapshot::Unsaid) {
     if unsaid.skipped_runs.is_empty() {
         return;
@@ -22,7 +22,7 @@ pub fn warn_skipped_runs(unsaid: &crate::model::snapshot::Unsaid) {
     eprintln!(
         "mergetrace: warning: the kernel skipped runs of the programs ({}): each was already \
          running on its CPU when an interrupt reached the same hook; what those runs would have \
-         counted is missing",
+         counted on the traced disks may be missing",
         runs.join(", ")
     );
 }

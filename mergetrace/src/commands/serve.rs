@@ -116,13 +116,14 @@ impl Exporter {
             iolatency: &self.iolatency,
             timeline: None,
         };
-        let s = snapshot::build(
+        let mut s = snapshot::build(
             &total,
             SnapshotKind::Total,
             &self.devices,
             &mut self.names,
             &opts,
         );
+        s.unsaid.skipped_runs = self.session.skipped_runs();
         // `opts` borrows the tier string of the model: update after.
         self.model.update(&s);
         // A cgroup found gone whose removal was not reported is reclaimed all the same; the

@@ -720,6 +720,15 @@ impl Session {
         }
     }
 
+    /// The runs the kernel skipped so far, by program, of the programs it skipped any of
+    /// (after [`Session::detach`], as it found them).
+    pub fn skipped_runs(&self) -> BTreeMap<String, u64> {
+        match &self.ebpf {
+            Some(ebpf) => unfinished::skipped_runs(ebpf),
+            None => self.skipped.clone(),
+        }
+    }
+
     /// What the run's end leaves unsaid (call after [`Session::detach`]): the runs the
     /// kernel skipped, by program, and with `--latency` the requests issued whose completion
     /// no program saw.
@@ -729,7 +738,7 @@ impl Session {
             None => None,
         };
         Ok(Unsaid {
-            skipped_runs: self.skipped.clone(),
+            skipped_runs: self.skipped_runs(),
             unfinished_requests,
         })
     }

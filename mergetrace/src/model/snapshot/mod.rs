@@ -141,7 +141,8 @@ pub struct Snapshot {
 pub struct Unsaid {
     /// The runs the kernel skipped of each program it skipped any of, by program (its
     /// `recursion_misses`: the program was already running on that CPU when an interrupt
-    /// reached the same hook). What those runs would have counted is missing.
+    /// reached the same hook). What those runs would have counted may be missing (the kernel
+    /// does not say on which disk they were).
     #[serde(
         rename = "kernel_skipped_runs",
         skip_serializing_if = "BTreeMap::is_empty"

@@ -207,6 +207,17 @@ fn losses_and_folding(enc: &mut DescriptorEncoder, model: &Model) -> fmt::Result
     for (kind, n) in &model.lost {
         ConstCounter::new(*n).encode(m.encode_family(&[("kind", *kind)])?)?;
     }
+    let mut m = enc.encode_descriptor(
+        "mergetrace_kernel_skipped_runs",
+        "Runs of an eBPF program the kernel skipped (it was already running on that CPU when an \
+         interrupt reached the same hook): what they would have counted may be missing. A \
+         series only for a program with skipped runs.",
+        None,
+        MetricType::Counter,
+    )?;
+    for (program, n) in &model.skipped_runs {
+        ConstCounter::new(*n).encode(m.encode_family(&[("program", program.as_str())])?)?;
+    }
     let m = enc.encode_descriptor(
         "mergetrace_cgroups_folded",
         "Cgroups summed into cgroup=\"(other)\" because --max-cgroups labels were taken.",
@@ -457,6 +468,7 @@ mod tests {
         }];
         let mut s = snapshot(&[("/mt", st)]);
         s.lost_by_kind.insert("rq_issue", 3);
+        s.unsaid.skipped_runs.insert("block_rq_complete".into(), 2);
         let mut m = Model::new(10, "tracepoint");
         m.update(&s);
         let text = m.render();
@@ -480,6 +492,7 @@ mod tests {
             ("gauge", "mergetrace_throttle_limit_bytes_per_second", format!("mergetrace_throttle_limit_bytes_per_second{l} 1048576")),
             ("counter", "mergetrace_lost_events_total", "mergetrace_lost_events_total{kind=\"rq_issue\"} 3".into()),
             ("counter", "mergetrace_lost_events_total", "mergetrace_lost_events_total{kind=\"counters_map_full\"} 0".into()),
+            ("counter", "mergetrace_kernel_skipped_runs_total", "mergetrace_kernel_skipped_runs_total{program=\"block_rq_complete\"} 2".into()),
             ("gauge", "mergetrace_cgroups_folded", "mergetrace_cgroups_folded 0".into()),
         ] {
             assert!(text.contains(&format!("# TYPE {family} {ty}\n")), "no TYPE for {family} in:\n{text}");

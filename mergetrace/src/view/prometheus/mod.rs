@@ -324,6 +324,8 @@ pub struct Model {
     pub rows: BTreeMap<SeriesKey, Row>,
     /// Lost events by kind name, every kind (0 when none).
     pub lost: BTreeMap<&'static str, u64>,
+    /// The runs the kernel skipped, by program, of the programs it skipped any of.
+    pub skipped_runs: BTreeMap<String, u64>,
     pub tier: String,
 }
 
@@ -349,6 +351,7 @@ impl Model {
             lost: (0..LOST_SLOTS)
                 .map(|k| (vocab::kind_name(k as u8), 0))
                 .collect(),
+            skipped_runs: BTreeMap::new(),
             tier: tier.to_string(),
         }
     }
@@ -482,6 +485,10 @@ impl Model {
         }
         for (k, n) in &s.lost_by_kind {
             let e = self.lost.entry(k).or_default();
+            *e = (*e).max(*n);
+        }
+        for (program, n) in &s.unsaid.skipped_runs {
+            let e = self.skipped_runs.entry(program.clone()).or_default();
             *e = (*e).max(*n);
         }
     }
