@@ -165,7 +165,9 @@ fn capture_round_trip_report_lineage_and_exports() {
 /// testing knob stands in for it: the completion program ignores one sector's completions):
 /// `report --lineage` counts each request issued again with no completion in between. Three
 /// such requests, each followed by more writes than the disk has tags (pinned to one CPU, so
-/// the tags come round), scheduler none (a tag's request memory is fixed): exactly three.
+/// the tags come round), scheduler none (a tag's request memory is fixed): exactly three. A
+/// fourth, the capture's last request, has no later issue to find it: the one request not seen
+/// completed by the capture's end.
 #[test]
 fn report_lineage_counts_requests_the_completion_program_never_saw() {
     require_root();
@@ -177,6 +179,12 @@ fn report_lineage_counts_requests_the_completion_program_never_saw() {
     let rec = Recorder::start_with_env(&lo, &capture, &[], &[SKIP_COMPLETIONS]);
     let before = lo.diskstats();
     unseen_completions(&lo);
+    run_workload_on(
+        0,
+        &lo,
+        None,
+        &["--ios", "1", "--batch", "1", "--offset", "4096"],
+    );
     let d = lo.diskstats().since(&before);
     rec.stop();
     lo.set_nomerges(0);
@@ -185,13 +193,17 @@ fn report_lineage_counts_requests_the_completion_program_never_saw() {
         mergetrace(&["report", cap, "--lineage", "--json"]),
         "lineage",
     );
-    assert_eq!(d.writes, 3 * 601, "{err}");
+    assert_eq!(d.writes, 3 * 601 + 1, "{err}");
     assert!(
         err.contains(&format!("lineage: {} requests, {0} consistent", d.writes)),
         "{err}"
     );
     assert!(
         err.contains("; 3 were issued again with no completion between"),
+        "{err}"
+    );
+    assert!(
+        err.contains("; 1 were issued and not seen completed by its end"),
         "{err}"
     );
 }

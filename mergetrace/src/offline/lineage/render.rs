@@ -213,7 +213,8 @@ pub fn summary(s: &Stats) -> String {
          unmatched: {}; {} bios ({} split pieces, {} without a bio_queue in the capture, {} \
          placed by inference among adjacent requests); {} merges found no request; {} requests \
          were built but not issued in the capture; {} were issued again with no completion \
-         between (the kernel ended them without running the completion program)",
+         between (the kernel ended them without running the completion program); {} were \
+         issued and not seen completed by its end (in flight as it ended, or ended so)",
         s.requests,
         s.consistent,
         m("exact"),
@@ -227,6 +228,7 @@ pub fn summary(s: &Stats) -> String {
         s.ambiguous,
         s.orphan_merges,
         s.never_issued,
-        s.completions_unseen
+        s.completions_unseen,
+        s.never_completed
     )
 }

@@ -303,3 +303,38 @@ fn lineage_limit_keeps_the_first_requests_and_counts_all() {
     assert_eq!(l.stats.consistent, 5);
     assert_eq!(l.stats.bios, 40);
 }
+
+#[test]
+fn lineage_counts_requests_never_seen_completed() {
+    let mut s = Synth::new();
+    // Completed; issued twice with no completion between (found unseen at its second issue,
+    // which starts a new request that completes); issued and never completed.
+    let done = s.open(DEV, 100, 0, 4096);
+    let rq = s.issue(&done);
+    s.complete_rq(&done, rq);
+    let twice = s.open(DEV, 100, 64, 4096);
+    s.issue(&twice);
+    let again = s.open(DEV, 100, 128, 4096);
+    let again = crate::testing::synth::Rq {
+        rq: twice.rq,
+        ..again
+    };
+    let rq = s.issue(&again);
+    s.complete_rq(&again, rq);
+    let open = s.open(DEV, 100, 256, 4096);
+    s.issue(&open);
+    let l = trace(&s.events, None);
+    assert_eq!(l.stats.requests, 4);
+    assert_eq!(l.stats.completions_unseen, 1);
+    assert_eq!(l.stats.never_completed, 1);
+    let without: Vec<u64> = (l.requests.iter())
+        .filter(|r| r.complete_ts.is_none())
+        .map(|r| r.sector)
+        .collect();
+    assert_eq!(without, [64, 256]);
+    assert!(summary(&l.stats).ends_with(
+        "1 were issued again with no completion between (the kernel ended them without running \
+         the completion program); 1 were issued and not seen completed by its end (in flight as \
+         it ended, or ended so)"
+    ));
+}

@@ -126,6 +126,7 @@ impl Tracker {
     /// The requests and how the reconstruction went.
     pub fn finish(mut self) -> Lineage {
         self.stats.never_issued += self.slab.iter().filter(|p| p.is_some()).count() as u64;
+        self.stats.never_completed = self.in_flight.len() as u64;
         Lineage {
             requests: self.requests,
             stats: self.stats,

@@ -169,6 +169,9 @@ pub struct Stats {
     /// them without running the completion program (found when the request memory, fixed per
     /// tag, is issued again, as live `--latency`'s `completion_unseen` is).
     pub completions_unseen: u64,
+    /// Requests issued and not seen completed by the capture's end: in flight as it ended, or
+    /// ended without the completion program running with their tag not issued again since.
+    pub never_completed: u64,
 }
 
 /// The result of a replay.
