@@ -214,7 +214,8 @@ pub fn summary(s: &Stats) -> String {
          placed by inference among adjacent requests); {} merges found no request; {} requests \
          were built but not issued in the capture; {} were issued again with no completion \
          between (the kernel ended them without running the completion program); {} were \
-         issued and not seen completed by its end (in flight as it ended, or ended so)",
+         issued and not seen completed by its end (in flight as it ended, or ended unseen and \
+         their tag not issued again)",
         s.requests,
         s.consistent,
         m("exact"),

@@ -335,6 +335,6 @@ fn lineage_counts_requests_never_seen_completed() {
     assert!(summary(&l.stats).ends_with(
         "1 were issued again with no completion between (the kernel ended them without running \
          the completion program); 1 were issued and not seen completed by its end (in flight as \
-         it ended, or ended so)"
+         it ended, or ended unseen and their tag not issued again)"
     ));
 }
