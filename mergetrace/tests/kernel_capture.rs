@@ -179,12 +179,7 @@ fn report_lineage_counts_requests_the_completion_program_never_saw() {
     let rec = Recorder::start_with_env(&lo, &capture, &[], &[SKIP_COMPLETIONS]);
     let before = lo.diskstats();
     unseen_completions(&lo);
-    run_workload_on(
-        0,
-        &lo,
-        None,
-        &["--ios", "1", "--batch", "1", "--offset", "4096"],
-    );
+    unseen_completion(&lo);
     let d = lo.diskstats().since(&before);
     rec.stop();
     lo.set_nomerges(0);

@@ -472,12 +472,7 @@ fn completions_the_programs_never_saw_are_counted_lost() {
             Tracer::start_with_env(&["-d", lo.name.as_str(), "--latency"], &[SKIP_COMPLETIONS]);
         let before = lo.diskstats();
         unseen_completions(&lo);
-        run_workload_on(
-            0,
-            &lo,
-            None,
-            &["--ios", "1", "--batch", "1", "--offset", "4096"],
-        );
+        unseen_completion(&lo);
         let d = lo.diskstats().since(&before);
         let out = tracer.stop();
         let w = &out.device_total(&lo)["write"];

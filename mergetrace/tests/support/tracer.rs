@@ -304,12 +304,7 @@ pub const SKIP_COMPLETIONS: (&str, &str) = ("MERGETRACE_SKIP_COMPLETIONS_AT_SECT
 /// comes round and finds what its unseen request left. 1,803 write requests in all.
 pub fn unseen_completions(dev: &BlockDev) {
     for _ in 0..3 {
-        run_workload_on(
-            0,
-            dev,
-            None,
-            &["--ios", "1", "--batch", "1", "--offset", "4096"],
-        );
+        unseen_completion(dev);
         run_workload_on(
             0,
             dev,
@@ -317,6 +312,17 @@ pub fn unseen_completions(dev: &BlockDev) {
             &["--ios", "600", "--batch", "1", "--offset", "1048576"],
         );
     }
+}
+
+/// One write at the sector [`SKIP_COMPLETIONS`] names, on CPU 0. Last in a run, no later
+/// issue of its tag finds it: the run's end has to.
+pub fn unseen_completion(dev: &BlockDev) {
+    run_workload_on(
+        0,
+        dev,
+        None,
+        &["--ios", "1", "--batch", "1", "--offset", "4096"],
+    );
 }
 
 /// As [`run_workload`], the process bound to one CPU (`sched_setaffinity`).
