@@ -30,8 +30,9 @@ use crate::sys::device::Device;
 pub struct IssueEntries {
     slots: Array<MapData, IssuedAt>,
     hashed: BpfHashMap<MapData, u64, IssuedAt>,
-    /// The traced disks' sysfs directories, by their slot.
-    disks: Vec<std::path::PathBuf>,
+    /// The traced disks' sysfs directories, by their slot; `None` for a bio-based device
+    /// (no requests, so no entries).
+    disks: Vec<Option<std::path::PathBuf>>,
 }
 
 impl IssueEntries {
@@ -43,15 +44,19 @@ impl IssueEntries {
         Ok(IssueEntries {
             slots: Array::try_from(take("ISSUE_SLOTS")?)?,
             hashed: BpfHashMap::try_from(take("ISSUED_AT")?)?,
-            disks: devices.iter().map(|d| d.sys_dir()).collect(),
+            disks: (devices.iter())
+                .map(|d| (!d.bio_based).then(|| d.sys_dir()))
+                .collect(),
         })
     }
 
     /// Requests issued in the run whose completion no program saw: the entries still held.
-    /// Only the queues and tags each disk has are read (a few hundred lookups, not 65,536).
+    /// Only the queues and tags each disk has are read (a few hundred lookups, not 65,536),
+    /// and none of a bio-based device's.
     pub fn unfinished(&self) -> Result<u64> {
         let mut n = 0;
         for (slot, dir) in self.disks.iter().enumerate() {
+            let Some(dir) = dir else { continue };
             let (queues, tags) = tag_space(dir).unwrap_or((ISSUE_QUEUES, ISSUE_TAGS));
             let base = slot as u32 * ISSUE_SLOTS_PER_DISK;
             for q in 0..queues.min(ISSUE_QUEUES) {
