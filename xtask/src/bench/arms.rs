@@ -1,6 +1,6 @@
 //! The arms of the benchmark (no tracer, the live view, with --latency, the exporter scraped
-//! every second, record, record --requests, bpftrace, perf, live --stats, record --stats),
-//! the order they run in each round, and what one run of an arm measured.
+//! every second, record, record --requests, no tracer again, bpftrace, perf, live --stats,
+//! record --stats), the order they run in each round, and what one run of an arm measured.
 
 use super::{
     fio::{self, FioRun, Workload},
@@ -15,6 +15,9 @@ pub enum Arm {
     Serve,
     Record,
     RecordRequests,
+    /// No tracer, a second time in the round: its "overhead" is the noise of the machine, the
+    /// spread any arm's overhead has with no cost at all.
+    Again,
     Bpftrace,
     Perf,
     LiveStats,
@@ -22,13 +25,16 @@ pub enum Arm {
 }
 
 impl Arm {
-    pub const ALL: [Arm; 10] = [
+    /// The order of a round (rotated from round to round). `Again` sits halfway from
+    /// `Baseline`, as far as an arm can be: its spread is the widest any arm's noise has.
+    pub const ALL: [Arm; 11] = [
         Arm::Baseline,
         Arm::Live,
         Arm::LiveLatency,
         Arm::Serve,
         Arm::Record,
         Arm::RecordRequests,
+        Arm::Again,
         Arm::Bpftrace,
         Arm::Perf,
         Arm::LiveStats,
@@ -43,6 +49,7 @@ impl Arm {
             Arm::Serve => "serve",
             Arm::Record => "record",
             Arm::RecordRequests => "record_requests",
+            Arm::Again => "baseline_again",
             Arm::Bpftrace => "bpftrace",
             Arm::Perf => "perf",
             Arm::LiveStats => "live_stats",
@@ -58,6 +65,7 @@ impl Arm {
             Arm::Serve => "mergetrace serve",
             Arm::Record => "mergetrace record",
             Arm::RecordRequests => "mergetrace record --requests",
+            Arm::Again => "no tracer, again (noise)",
             Arm::Bpftrace => "bpftrace",
             Arm::Perf => "perf record",
             Arm::LiveStats => "mergetrace live --stats",
@@ -68,7 +76,7 @@ impl Arm {
     /// What the arm runs, for the JSON.
     pub fn command(self) -> &'static str {
         match self {
-            Arm::Baseline => "",
+            Arm::Baseline | Arm::Again => "",
             Arm::Live => "mergetrace -d DEV --json -i 10s",
             Arm::LiveLatency => "mergetrace -d DEV --json -i 10s --latency",
             Arm::Serve => "mergetrace serve -d DEV --listen 127.0.0.1:0, GET /metrics every second",
@@ -121,6 +129,9 @@ pub struct Sample {
     pub bytes: Option<u64>,
     /// `--stats`: (program, runs, ns per run).
     pub programs: Vec<(String, u64, f64)>,
+    /// The tracer process's CPU time while fio ran (user and system, every thread; its
+    /// programs' time in the kernel is not in it), ns.
+    pub tracer_cpu_ns: Option<f64>,
     /// `record --stats`: the recording process's own CPU time while it recorded, ns.
     pub recorder_cpu_ns: Option<f64>,
     /// `record --stats`: that time by stage of its data path, ns per event written.
@@ -174,6 +185,11 @@ impl Sample {
             .map(|(_, runs, ns)| *runs as f64 * (ns - floor).max(0.0))
             .sum();
         Some(ns / self.ios as f64)
+    }
+
+    /// The tracer process's CPU time per I/O fio did, ns.
+    pub fn tracer_ns_per_io(&self) -> Option<f64> {
+        (self.ios > 0).then(|| self.tracer_cpu_ns.map(|ns| ns / self.ios as f64))?
     }
 
     /// `record --stats`: the recording process's CPU time per I/O fio did, ns.
@@ -255,6 +271,9 @@ pub fn progress(arm: Arm, s: &Sample) -> String {
         if let Some(net) = s.bpf_net_ns_per_io() {
             line += &format!(" ({net:.0} net)");
         }
+    }
+    if let Some(t) = s.tracer_ns_per_io() {
+        line += &format!("  process {t:.0} ns/I/O");
     }
     if let Some(u) = s.recorder_ns_per_io() {
         line += &format!(", recorder {u:.0} ns/I/O");

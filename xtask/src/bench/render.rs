@@ -38,6 +38,7 @@ pub fn render_workload(w: &WorkloadOutcome, targets: &[&Target]) -> String {
         "IOPS median [min–max]".into(),
         "overhead median [min–max]".into(),
         "CPU/I/O".into(),
+        "tracer process/I/O".into(),
         "events/run".into(),
         "lost".into(),
         "written/run".into(),
@@ -64,6 +65,9 @@ pub fn render_workload(w: &WorkloadOutcome, targets: &[&Target]) -> String {
         let cpu = Summary::of(&r.values(|s| s.cpu_ns_per_io))
             .map(|s| format!("{:.2} µs", s.median / 1e3))
             .unwrap_or_default();
+        let process = Summary::of(&r.values(|s| s.tracer_ns_per_io()))
+            .map(|s| format!("{:.0} ns", s.median))
+            .unwrap_or_default();
         let ev = Summary::of(&r.values(|s| s.events.map(|e| e as f64)))
             .map(|s| si(s.median))
             .unwrap_or_default();
@@ -81,6 +85,7 @@ pub fn render_workload(w: &WorkloadOutcome, targets: &[&Target]) -> String {
             s.show(si),
             ovh,
             cpu,
+            process,
             ev,
             lost,
             written,
@@ -98,7 +103,27 @@ pub fn render_workload(w: &WorkloadOutcome, targets: &[&Target]) -> String {
     out += &w.perf_ratios();
     out += "\n\n";
     out += &targets_table(targets);
+    out += &match w.noise() {
+        Some(n) => format!(
+            "noise: no tracer, run twice a round: {} apart; an overhead that close to its goal \
+             is not a clear pass or miss\n",
+            n.show(pct)
+        ),
+        None => "noise: not measured (the second no-tracer arm did not run)\n".into(),
+    };
     out += "\n";
+    out += &match w.live_cost() {
+        Some(c) => format!(
+            "live view per I/O: programs' own time {:.0} ns + its process {:.0} ns = {:.0} ns, \
+             {} of the baseline's {:.2} µs of CPU per I/O\n\n",
+            c.programs_ns_per_io,
+            c.process_ns_per_io,
+            c.programs_ns_per_io + c.process_ns_per_io,
+            pct(c.share),
+            c.cpu_ns_per_io / 1e3
+        ),
+        None => "live view per I/O: not measured\n\n".into(),
+    };
     out += &program_table(
         w,
         Arm::LiveStats,
@@ -250,6 +275,8 @@ pub fn arm_json(w: &WorkloadOutcome, arm: Arm) -> Value {
                 "iops": s.iops,
                 "ios": s.ios,
                 "cpu_ns_per_io": s.cpu_ns_per_io,
+                "tracer_cpu_ns": s.tracer_cpu_ns,
+                "tracer_ns_per_io": s.tracer_ns_per_io(),
                 "cpu_busy_ns": s.cpu.map(|c| c.busy_ns),
                 "cpu_steal_ns": s.cpu.map(|c| c.steal_ns),
                 "cpu_all_ns": s.cpu.map(|c| c.all_ns),
@@ -314,6 +341,13 @@ pub fn workload_json(w: &WorkloadOutcome, dev: &str, seconds: u32) -> Value {
         "arms": arms,
         "program_stats": stats_json(Arm::LiveStats),
         "record_program_stats": stats_json(Arm::RecordStats),
+        "noise": w.noise().map(|n| n.json()),
+        "live_cost": w.live_cost().map(|c| json!({
+            "programs_ns_per_io": c.programs_ns_per_io,
+            "process_ns_per_io": c.process_ns_per_io,
+            "baseline_cpu_ns_per_io": c.cpu_ns_per_io,
+            "share": c.share,
+        })),
         "record_cost": w.record_cost().map(|c| json!({
             "bpf_ns_per_io": c.bpf_ns_per_io,
             "bpf_net_ns_per_io": c.net_ns_per_io,

@@ -584,9 +584,32 @@ pub fn perf_event_fds(pid: u32) -> usize {
         .count()
 }
 
+/// A process's CPU time so far, user and system, all its threads (/proc/PID/stat), ns.
+pub fn process_cpu_ns(pid: u32) -> Option<f64> {
+    let ticks = parse_process_cpu(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)?;
+    Some(ticks as f64 * super::fio::jiffy_ns())
+}
+
+/// utime + stime of a /proc/PID/stat line, in clock ticks: fields 14 and 15, counted after
+/// the command name's closing parenthesis (the name may hold spaces and parentheses).
+fn parse_process_cpu(stat: &str) -> Option<u64> {
+    let after = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_cpu_time_is_its_utime_and_stime() {
+        let line = "4242 (mergetrace (x) y) S 1 4242 4242 0 -1 4194560 812 0 0 0 \
+                    137 58 0 0 20 0 3 0 123456 0 0";
+        assert_eq!(parse_process_cpu(line), Some(137 + 58));
+        assert_eq!(parse_process_cpu("4242 (short) S 1 2"), None);
+        assert_eq!(parse_process_cpu("no parenthesis"), None);
+    }
 
     #[test]
     fn stale_pids_only_from_our_files() {

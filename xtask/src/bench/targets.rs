@@ -85,6 +85,12 @@ impl WorkloadOutcome {
         paired_overheads(&self.arms[&arm].iops(), &self.arms[&Arm::Baseline].iops())
     }
 
+    /// The second no-tracer arm's overhead over the rounds: how far apart two runs with no
+    /// tracer at all fall here, the width of the noise any arm's overhead carries.
+    pub fn noise(&self) -> Option<Summary> {
+        Summary::of(&self.overheads(Arm::Again))
+    }
+
     /// `theirs` median overhead over `ours`: at least `min`.
     pub fn ratio_target(&self, tracer: Arm, ours: Arm, min: f64) -> Target {
         let name = format!("{} / {} overhead", tracer.key(), ours.key());
@@ -344,6 +350,34 @@ impl WorkloadOutcome {
         })
     }
 
+    /// What the live view costs per I/O, medians: its programs' own time (the live `--stats`
+    /// arm) and its process's CPU time while fio ran (the live arm), against the baseline's
+    /// CPU time per I/O of the same round. Both are CPU time taken in the run itself, so the
+    /// machine's noise moves them far less than it moves IOPS. `None` where an arm is missing.
+    pub fn live_cost(&self) -> Option<LiveCost> {
+        let base = &self.arms[&Arm::Baseline].samples;
+        let rounds: Vec<(f64, f64, f64)> = (self.arms[&Arm::LiveStats].samples.iter())
+            .zip(&self.arms[&Arm::Live].samples)
+            .zip(base)
+            .filter_map(|((stats, live), b)| {
+                Some((
+                    stats.as_ref()?.bpf_net_ns_per_io()?,
+                    live.as_ref()?.tracer_ns_per_io()?,
+                    b.as_ref()?.cpu_ns_per_io.filter(|c| *c > 0.0)?,
+                ))
+            })
+            .collect();
+        let med = |f: &dyn Fn(&(f64, f64, f64)) -> f64| {
+            Summary::of(&rounds.iter().map(f).collect::<Vec<_>>()).map(|s| s.median)
+        };
+        Some(LiveCost {
+            programs_ns_per_io: med(&|r| r.0)?,
+            process_ns_per_io: med(&|r| r.1)?,
+            cpu_ns_per_io: med(&|r| r.2)?,
+            share: med(&|r| (r.0 + r.1) / r.2)?,
+        })
+    }
+
     /// Per program: runs per round, runs per I/O and ns/run, over a `--stats` arm's rounds
     /// (`LiveStats`, `RecordStats`).
     pub fn program_stats(&self, stats_arm: Arm) -> Vec<ProgramStat> {
@@ -392,6 +426,18 @@ pub enum Ratio {
         mine: f64,
         detail: String,
     },
+}
+
+/// The live view's cost per I/O (medians over the rounds), ns.
+pub struct LiveCost {
+    /// Its programs' own time (the live `--stats` arm, less what the statistics add).
+    pub programs_ns_per_io: f64,
+    /// Its process's CPU time (the live arm).
+    pub process_ns_per_io: f64,
+    /// The baseline's CPU time per I/O.
+    pub cpu_ns_per_io: f64,
+    /// (programs + process) / the baseline's CPU time, median of the rounds.
+    pub share: f64,
 }
 
 /// A full capture's cost per I/O (medians over the `record --stats` rounds), ns.
@@ -781,6 +827,54 @@ mod tests {
         assert_eq!(c.cpu_ns_per_io, 4500.0);
         // 1000 / 4000 = 25 %, 1000 / 5000 = 20 %: median 22.5 %.
         assert!((c.share - 0.225).abs() < 1e-12, "{}", c.share);
+    }
+
+    #[test]
+    fn live_cost_adds_the_process_to_its_programs_own_time() {
+        let mut o = outcome(&[100.0, 100.0], &[99.0, 99.0], None);
+        assert!(o.live_cost().is_none(), "no live --stats rounds");
+        let base = o.arms.get_mut(&Arm::Baseline).unwrap();
+        for (s, cpu) in base.samples.iter_mut().zip([4000.0, 5000.0]) {
+            s.as_mut().unwrap().cpu_ns_per_io = Some(cpu);
+        }
+        // 1000 I/Os: (1000 × 60 + 1000 × 30) / 1000 = 90 ns as measured, less the
+        // statistics' 10 ns a run: 70 ns of the programs' own.
+        let stats = Some(Sample {
+            ios: 1000,
+            programs: vec![
+                ("a".into(), 1000, 60.0),
+                ("b".into(), 1000, 30.0),
+                (STATS_FLOOR.into(), 1000, 10.0),
+            ],
+            ..Sample::default()
+        });
+        o.arms.get_mut(&Arm::LiveStats).unwrap().samples = vec![stats.clone(), stats];
+        assert!(
+            o.live_cost().is_none(),
+            "no process time in the live rounds"
+        );
+        // The live process: 10 and 30 µs over 1000 I/Os.
+        for (s, ns) in (o.arms.get_mut(&Arm::Live).unwrap().samples.iter_mut()).zip([1e4, 3e4]) {
+            let s = s.as_mut().unwrap();
+            (s.ios, s.tracer_cpu_ns) = (1000, Some(ns));
+        }
+        let c = o.live_cost().unwrap();
+        assert_eq!(c.programs_ns_per_io, 70.0);
+        assert_eq!(c.process_ns_per_io, 20.0);
+        assert_eq!(c.cpu_ns_per_io, 4500.0);
+        // (70 + 10) / 4000 = 2 %, (70 + 30) / 5000 = 2 %.
+        assert!((c.share - 0.02).abs() < 1e-12, "{}", c.share);
+    }
+
+    #[test]
+    fn the_noise_is_the_second_untraced_arm_against_the_first() {
+        let mut o = outcome(&[100.0, 100.0, 100.0], &[99.0, 99.0, 99.0], None);
+        assert!(o.noise().is_none(), "the arm did not run");
+        o.arms.get_mut(&Arm::Again).unwrap().samples =
+            [104.0, 97.0, 90.0].map(|iops| Some(sample(iops))).to_vec();
+        let n = o.noise().unwrap();
+        assert!((n.median - 0.03).abs() < 1e-12, "{}", n.median);
+        assert!((n.min + 0.04).abs() < 1e-12 && (n.max - 0.10).abs() < 1e-12);
     }
 
     #[test]

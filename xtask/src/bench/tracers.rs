@@ -57,7 +57,7 @@ impl Ctx<'_> {
     pub fn start(&self, arm: Arm) -> Result<std::result::Result<Option<Proc>, String>> {
         let dev = self.lp.name.as_str();
         let (cmd, timeout): (Command, u64) = match arm {
-            Arm::Baseline => return Ok(Ok(None)),
+            Arm::Baseline | Arm::Again => return Ok(Ok(None)),
             Arm::Live | Arm::LiveLatency | Arm::LiveStats => {
                 let mut c = Command::new(&self.mergetrace);
                 c.args(["-d", dev, "--json", "-i", "10s"]);
@@ -114,7 +114,7 @@ impl Ctx<'_> {
             Arm::Serve => serving_at(&p.stderr()).is_some(),
             Arm::Bpftrace => p.stdout().contains("bench: attached"),
             Arm::Perf => sys::perf_event_fds(p.pid()) >= perf_fds,
-            Arm::Baseline => true,
+            Arm::Baseline | Arm::Again => true,
         })?;
         match ready {
             Ready::Yes => {}
@@ -161,9 +161,14 @@ impl Ctx<'_> {
             )),
             _ => None,
         };
+        // The tracer's own CPU while fio runs (not its start-up, nor its summary at the end).
+        let tracer_cpu = || tracer.as_ref().and_then(|p| sys::process_cpu_ns(p.pid()));
+        let cpu0 = tracer_cpu();
         let run = fio::run(fio, self.lp, self.dir, seconds);
+        let cpu1 = tracer_cpu();
         let scrapes = scraper.map(Scraper::stop);
         let mut s = Sample::of(&run?);
+        s.tracer_cpu_ns = cpu0.zip(cpu1).map(|(a, b)| (b - a).max(0.0));
         let Some(p) = tracer.as_mut() else {
             return Ok(Ok(s));
         };
@@ -190,7 +195,7 @@ impl Ctx<'_> {
             return Ok(Err(why));
         }
         match arm {
-            Arm::Baseline => {}
+            Arm::Baseline | Arm::Again => {}
             Arm::Live | Arm::LiveLatency | Arm::LiveStats => {
                 let total = last_json(&f.stdout)
                     .with_context(|| format!("{}: no final JSON object on stdout", arm.label()))?;
