@@ -494,6 +494,102 @@ fn completions_the_programs_never_saw_are_counted_lost() {
     lo.set_nomerges(0);
 }
 
+/// `--latency` on a device-mapper target and the disk below it, traced together (an LVM
+/// volume's stack): the target is bio-based, so its bios are counted as they pass and it has
+/// no requests; the disk below has every request and its latency. The target is traced first,
+/// so the disk below has the second slot of the issue entries; the run's last request, whose
+/// completion the program does not see (the testing knob), is the one unfinished request the
+/// run's end finds there, and the disk's device latency is one short of /proc/diskstats.
+/// Needs device-mapper (the lab's guests load `dm_mod`); this host's kernel has none, and the
+/// test asserts that instead.
+#[test]
+fn latency_on_a_device_mapper_stack_counts_the_disk_belows_requests() {
+    require_root();
+    if !DmLinear::available() {
+        assert!(
+            !in_lab(),
+            "the lab's guests have device-mapper as a module: modprobe dm_mod failed"
+        );
+        assert!(!std::path::Path::new("/dev/mapper/control").exists());
+        eprintln!("this kernel has no device-mapper: no target stacks on a disk here");
+        return;
+    }
+    let disk = TestDisk::new(size());
+    disk.set_scheduler("none");
+    disk.set_nomerges(2);
+    let dm = DmLinear::over(&disk);
+    udev_settle();
+    let tracer = Tracer::start_with_env(
+        &[
+            "-d",
+            dm.dev.name.as_str(),
+            "-d",
+            disk.name.as_str(),
+            "--latency",
+        ],
+        &[SKIP_COMPLETIONS],
+    );
+    let (above0, below0) = (dm.dev.diskstats(), disk.diskstats());
+    run_workload(
+        &dm.dev,
+        None,
+        &["--ios", "600", "--batch", "1", "--offset", "1048576"],
+    );
+    unseen_completion(&dm.dev);
+    let (above, below) = (
+        dm.dev.diskstats().since(&above0),
+        disk.diskstats().since(&below0),
+    );
+    let out = tracer.stop();
+    let (a, b) = (
+        &out.device_total(&dm.dev)["write"],
+        &out.device_total(&disk)["write"],
+    );
+    let ctx = format!(
+        "{} (dm) {a}\n{} (below) {b}\ndiskstats: dm {above:?}, below {below:?}\n{}",
+        dm.dev.name, disk.name, out.total
+    );
+    eprintln!(
+        "dm: diskstats {} writes, bios {}, requests {}; below: diskstats {} writes, requests {}, \
+         latency queue {} device {}; unfinished {}",
+        above.writes,
+        u(a, "bios"),
+        u(a, "requests"),
+        below.writes,
+        u(b, "requests"),
+        b["latency"]["queue"]["all"]["count"],
+        b["latency"]["device"]["all"]["count"],
+        out.unfinished_requests()
+    );
+    assert_eq!(out.lost_events(), 0, "{ctx}");
+    assert_eq!(out.unfinished_requests(), 1, "{ctx}");
+    assert_eq!(below.writes, 601, "{ctx}");
+    assert_eq!(above.writes, 601, "{ctx}");
+    assert_eq!(u(a, "bios"), above.writes, "{ctx}");
+    assert_eq!(
+        u(a, "requests"),
+        0,
+        "a bio-based target has no requests; {ctx}"
+    );
+    assert_matches_diskstats(
+        "write",
+        b,
+        below.writes,
+        below.writes_merged,
+        below.sectors_written,
+    );
+    let count = |w: &Value, stage: &str| w["latency"][stage]["all"]["count"].as_u64().unwrap_or(0);
+    assert_eq!(count(b, "queue"), below.writes, "{ctx}");
+    assert_eq!(count(b, "device"), below.writes - 1, "{ctx}");
+    assert_eq!(
+        count(a, "device"),
+        0,
+        "no requests, no device latency above; {ctx}"
+    );
+    drop(dm);
+    disk.set_nomerges(0);
+}
+
 /// `--latency`: a cgroup whose writes merge (32 bios a request) and one whose reads go one at a
 /// time. Every request is counted once in each stage, in its own cgroup's row, as a request
 /// that carried merged bios or one of a single bio; the rows add up to /proc/diskstats.
