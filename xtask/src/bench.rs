@@ -279,7 +279,11 @@ fn build_mergetrace(no_build: bool) -> Result<PathBuf> {
 /// The arms whose tool (or tracefs) is missing here, with why.
 fn unavailable_arms(tracefs: &Result<Tracefs>) -> BTreeMap<Arm, String> {
     let mut unavailable = BTreeMap::new();
-    for (arm, tool) in [(Arm::Bpftrace, "bpftrace"), (Arm::Perf, "perf")] {
+    for (arm, tool) in [
+        (Arm::Bpftrace, "bpftrace"),
+        (Arm::BpftraceStats, "bpftrace"),
+        (Arm::Perf, "perf"),
+    ] {
         let why = if !have(tool) {
             Some(format!("{tool} is not installed (scripts/setup --bench)"))
         } else {

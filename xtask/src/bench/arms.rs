@@ -1,6 +1,7 @@
 //! The arms of the benchmark (no tracer, the live view, with --latency, the exporter scraped
 //! every second, record, record --requests, no tracer again, bpftrace, perf, live --stats,
-//! record --stats), the order they run in each round, and what one run of an arm measured.
+//! record --stats, bpftrace with the kernel's statistics), the order they run in each round,
+//! and what one run of an arm measured.
 
 use super::{
     fio::{self, FioRun, Workload},
@@ -22,12 +23,15 @@ pub enum Arm {
     Perf,
     LiveStats,
     RecordStats,
+    /// bpftrace with the kernel's BPF run-time statistics on (the bench turns them on): its
+    /// programs' time per I/O, to set against mergetrace's in CPU time.
+    BpftraceStats,
 }
 
 impl Arm {
     /// The order of a round (rotated from round to round). `Again` sits halfway from
     /// `Baseline`, as far as an arm can be: its spread is the widest any arm's noise has.
-    pub const ALL: [Arm; 11] = [
+    pub const ALL: [Arm; 12] = [
         Arm::Baseline,
         Arm::Live,
         Arm::LiveLatency,
@@ -39,6 +43,7 @@ impl Arm {
         Arm::Perf,
         Arm::LiveStats,
         Arm::RecordStats,
+        Arm::BpftraceStats,
     ];
 
     pub fn key(self) -> &'static str {
@@ -54,6 +59,7 @@ impl Arm {
             Arm::Perf => "perf",
             Arm::LiveStats => "live_stats",
             Arm::RecordStats => "record_stats",
+            Arm::BpftraceStats => "bpftrace_stats",
         }
     }
 
@@ -70,6 +76,7 @@ impl Arm {
             Arm::Perf => "perf record",
             Arm::LiveStats => "mergetrace live --stats",
             Arm::RecordStats => "mergetrace record --stats",
+            Arm::BpftraceStats => "bpftrace, statistics on",
         }
     }
 
@@ -88,6 +95,10 @@ impl Arm {
             Arm::Perf => "perf record -e block:... -a -B -N -o /dev/shm/.../perf.data",
             Arm::LiveStats => "mergetrace -d DEV --json -i 10s --stats",
             Arm::RecordStats => "mergetrace record -d DEV -o /dev/shm/... --force --stats",
+            Arm::BpftraceStats => {
+                "bpftrace -B line SCRIPT, with BPF_ENABLE_STATS held by the bench; its programs' \
+                 run_time_ns and run_cnt from /proc/PID/fdinfo"
+            }
         }
     }
 }
@@ -172,7 +183,9 @@ impl Sample {
         self.programs_ns_per_io(self.stats_floor_ns()?)
     }
 
-    fn programs_ns_per_io(&self, floor: f64) -> Option<f64> {
+    /// As [`Sample::bpf_ns_per_io`], each run's time less `floor` ns: for a tracer whose
+    /// statistics have no empty program of their own (bpftrace), the floor another arm measured.
+    pub fn programs_ns_per_io(&self, floor: f64) -> Option<f64> {
         let programs = || {
             self.programs
                 .iter()

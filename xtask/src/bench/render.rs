@@ -9,7 +9,7 @@ use super::{
     fio::{self, Workload, DEVICE_BYTES, REGION_BYTES},
     stats::{self, pct, si, table, Summary},
     sys::LoopDev,
-    targets::{Outcome, Target, WorkloadOutcome},
+    targets::{Outcome, Target, TracerCost, WorkloadOutcome},
 };
 
 /// The fio line of a workload's section.
@@ -115,14 +115,25 @@ pub fn render_workload(w: &WorkloadOutcome, targets: &[&Target]) -> String {
     out += &match w.live_cost() {
         Some(c) => format!(
             "live view per I/O: programs' own time {:.0} ns + its process {:.0} ns = {:.0} ns, \
-             {} of the baseline's {:.2} µs of CPU per I/O\n\n",
+             {} of the baseline's {:.2} µs of CPU per I/O\n",
             c.programs_ns_per_io,
             c.process_ns_per_io,
-            c.programs_ns_per_io + c.process_ns_per_io,
+            c.ns_per_io(),
             pct(c.share),
             c.cpu_ns_per_io / 1e3
         ),
-        None => "live view per I/O: not measured\n\n".into(),
+        None => "live view per I/O: not measured\n".into(),
+    };
+    out += &match w.bpftrace_cost() {
+        Some(c) => format!(
+            "bpftrace per I/O (counting the same tracepoints): programs' own time {:.0} ns + its \
+             process {:.0} ns = {:.0} ns, {}\n\n",
+            c.programs_ns_per_io,
+            c.process_ns_per_io,
+            c.ns_per_io(),
+            pct(c.share),
+        ),
+        None => "bpftrace per I/O: not measured\n\n".into(),
     };
     out += &program_table(
         w,
@@ -306,6 +317,15 @@ pub fn arm_json(w: &WorkloadOutcome, arm: Arm) -> Value {
     })
 }
 
+fn tracer_cost_json(c: &TracerCost) -> Value {
+    json!({
+        "programs_ns_per_io": c.programs_ns_per_io,
+        "process_ns_per_io": c.process_ns_per_io,
+        "baseline_cpu_ns_per_io": c.cpu_ns_per_io,
+        "share": c.share,
+    })
+}
+
 pub fn workload_json(w: &WorkloadOutcome, dev: &str, seconds: u32) -> Value {
     let mut arms = serde_json::Map::new();
     for arm in Arm::ALL {
@@ -342,12 +362,8 @@ pub fn workload_json(w: &WorkloadOutcome, dev: &str, seconds: u32) -> Value {
         "program_stats": stats_json(Arm::LiveStats),
         "record_program_stats": stats_json(Arm::RecordStats),
         "noise": w.noise().map(|n| n.json()),
-        "live_cost": w.live_cost().map(|c| json!({
-            "programs_ns_per_io": c.programs_ns_per_io,
-            "process_ns_per_io": c.process_ns_per_io,
-            "baseline_cpu_ns_per_io": c.cpu_ns_per_io,
-            "share": c.share,
-        })),
+        "live_cost": w.live_cost().map(|c| tracer_cost_json(&c)),
+        "bpftrace_cost": w.bpftrace_cost().map(|c| tracer_cost_json(&c)),
         "record_cost": w.record_cost().map(|c| json!({
             "bpf_ns_per_io": c.bpf_ns_per_io,
             "bpf_net_ns_per_io": c.net_ns_per_io,

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde_json::{json, Value};
 
 use super::{
-    arms::{Arm, ArmResults, RecorderStages},
+    arms::{Arm, ArmResults, RecorderStages, Sample},
     calibrate::Calibration,
     fio::{Fio, Workload},
     offline::{self, Offline},
@@ -286,6 +286,9 @@ impl WorkloadOutcome {
             },
             self.bpf_cost_target(),
         ]
+        .into_iter()
+        .chain(self.cpu_targets())
+        .collect()
     }
 
     /// perf's overhead over live's and record's, shown without a target.
@@ -354,15 +357,39 @@ impl WorkloadOutcome {
     /// arm) and its process's CPU time while fio ran (the live arm), against the baseline's
     /// CPU time per I/O of the same round. Both are CPU time taken in the run itself, so the
     /// machine's noise moves them far less than it moves IOPS. `None` where an arm is missing.
-    pub fn live_cost(&self) -> Option<LiveCost> {
+    pub fn live_cost(&self) -> Option<TracerCost> {
+        self.tracer_cost(Arm::LiveStats, Arm::Live, |stats, _| {
+            stats.bpf_net_ns_per_io()
+        })
+    }
+
+    /// The same for bpftrace, from its arm with the kernel's statistics on (programs and
+    /// process both). Its statistics have no empty program to measure what they add to a
+    /// run, so the live `--stats` arm's of the same round is taken off each run.
+    pub fn bpftrace_cost(&self) -> Option<TracerCost> {
+        self.tracer_cost(Arm::BpftraceStats, Arm::BpftraceStats, |stats, round| {
+            let floor = self.arms[&Arm::LiveStats].samples.get(round)?.as_ref()?;
+            stats.programs_ns_per_io(floor.stats_floor_ns()?)
+        })
+    }
+
+    /// Per round: `programs` of the `stats` arm's sample (and the round), the `process` arm's
+    /// tracer process per I/O, the baseline's CPU per I/O; medians.
+    fn tracer_cost(
+        &self,
+        stats: Arm,
+        process: Arm,
+        programs: impl Fn(&Sample, usize) -> Option<f64>,
+    ) -> Option<TracerCost> {
         let base = &self.arms[&Arm::Baseline].samples;
-        let rounds: Vec<(f64, f64, f64)> = (self.arms[&Arm::LiveStats].samples.iter())
-            .zip(&self.arms[&Arm::Live].samples)
+        let rounds: Vec<(f64, f64, f64)> = (self.arms[&stats].samples.iter())
+            .zip(&self.arms[&process].samples)
             .zip(base)
-            .filter_map(|((stats, live), b)| {
+            .enumerate()
+            .filter_map(|(round, ((st, pr), b))| {
                 Some((
-                    stats.as_ref()?.bpf_net_ns_per_io()?,
-                    live.as_ref()?.tracer_ns_per_io()?,
+                    programs(st.as_ref()?, round)?,
+                    pr.as_ref()?.tracer_ns_per_io()?,
                     b.as_ref()?.cpu_ns_per_io.filter(|c| *c > 0.0)?,
                 ))
             })
@@ -370,12 +397,79 @@ impl WorkloadOutcome {
         let med = |f: &dyn Fn(&(f64, f64, f64)) -> f64| {
             Summary::of(&rounds.iter().map(f).collect::<Vec<_>>()).map(|s| s.median)
         };
-        Some(LiveCost {
+        Some(TracerCost {
             programs_ns_per_io: med(&|r| r.0)?,
             process_ns_per_io: med(&|r| r.1)?,
             cpu_ns_per_io: med(&|r| r.2)?,
             share: med(&|r| (r.0 + r.1) / r.2)?,
         })
+    }
+
+    /// The CPU-time goals: the live view's and a full capture's share of an I/O's CPU, and
+    /// bpftrace's cost per I/O over each (programs' own time and process, both).
+    pub fn cpu_targets(&self) -> Vec<Target> {
+        let t =
+            |name: &str, goal: String, measured: String, met: Option<bool>, value: Value| Target {
+                workload: Some(self.workload()),
+                name: name.into(),
+                goal,
+                measured,
+                met,
+                value,
+            };
+        let not = || "not measured".to_string();
+        let live = self.live_cost();
+        let record = self
+            .record_cost()
+            .and_then(|c| Some((c.net_ns_per_io? + c.recorder_ns_per_io, c.net_share?)));
+        let bpftrace = self.bpftrace_cost();
+        let share = |name: &str, max: f64, v: Option<(f64, f64)>| match v {
+            Some((ns, share)) => t(
+                name,
+                format!("≤ {:.0} % of the I/O's CPU time", max * 100.0),
+                format!("{} ({ns:.0} ns/I/O)", pct(share)),
+                Some(share <= max),
+                json!({"share": share, "ns_per_io": ns}),
+            ),
+            None => t(
+                name,
+                format!("≤ {:.0} %", max * 100.0),
+                not(),
+                None,
+                Value::Null,
+            ),
+        };
+        let over = |name: &str, min: f64, ours: Option<f64>| match (bpftrace.as_ref(), ours) {
+            (Some(b), Some(ours)) if ours > 0.0 => {
+                let r = b.ns_per_io() / ours;
+                t(
+                    name,
+                    format!("≥ {min:.0}×"),
+                    format!("{r:.1}× ({:.0} ns/I/O against {ours:.0})", b.ns_per_io()),
+                    Some(r >= min),
+                    json!({"ratio": r, "bpftrace_ns_per_io": b.ns_per_io(), "mergetrace_ns_per_io": ours}),
+                )
+            }
+            _ => t(name, format!("≥ {min:.0}×"), not(), None, Value::Null),
+        };
+        vec![
+            share(
+                "live view CPU per I/O",
+                LIVE_MAX_OVERHEAD,
+                live.as_ref().map(|c| (c.ns_per_io(), c.share)),
+            ),
+            over(
+                "bpftrace / live view, CPU per I/O",
+                BPFTRACE_OVER_LIVE_MIN,
+                live.as_ref().map(TracerCost::ns_per_io),
+            ),
+            share("full capture CPU per I/O", RECORD_MAX_OVERHEAD, record),
+            over(
+                "bpftrace / full capture, CPU per I/O",
+                BPFTRACE_OVER_RECORD_MIN,
+                record.map(|r| r.0),
+            ),
+        ]
     }
 
     /// Per program: runs per round, runs per I/O and ns/run, over a `--stats` arm's rounds
@@ -428,16 +522,22 @@ pub enum Ratio {
     },
 }
 
-/// The live view's cost per I/O (medians over the rounds), ns.
-pub struct LiveCost {
-    /// Its programs' own time (the live `--stats` arm, less what the statistics add).
+/// A tracer's CPU cost per I/O (medians over the rounds), ns.
+pub struct TracerCost {
+    /// Its programs' own time (its statistics arm, less what the statistics add).
     pub programs_ns_per_io: f64,
-    /// Its process's CPU time (the live arm).
+    /// Its process's CPU time.
     pub process_ns_per_io: f64,
     /// The baseline's CPU time per I/O.
     pub cpu_ns_per_io: f64,
     /// (programs + process) / the baseline's CPU time, median of the rounds.
     pub share: f64,
+}
+
+impl TracerCost {
+    pub fn ns_per_io(&self) -> f64 {
+        self.programs_ns_per_io + self.process_ns_per_io
+    }
 }
 
 /// A full capture's cost per I/O (medians over the `record --stats` rounds), ns.
@@ -637,7 +737,7 @@ fn capture_vs_export(o: &Offline) -> Target {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::arms::{Sample, STATS_FLOOR};
+    use crate::bench::arms::STATS_FLOOR;
 
     fn sample(iops: f64) -> Sample {
         Sample {
@@ -726,6 +826,10 @@ mod tests {
                 "mergetrace serve overhead",
                 "mergetrace record (and --requests) lost events",
                 "BPF cost per I/O",
+                "live view CPU per I/O",
+                "bpftrace / live view, CPU per I/O",
+                "full capture CPU per I/O",
+                "bpftrace / full capture, CPU per I/O",
             ]
         );
     }
@@ -864,6 +968,50 @@ mod tests {
         assert_eq!(c.cpu_ns_per_io, 4500.0);
         // (70 + 10) / 4000 = 2 %, (70 + 30) / 5000 = 2 %.
         assert!((c.share - 0.02).abs() < 1e-12, "{}", c.share);
+    }
+
+    #[test]
+    fn cpu_targets_set_bpftrace_against_the_live_view_and_a_full_capture() {
+        let mut o = outcome(&[100.0], &[99.0], None);
+        assert!(o.cpu_targets().iter().all(|t| t.met.is_none()));
+        o.arms.get_mut(&Arm::Baseline).unwrap().samples[0]
+            .as_mut()
+            .unwrap()
+            .cpu_ns_per_io = Some(5000.0);
+        let with = |programs: Vec<(&str, u64, f64)>, process_ns: f64| {
+            Some(Sample {
+                ios: 1000,
+                programs: (programs.into_iter())
+                    .map(|(p, r, ns)| (p.to_string(), r, ns))
+                    .collect(),
+                tracer_cpu_ns: Some(process_ns),
+                recorder_cpu_ns: Some(process_ns),
+                ..Sample::default()
+            })
+        };
+        let floor = (STATS_FLOOR, 1000, 50.0);
+        // The live view: (1000 × 110 − 50 × 1000) / 1000 = 60 ns of its programs' own + 10.
+        o.arms.get_mut(&Arm::LiveStats).unwrap().samples =
+            vec![with(vec![("a", 1000, 110.0), floor], 0.0)];
+        o.arms.get_mut(&Arm::Live).unwrap().samples = vec![with(vec![], 10_000.0)];
+        // A full capture: 5 runs an I/O of 150 ns, 100 of them the statistics': 500 + 200.
+        o.arms.get_mut(&Arm::RecordStats).unwrap().samples =
+            vec![with(vec![("b", 5000, 150.0), floor], 200_000.0)];
+        // bpftrace: 4 runs an I/O of 200 ns, less the live arm's floor: 600 + 20.
+        o.arms.get_mut(&Arm::BpftraceStats).unwrap().samples =
+            vec![with(vec![("bpftrace's programs", 4000, 200.0)], 20_000.0)];
+        let b = o.bpftrace_cost().unwrap();
+        assert_eq!((b.programs_ns_per_io, b.process_ns_per_io), (600.0, 20.0));
+        let t = o.cpu_targets();
+        // 70 / 5000 = 1.4 %; 620 / 70 = 8.9×; 700 / 5000 = 14 %; 620 / 700 = 0.9×.
+        assert_eq!(t[0].met, Some(true), "{}", t[0].measured);
+        assert!((t[0].value["share"].as_f64().unwrap() - 0.014).abs() < 1e-12);
+        assert_eq!(t[1].met, Some(true), "{}", t[1].measured);
+        assert!(t[1].measured.starts_with("8.9×"), "{}", t[1].measured);
+        assert_eq!(t[2].met, Some(false), "{}", t[2].measured);
+        assert!((t[2].value["ns_per_io"].as_f64().unwrap() - 700.0).abs() < 1e-9);
+        assert_eq!(t[3].met, Some(false), "{}", t[3].measured);
+        assert!(t[3].measured.starts_with("0.9×"), "{}", t[3].measured);
     }
 
     #[test]

@@ -38,6 +38,9 @@ pub const BLOCK_TRACEPOINTS: [&str; 11] = [
     "block_unplug",
 ];
 
+/// The bpftrace `--stats` arm's programs, added up, in its sample's program list.
+pub const BPFTRACE_PROGRAMS: &str = "bpftrace's programs";
+
 pub struct Ctx<'a> {
     pub mergetrace: PathBuf,
     pub lp: &'a LoopDev,
@@ -86,7 +89,7 @@ impl Ctx<'_> {
                 }
                 (c, 60)
             }
-            Arm::Bpftrace => {
+            Arm::Bpftrace | Arm::BpftraceStats => {
                 let mut c = Command::new("bpftrace");
                 c.args(["-B", "line"]).arg(&self.bpftrace_script);
                 (c, 120) // it compiles the script first
@@ -112,7 +115,7 @@ impl Ctx<'_> {
                 p.stderr().contains("mergetrace: recording to")
             }
             Arm::Serve => serving_at(&p.stderr()).is_some(),
-            Arm::Bpftrace => p.stdout().contains("bench: attached"),
+            Arm::Bpftrace | Arm::BpftraceStats => p.stdout().contains("bench: attached"),
             Arm::Perf => sys::perf_event_fds(p.pid()) >= perf_fds,
             Arm::Baseline | Arm::Again => true,
         })?;
@@ -149,6 +152,14 @@ impl Ctx<'_> {
                 | Arm::RecordRequests
                 | Arm::RecordStats
         );
+        // bpftrace has no statistics of its own: the bench turns the kernel's on for its arm.
+        let _stats = match arm {
+            Arm::BpftraceStats => match sys::BpfStats::enable() {
+                Ok(on) => Some(on),
+                Err(e) => return Ok(Err(format!("cannot turn on BPF_ENABLE_STATS: {e}"))),
+            },
+            _ => None,
+        };
         let mut tracer = match self.start(arm)? {
             Ok(t) => t,
             Err(why) if mergetrace_arm => bail!("{}: {why}", arm.label()),
@@ -163,12 +174,26 @@ impl Ctx<'_> {
         };
         // The tracer's own CPU while fio runs (not its start-up, nor its summary at the end).
         let tracer_cpu = || tracer.as_ref().and_then(|p| sys::process_cpu_ns(p.pid()));
-        let cpu0 = tracer_cpu();
+        let bpf_runs = || match (arm, tracer.as_ref()) {
+            (Arm::BpftraceStats, Some(p)) => Some(sys::process_bpf_runs(p.pid())),
+            _ => None,
+        };
+        let (cpu0, runs0) = (tracer_cpu(), bpf_runs());
         let run = fio::run(fio, self.lp, self.dir, seconds);
-        let cpu1 = tracer_cpu();
+        let (cpu1, runs1) = (tracer_cpu(), bpf_runs());
         let scrapes = scraper.map(Scraper::stop);
         let mut s = Sample::of(&run?);
         s.tracer_cpu_ns = cpu0.zip(cpu1).map(|(a, b)| (b - a).max(0.0));
+        if let Some(((n0, t0), (n1, t1))) = runs0.zip(runs1) {
+            // All its programs as one: their ids change from run to run, their sum does not.
+            let runs = n1.saturating_sub(n0);
+            if runs > 0 {
+                let ns = t1.saturating_sub(t0) as f64 / runs as f64;
+                s.programs.push((BPFTRACE_PROGRAMS.into(), runs, ns));
+            } else {
+                s.notes.push("no program runs in bpftrace's fdinfo".into());
+            }
+        }
         let Some(p) = tracer.as_mut() else {
             return Ok(Ok(s));
         };
@@ -243,7 +268,7 @@ impl Ctx<'_> {
                     }
                 }
             }
-            Arm::Bpftrace => {
+            Arm::Bpftrace | Arm::BpftraceStats => {
                 s.events = Some(parse_bpftrace_counts(&f.stdout, self.lp.dev_t()));
             }
             Arm::Perf => {
