@@ -436,9 +436,25 @@ pub struct DmLinear {
 
 impl DmLinear {
     /// Whether this kernel has device-mapper (loading `dm_mod` if it is a module).
-    pub fn available() -> bool {
+    fn available() -> bool {
         let _ = Command::new("modprobe").arg("dm_mod").status();
         Path::new("/sys/module/dm_mod").exists()
+    }
+
+    /// As [`DmLinear::available`]; where it is not, asserts what must then hold (this is not
+    /// the lab, whose guests have it as a module, and there is no `/dev/mapper/control`) and
+    /// says so: a test over a target has nothing else to check on such a kernel.
+    pub fn available_or_asserted_absent() -> bool {
+        if DmLinear::available() {
+            return true;
+        }
+        assert!(
+            !in_lab(),
+            "the lab's guests have device-mapper as a module: modprobe dm_mod failed"
+        );
+        assert!(!Path::new("/dev/mapper/control").exists());
+        eprintln!("this kernel has no device-mapper: no target stacks on a disk here");
+        false
     }
 
     /// A linear target mapping all of `disk`.

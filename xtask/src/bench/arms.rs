@@ -29,8 +29,8 @@ pub enum Arm {
 }
 
 impl Arm {
-    /// The order of a round (rotated from round to round). `Again` sits halfway from
-    /// `Baseline`, as far as an arm can be: its spread is the widest any arm's noise has.
+    /// The order of a round (rotated from round to round). `Again` sits halfway round from
+    /// `Baseline`, as far from it as an arm can be.
     pub const ALL: [Arm; 12] = [
         Arm::Baseline,
         Arm::Live,

@@ -127,7 +127,8 @@ pub fn render_workload(w: &WorkloadOutcome, targets: &[&Target]) -> String {
     out += &match w.bpftrace_cost() {
         Some(c) => format!(
             "bpftrace per I/O (counting the same tracepoints): programs' own time {:.0} ns + its \
-             process {:.0} ns = {:.0} ns, {}\n\n",
+             process {:.0} ns = {:.0} ns, {} of the baseline's CPU per I/O (a lower bound: the \
+             classic tracepoints' own work before each program run is not in it)\n\n",
             c.programs_ns_per_io,
             c.process_ns_per_io,
             c.ns_per_io(),

@@ -38,7 +38,7 @@ pub const BLOCK_TRACEPOINTS: [&str; 11] = [
     "block_unplug",
 ];
 
-/// The bpftrace `--stats` arm's programs, added up, in its sample's program list.
+/// bpftrace's programs, added up, in the program list of its statistics arm's samples.
 pub const BPFTRACE_PROGRAMS: &str = "bpftrace's programs";
 
 pub struct Ctx<'a> {
