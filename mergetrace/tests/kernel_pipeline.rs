@@ -543,6 +543,7 @@ fn latency_on_a_device_mapper_stack_counts_the_disk_belows_requests() {
         "{} (dm) {a}\n{} (below) {b}\ndiskstats: dm {above:?}, below {below:?}\n{}",
         dm.dev.name, disk.name, out.total
     );
+    let count = |w: &Value, stage: &str| u(&w["latency"][stage]["all"], "count");
     eprintln!(
         "dm: diskstats {} writes, bios {}, requests {}; below: diskstats {} writes, requests {}, \
          latency queue {} device {}; unfinished {}",
@@ -551,8 +552,8 @@ fn latency_on_a_device_mapper_stack_counts_the_disk_belows_requests() {
         u(a, "requests"),
         below.writes,
         u(b, "requests"),
-        b["latency"]["queue"]["all"]["count"],
-        b["latency"]["device"]["all"]["count"],
+        count(b, "queue"),
+        count(b, "device"),
         out.unfinished_requests()
     );
     assert_eq!(out.lost_events(), 0, "{ctx}");
@@ -572,7 +573,6 @@ fn latency_on_a_device_mapper_stack_counts_the_disk_belows_requests() {
         below.writes_merged,
         below.sectors_written,
     );
-    let count = |w: &Value, stage: &str| w["latency"][stage]["all"]["count"].as_u64().unwrap_or(0);
     assert_eq!(count(b, "queue"), below.writes, "{ctx}");
     assert_eq!(count(b, "device"), below.writes - 1, "{ctx}");
     assert_eq!(
@@ -580,7 +580,6 @@ fn latency_on_a_device_mapper_stack_counts_the_disk_belows_requests() {
         0,
         "no requests, no device latency above; {ctx}"
     );
-    drop(dm);
     disk.set_nomerges(0);
 }
 

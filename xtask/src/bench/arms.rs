@@ -202,12 +202,17 @@ impl Sample {
 
     /// The tracer process's CPU time per I/O fio did, ns.
     pub fn tracer_ns_per_io(&self) -> Option<f64> {
-        (self.ios > 0).then(|| self.tracer_cpu_ns.map(|ns| ns / self.ios as f64))?
+        self.per_io(self.tracer_cpu_ns)
     }
 
     /// `record --stats`: the recording process's CPU time per I/O fio did, ns.
     pub fn recorder_ns_per_io(&self) -> Option<f64> {
-        (self.ios > 0).then(|| self.recorder_cpu_ns.map(|ns| ns / self.ios as f64))?
+        self.per_io(self.recorder_cpu_ns)
+    }
+
+    /// `ns` over the I/Os fio did; `None` without I/Os.
+    fn per_io(&self, ns: Option<f64>) -> Option<f64> {
+        (self.ios > 0).then(|| ns.map(|ns| ns / self.ios as f64))?
     }
 
     /// `record --stats`: the recording process's stages per I/O fio did, ns (each stage's

@@ -423,34 +423,34 @@ impl WorkloadOutcome {
             .record_cost()
             .and_then(|c| Some((c.net_ns_per_io? + c.recorder_ns_per_io, c.net_share?)));
         let bpftrace = self.bpftrace_cost();
-        let share = |name: &str, max: f64, v: Option<(f64, f64)>| match v {
-            Some((ns, share)) => t(
-                name,
-                format!("≤ {:.0} % of the I/O's CPU time", max * 100.0),
-                format!("{} ({ns:.0} ns/I/O)", pct(share)),
-                Some(share <= max),
-                json!({"share": share, "ns_per_io": ns}),
-            ),
-            None => t(
-                name,
-                format!("≤ {:.0} %", max * 100.0),
-                not(),
-                None,
-                Value::Null,
-            ),
-        };
-        let over = |name: &str, min: f64, ours: Option<f64>| match (bpftrace.as_ref(), ours) {
-            (Some(b), Some(ours)) if ours > 0.0 => {
-                let r = b.ns_per_io() / ours;
-                t(
+        let share = |name: &str, max: f64, v: Option<(f64, f64)>| {
+            let goal = format!("≤ {:.0} % of the I/O's CPU time", max * 100.0);
+            match v {
+                Some((ns, share)) => t(
                     name,
-                    format!("≥ {min:.0}×"),
-                    format!("{r:.1}× ({:.0} ns/I/O against {ours:.0})", b.ns_per_io()),
-                    Some(r >= min),
-                    json!({"ratio": r, "bpftrace_ns_per_io": b.ns_per_io(), "mergetrace_ns_per_io": ours}),
-                )
+                    goal,
+                    format!("{} ({ns:.0} ns/I/O)", pct(share)),
+                    Some(share <= max),
+                    json!({"share": share, "ns_per_io": ns}),
+                ),
+                None => t(name, goal, not(), None, Value::Null),
             }
-            _ => t(name, format!("≥ {min:.0}×"), not(), None, Value::Null),
+        };
+        let over = |name: &str, min: f64, ours: Option<f64>| {
+            let goal = format!("≥ {min:.0}×");
+            match (bpftrace.as_ref(), ours) {
+                (Some(b), Some(ours)) if ours > 0.0 => {
+                    let r = b.ns_per_io() / ours;
+                    t(
+                        name,
+                        goal,
+                        format!("{r:.1}× ({:.0} ns/I/O against {ours:.0})", b.ns_per_io()),
+                        Some(r >= min),
+                        json!({"ratio": r, "bpftrace_ns_per_io": b.ns_per_io(), "mergetrace_ns_per_io": ours}),
+                    )
+                }
+                _ => t(name, goal, not(), None, Value::Null),
+            }
         };
         vec![
             share(
@@ -746,6 +746,14 @@ mod tests {
         }
     }
 
+    /// The baseline's CPU time per I/O, round by round.
+    fn set_baseline_cpu(o: &mut WorkloadOutcome, cpu_ns_per_io: &[f64]) {
+        let base = o.arms.get_mut(&Arm::Baseline).unwrap();
+        for (s, cpu) in base.samples.iter_mut().zip(cpu_ns_per_io) {
+            s.as_mut().unwrap().cpu_ns_per_io = Some(*cpu);
+        }
+    }
+
     fn outcome(base: &[f64], live: &[f64], bt: Option<&[f64]>) -> WorkloadOutcome {
         let mk = |v: &[f64]| ArmResults {
             samples: v.iter().map(|&iops| Some(sample(iops))).collect(),
@@ -837,10 +845,7 @@ mod tests {
     #[test]
     fn bpf_cost_pairs_the_stats_arm_with_the_baseline_cpu() {
         let mut o = outcome(&[100.0, 100.0], &[99.0, 99.0], None);
-        let base = o.arms.get_mut(&Arm::Baseline).unwrap();
-        for (s, cpu) in base.samples.iter_mut().zip([4000.0, 5000.0]) {
-            s.as_mut().unwrap().cpu_ns_per_io = Some(cpu);
-        }
+        set_baseline_cpu(&mut o, &[4000.0, 5000.0]);
         // Two programs, 1000 I/Os: (1000 × 50 + 2000 × 25) / 1000 = 100 ns per I/O as
         // measured; the statistics add 10 ns a run (the empty program's 1000 runs, left out
         // of the sum): (1000 × 40 + 2000 × 15) / 1000 = 70 ns of the programs' own.
@@ -884,10 +889,7 @@ mod tests {
         assert_eq!(o.bpf_cost_target().met, None);
         // No yardstick (no empty program in the statistics): not told either.
         let mut o = outcome(&[100.0], &[99.0], None);
-        o.arms.get_mut(&Arm::Baseline).unwrap().samples[0]
-            .as_mut()
-            .unwrap()
-            .cpu_ns_per_io = Some(4000.0);
+        set_baseline_cpu(&mut o, &[4000.0]);
         o.arms.get_mut(&Arm::LiveStats).unwrap().samples = vec![Some(Sample {
             ios: 1000,
             programs: vec![("a".into(), 1000, 50.0)],
@@ -900,10 +902,7 @@ mod tests {
     fn record_cost_adds_the_recorder_to_its_programs() {
         let mut o = outcome(&[100.0, 100.0], &[90.0, 90.0], None);
         assert!(o.record_cost().is_none(), "no record --stats rounds");
-        let base = o.arms.get_mut(&Arm::Baseline).unwrap();
-        for (s, cpu) in base.samples.iter_mut().zip([4000.0, 5000.0]) {
-            s.as_mut().unwrap().cpu_ns_per_io = Some(cpu);
-        }
+        set_baseline_cpu(&mut o, &[4000.0, 5000.0]);
         // 1000 I/Os: programs (1000 × 300 + 1000 × 100) / 1000 = 400 ns, recorder 600 ns.
         let stats = |recorder_ms: f64, order: f64| {
             Some(Sample {
@@ -937,10 +936,7 @@ mod tests {
     fn live_cost_adds_the_process_to_its_programs_own_time() {
         let mut o = outcome(&[100.0, 100.0], &[99.0, 99.0], None);
         assert!(o.live_cost().is_none(), "no live --stats rounds");
-        let base = o.arms.get_mut(&Arm::Baseline).unwrap();
-        for (s, cpu) in base.samples.iter_mut().zip([4000.0, 5000.0]) {
-            s.as_mut().unwrap().cpu_ns_per_io = Some(cpu);
-        }
+        set_baseline_cpu(&mut o, &[4000.0, 5000.0]);
         // 1000 I/Os: (1000 × 60 + 1000 × 30) / 1000 = 90 ns as measured, less the
         // statistics' 10 ns a run: 70 ns of the programs' own.
         let stats = Some(Sample {
@@ -974,10 +970,7 @@ mod tests {
     fn cpu_targets_set_bpftrace_against_the_live_view_and_a_full_capture() {
         let mut o = outcome(&[100.0], &[99.0], None);
         assert!(o.cpu_targets().iter().all(|t| t.met.is_none()));
-        o.arms.get_mut(&Arm::Baseline).unwrap().samples[0]
-            .as_mut()
-            .unwrap()
-            .cpu_ns_per_io = Some(5000.0);
+        set_baseline_cpu(&mut o, &[5000.0]);
         let with = |programs: Vec<(&str, u64, f64)>, process_ns: f64| {
             Some(Sample {
                 ios: 1000,
