@@ -5,8 +5,9 @@
 //! submitted 32 at a time (31 of every 32 bios merge in the plug), and the reads under a
 //! blk-throttle limit that never binds (a volume with io.max). Each workload runs
 //! once per *arm*: no tracer (baseline), `mergetrace` live view, `mergetrace record`,
-//! `bpftrace` counting on the same block tracepoints, `perf record` of them, and the live
-//! view with `--stats` (BPF run-time statistics: each program's cost per event). Each round
+//! `bpftrace` counting on the same block tracepoints, `perf record` of them, the live view
+//! with `--stats` (BPF run-time statistics: each program's cost per event), and the live
+//! view, record and bpftrace profiled (`profile`: each one's whole CPU time per I/O). Each round
 //! runs every arm of every workload once, in an order that rotates from round to round, so
 //! that a noisy moment on the (shared, two-core) machine does not always hit the same arm;
 //! an arm's overhead is 1 − its IOPS / the baseline's IOPS *of the same round and workload*,
@@ -22,6 +23,7 @@ mod arms;
 mod calibrate;
 mod fio;
 mod offline;
+mod profile;
 mod render;
 mod stats;
 mod sys;
@@ -278,16 +280,20 @@ fn build_mergetrace(no_build: bool) -> Result<PathBuf> {
 
 /// The arms whose tool (or tracefs) is missing here, with why.
 fn unavailable_arms(tracefs: &Result<Tracefs>) -> BTreeMap<Arm, String> {
+    // Each arm's tools, and whether it reads the block tracepoints through tracefs.
+    let needs: [(Arm, &[&str], bool); 5] = [
+        (Arm::Bpftrace, &["bpftrace"], true),
+        (Arm::BpftraceProfiled, &["bpftrace", "perf"], true),
+        (Arm::Perf, &["perf"], true),
+        (Arm::LiveProfiled, &["perf"], false),
+        (Arm::RecordProfiled, &["perf"], false),
+    ];
     let mut unavailable = BTreeMap::new();
-    for (arm, tool) in [
-        (Arm::Bpftrace, "bpftrace"),
-        (Arm::BpftraceStats, "bpftrace"),
-        (Arm::Perf, "perf"),
-    ] {
-        let why = if !have(tool) {
-            Some(format!("{tool} is not installed (scripts/setup --bench)"))
-        } else {
-            tracefs.as_ref().err().map(|e| format!("{e:#}"))
+    for (arm, tools, tracepoints) in needs {
+        let why = match tools.iter().find(|t| !have(t)) {
+            Some(tool) => Some(format!("{tool} is not installed (scripts/setup --bench)")),
+            None if tracepoints => tracefs.as_ref().err().map(|e| format!("{e:#}")),
+            None => None,
         };
         if let Some(why) = why {
             unavailable.insert(arm, why);

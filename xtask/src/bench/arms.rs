@@ -1,10 +1,11 @@
 //! The arms of the benchmark (no tracer, the live view, with --latency, the exporter scraped
 //! every second, record, record --requests, no tracer again, bpftrace, perf, live --stats,
-//! record --stats, bpftrace with the kernel's statistics), the order they run in each round,
-//! and what one run of an arm measured.
+//! record --stats, and the live view, record and bpftrace profiled), the order they run in each
+//! round, and what one run of an arm measured.
 
 use super::{
     fio::{self, FioRun, Workload},
+    profile::{Part, Profile, PERIOD_NS},
     stats::si,
 };
 
@@ -16,6 +17,9 @@ pub enum Arm {
     Serve,
     Record,
     RecordRequests,
+    /// The live view, a full capture and bpftrace with every CPU profiled while fio runs
+    /// (`profile`): each one's whole CPU time per I/O, hooks and process, measured alike.
+    LiveProfiled,
     /// No tracer, a second time in the round: its "overhead" is the noise of the machine, the
     /// spread any arm's overhead has with no cost at all.
     Again,
@@ -23,27 +27,28 @@ pub enum Arm {
     Perf,
     LiveStats,
     RecordStats,
-    /// bpftrace with the kernel's BPF run-time statistics on (the bench turns them on): its
-    /// programs' time per I/O, to set against mergetrace's in CPU time.
-    BpftraceStats,
+    RecordProfiled,
+    BpftraceProfiled,
 }
 
 impl Arm {
     /// The order of a round (rotated from round to round). `Again` sits halfway round from
     /// `Baseline`, as far from it as an arm can be.
-    pub const ALL: [Arm; 12] = [
+    pub const ALL: [Arm; 14] = [
         Arm::Baseline,
         Arm::Live,
         Arm::LiveLatency,
         Arm::Serve,
         Arm::Record,
         Arm::RecordRequests,
+        Arm::LiveProfiled,
         Arm::Again,
         Arm::Bpftrace,
         Arm::Perf,
         Arm::LiveStats,
         Arm::RecordStats,
-        Arm::BpftraceStats,
+        Arm::RecordProfiled,
+        Arm::BpftraceProfiled,
     ];
 
     pub fn key(self) -> &'static str {
@@ -59,7 +64,9 @@ impl Arm {
             Arm::Perf => "perf",
             Arm::LiveStats => "live_stats",
             Arm::RecordStats => "record_stats",
-            Arm::BpftraceStats => "bpftrace_stats",
+            Arm::LiveProfiled => "live_profiled",
+            Arm::RecordProfiled => "record_profiled",
+            Arm::BpftraceProfiled => "bpftrace_profiled",
         }
     }
 
@@ -76,7 +83,9 @@ impl Arm {
             Arm::Perf => "perf record",
             Arm::LiveStats => "mergetrace live --stats",
             Arm::RecordStats => "mergetrace record --stats",
-            Arm::BpftraceStats => "bpftrace, statistics on",
+            Arm::LiveProfiled => "mergetrace live, profiled",
+            Arm::RecordProfiled => "mergetrace record, profiled",
+            Arm::BpftraceProfiled => "bpftrace, profiled",
         }
     }
 
@@ -95,10 +104,11 @@ impl Arm {
             Arm::Perf => "perf record -e block:... -a -B -N -o /dev/shm/.../perf.data",
             Arm::LiveStats => "mergetrace -d DEV --json -i 10s --stats",
             Arm::RecordStats => "mergetrace record -d DEV -o /dev/shm/... --force --stats",
-            Arm::BpftraceStats => {
-                "bpftrace -B line SCRIPT, with BPF_ENABLE_STATS held by the bench; its programs' \
-                 run_time_ns and run_cnt from /proc/PID/fdinfo"
+            Arm::LiveProfiled => "mergetrace -d DEV --json -i 10s; perf record -a -g -e cpu-clock",
+            Arm::RecordProfiled => {
+                "mergetrace record -d DEV -o /dev/shm/... --force; perf record -a -g -e cpu-clock"
             }
+            Arm::BpftraceProfiled => "bpftrace -B line SCRIPT; perf record -a -g -e cpu-clock",
         }
     }
 }
@@ -147,6 +157,8 @@ pub struct Sample {
     pub recorder_cpu_ns: Option<f64>,
     /// `record --stats`: that time by stage of its data path, ns per event written.
     pub recorder_stages: Option<RecorderStages>,
+    /// A profiled arm: the tracer's samples of every CPU while fio ran.
+    pub profile: Option<Profile>,
     pub notes: Vec<String>,
 }
 
@@ -208,6 +220,13 @@ impl Sample {
     /// `record --stats`: the recording process's CPU time per I/O fio did, ns.
     pub fn recorder_ns_per_io(&self) -> Option<f64> {
         self.per_io(self.recorder_cpu_ns)
+    }
+
+    /// A profiled arm: the tracer's CPU time per I/O fio did in `part` (all parts: `None`), ns.
+    pub fn profiled_ns_per_io(&self, part: Option<Part>) -> Option<f64> {
+        let p = self.profile?;
+        let samples = part.map_or(p.total(), |part| p.of(part));
+        self.per_io(Some((samples * PERIOD_NS) as f64))
     }
 
     /// `ns` over the I/Os fio did; `None` without I/Os.
@@ -295,6 +314,9 @@ pub fn progress(arm: Arm, s: &Sample) -> String {
     }
     if let Some(u) = s.recorder_ns_per_io() {
         line += &format!(", recorder {u:.0} ns/I/O");
+    }
+    if let Some(p) = s.profiled_ns_per_io(None) {
+        line += &format!("  profiled {p:.0} ns/I/O");
     }
     line
 }

@@ -7,9 +7,10 @@ use serde_json::{json, Value};
 use super::{
     arms::{Arm, RecorderStages},
     fio::{self, Workload, DEVICE_BYTES, REGION_BYTES},
+    profile::{Part, PERIOD_NS},
     stats::{self, pct, si, table, Summary},
     sys::LoopDev,
-    targets::{Outcome, Target, TracerCost, WorkloadOutcome},
+    targets::{Outcome, ProfiledCost, Target, WorkloadOutcome},
 };
 
 /// The fio line of a workload's section.
@@ -112,30 +113,8 @@ pub fn render_workload(w: &WorkloadOutcome, targets: &[&Target]) -> String {
         None => "noise: not measured (the second no-tracer arm did not run)\n".into(),
     };
     out += "\n";
-    out += &match w.live_cost() {
-        Some(c) => format!(
-            "live view per I/O: programs' own time {:.0} ns + its process {:.0} ns = {:.0} ns, \
-             {} of the baseline's {:.2} µs of CPU per I/O\n",
-            c.programs_ns_per_io,
-            c.process_ns_per_io,
-            c.ns_per_io(),
-            pct(c.share),
-            c.cpu_ns_per_io / 1e3
-        ),
-        None => "live view per I/O: not measured\n".into(),
-    };
-    out += &match w.bpftrace_cost() {
-        Some(c) => format!(
-            "bpftrace per I/O (counting the same tracepoints): programs' own time {:.0} ns + its \
-             process {:.0} ns = {:.0} ns, {} of the baseline's CPU per I/O (a lower bound: the \
-             classic tracepoints' own work before each program run is not in it)\n\n",
-            c.programs_ns_per_io,
-            c.process_ns_per_io,
-            c.ns_per_io(),
-            pct(c.share),
-        ),
-        None => "bpftrace per I/O: not measured\n\n".into(),
-    };
+    out += &profile_table(w);
+    out += "\n";
     out += &program_table(
         w,
         Arm::LiveStats,
@@ -299,6 +278,12 @@ pub fn arm_json(w: &WorkloadOutcome, arm: Arm) -> Value {
                 "programs": s.programs.iter().map(|(p, runs, ns)| json!({"program": p, "runs": runs, "ns_per_run": ns})).collect::<Vec<_>>(),
                 "bpf_ns_per_io": s.bpf_ns_per_io(),
                 "bpf_net_ns_per_io": s.bpf_net_ns_per_io(),
+                "profile": s.profile.map(|p| json!({
+                    "period_ns": PERIOD_NS,
+                    "samples": p.all,
+                    "tracer_samples": Part::ALL.iter().map(|part| (part.key().to_string(), json!(p.of(*part)))).collect::<serde_json::Map<_, _>>(),
+                    "tracer_ns_per_io": s.profiled_ns_per_io(None),
+                })),
                 "notes": s.notes,
             }),
         })
@@ -318,10 +303,50 @@ pub fn arm_json(w: &WorkloadOutcome, arm: Arm) -> Value {
     })
 }
 
-fn tracer_cost_json(c: &TracerCost) -> Value {
+/// Each profiled tracer's CPU per I/O, by part, as a table.
+fn profile_table(w: &WorkloadOutcome) -> String {
+    let mut rows = vec![["tracer".to_string()]
+        .into_iter()
+        .chain(Part::ALL.map(|p| p.name().to_string()))
+        .chain(["total".into(), "of an I/O's CPU".into()])
+        .collect::<Vec<_>>()];
+    for arm in PROFILED {
+        let mut row = vec![arm.label().to_string()];
+        match w.profiled_cost(arm) {
+            Some(c) => {
+                row.extend(c.parts.map(|ns| format!("{ns:.0} ns")));
+                row.push(format!("{:.0} ns", c.ns_per_io));
+                row.push(pct(c.share));
+            }
+            None => row.push("not measured".into()),
+        }
+        rows.push(row);
+    }
+    format!(
+        "CPU per I/O, profiled (perf record -a, every CPU sampled each {} µs of its CPU time, \
+         kernel call chains; a sample is the tracer's in its process, or with a BPF program or \
+         the kernel's way into one on its chain), medians:\n{}",
+        PERIOD_NS / 1000,
+        table(&rows)
+    )
+}
+
+/// The profiled arms, in the order the profile table shows them.
+const PROFILED: [Arm; 3] = [
+    Arm::LiveProfiled,
+    Arm::RecordProfiled,
+    Arm::BpftraceProfiled,
+];
+
+fn profiled_cost_json(c: &ProfiledCost) -> Value {
+    let parts: serde_json::Map<_, _> = Part::ALL
+        .iter()
+        .zip(c.parts)
+        .map(|(p, ns)| (p.key().to_string(), json!(ns)))
+        .collect();
     json!({
-        "programs_ns_per_io": c.programs_ns_per_io,
-        "process_ns_per_io": c.process_ns_per_io,
+        "ns_per_io": c.ns_per_io,
+        "parts_ns_per_io": parts,
         "baseline_cpu_ns_per_io": c.cpu_ns_per_io,
         "share": c.share,
     })
@@ -363,8 +388,9 @@ pub fn workload_json(w: &WorkloadOutcome, dev: &str, seconds: u32) -> Value {
         "program_stats": stats_json(Arm::LiveStats),
         "record_program_stats": stats_json(Arm::RecordStats),
         "noise": w.noise().map(|n| n.json()),
-        "live_cost": w.live_cost().map(|c| tracer_cost_json(&c)),
-        "bpftrace_cost": w.bpftrace_cost().map(|c| tracer_cost_json(&c)),
+        "profiled_cost": PROFILED.iter().map(|&arm| {
+            (arm.key().to_string(), json!(w.profiled_cost(arm).map(|c| profiled_cost_json(&c))))
+        }).collect::<serde_json::Map<_, _>>(),
         "record_cost": w.record_cost().map(|c| json!({
             "bpf_ns_per_io": c.bpf_ns_per_io,
             "bpf_net_ns_per_io": c.net_ns_per_io,

@@ -598,82 +598,9 @@ fn parse_process_cpu(stat: &str) -> Option<u64> {
     Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
 }
 
-/// The kernel's BPF run-time statistics, on while this is held (`BPF_ENABLE_STATS`: the
-/// kernel turns them off when the last such descriptor closes).
-pub struct BpfStats {
-    _fd: std::os::fd::OwnedFd,
-}
-
-impl BpfStats {
-    pub fn enable() -> std::io::Result<BpfStats> {
-        use std::os::fd::FromRawFd;
-        const BPF_ENABLE_STATS: libc::c_long = 32;
-        const BPF_STATS_RUN_TIME: u32 = 0;
-        // union bpf_attr's enable_stats: one u32, the rest zero.
-        let mut attr = [0u8; 16];
-        attr[..4].copy_from_slice(&BPF_STATS_RUN_TIME.to_ne_bytes());
-        // SAFETY: bpf(2) reads `attr.len()` bytes of a buffer that lives for the call.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_ENABLE_STATS,
-                attr.as_ptr(),
-                attr.len() as libc::c_uint,
-            )
-        };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: a new descriptor the kernel just returned, owned by nothing else.
-        Ok(BpfStats {
-            _fd: unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) },
-        })
-    }
-}
-
-/// The run count and run time (ns) of every BPF program a process holds, added up
-/// (`run_cnt` and `run_time_ns` of each program descriptor's /proc/PID/fdinfo).
-pub fn process_bpf_runs(pid: u32) -> (u64, u64) {
-    let Ok(rd) = fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return (0, 0);
-    };
-    rd.flatten()
-        .filter(|e| {
-            fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy() == "anon_inode:bpf-prog")
-        })
-        .filter_map(|e| {
-            fs::read_to_string(format!(
-                "/proc/{pid}/fdinfo/{}",
-                e.file_name().to_string_lossy()
-            ))
-            .ok()
-        })
-        .map(|info| parse_prog_fdinfo(&info))
-        .fold((0, 0), |(r, t), (r1, t1)| (r + r1, t + t1))
-}
-
-/// A program descriptor's fdinfo → (run_cnt, run_time_ns); 0 where a line is missing.
-fn parse_prog_fdinfo(info: &str) -> (u64, u64) {
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    (field("run_cnt:"), field("run_time_ns:"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_programs_runs_from_its_fdinfo() {
-        let info = "pos:\t0\nflags:\t02000002\nprog_type:\t5\nprog_jited:\t1\n\
-                    prog_tag:\t0123456789abcdef\nmemlock:\t4096\nprog_id:\t77\n\
-                    run_time_ns:\t123456\nrun_cnt:\t789\nrecursion_misses:\t0\n";
-        assert_eq!(parse_prog_fdinfo(info), (789, 123_456));
-        assert_eq!(parse_prog_fdinfo("prog_type:\t5\n"), (0, 0));
-    }
 
     #[test]
     fn a_process_cpu_time_is_its_utime_and_stime() {

@@ -5,10 +5,11 @@ use std::collections::BTreeMap;
 use serde_json::{json, Value};
 
 use super::{
-    arms::{Arm, ArmResults, RecorderStages, Sample},
+    arms::{Arm, ArmResults, RecorderStages},
     calibrate::Calibration,
     fio::{Fio, Workload},
     offline::{self, Offline},
+    profile::Part,
     stats::{paired_overheads, pct, si, Summary},
 };
 
@@ -353,60 +354,41 @@ impl WorkloadOutcome {
         })
     }
 
-    /// What the live view costs per I/O, medians: its programs' own time (the live `--stats`
-    /// arm) and its process's CPU time while fio ran (the live arm), against the baseline's
-    /// CPU time per I/O of the same round. Both are CPU time taken in the run itself, so the
-    /// machine's noise moves them far less than it moves IOPS. `None` where an arm is missing.
-    pub fn live_cost(&self) -> Option<TracerCost> {
-        self.tracer_cost(Arm::LiveStats, Arm::Live, |stats, _| {
-            stats.bpf_net_ns_per_io()
-        })
-    }
-
-    /// The same for bpftrace, from its arm with the kernel's statistics on (programs and
-    /// process both). Its statistics have no empty program to measure what they add to a
-    /// run, so the live `--stats` arm's of the same round is taken off each run.
-    pub fn bpftrace_cost(&self) -> Option<TracerCost> {
-        self.tracer_cost(Arm::BpftraceStats, Arm::BpftraceStats, |stats, round| {
-            let floor = self.arms[&Arm::LiveStats].samples.get(round)?.as_ref()?;
-            stats.programs_ns_per_io(floor.stats_floor_ns()?)
-        })
-    }
-
-    /// Per round: `programs` of the `stats` arm's sample (and the round), the `process` arm's
-    /// tracer process per I/O, the baseline's CPU per I/O; medians.
-    fn tracer_cost(
-        &self,
-        stats: Arm,
-        process: Arm,
-        programs: impl Fn(&Sample, usize) -> Option<f64>,
-    ) -> Option<TracerCost> {
-        let base = &self.arms[&Arm::Baseline].samples;
-        let rounds: Vec<(f64, f64, f64)> = (self.arms[&stats].samples.iter())
-            .zip(&self.arms[&process].samples)
-            .zip(base)
-            .enumerate()
-            .filter_map(|(round, ((st, pr), b))| {
+    /// A tracer's whole CPU time per I/O from its profiled arm (`profile`), medians: by part
+    /// and in all, and against the baseline's CPU time per I/O of the same round. Both are
+    /// CPU time taken in the run itself, so the machine's noise moves them far less than it
+    /// moves IOPS. `None` where the arm or the baseline is missing.
+    pub fn profiled_cost(&self, arm: Arm) -> Option<ProfiledCost> {
+        // Per round: the parts, the total, the baseline's CPU per I/O.
+        type Round = ([f64; 5], f64, f64);
+        let rounds: Vec<Round> = self.arms[&arm]
+            .samples
+            .iter()
+            .zip(&self.arms[&Arm::Baseline].samples)
+            .filter_map(|(s, b)| {
+                let s = s.as_ref()?;
+                let parts = Part::ALL.map(|p| s.profiled_ns_per_io(Some(p)));
                 Some((
-                    programs(st.as_ref()?, round)?,
-                    pr.as_ref()?.tracer_ns_per_io()?,
+                    parts.map(|p| p.unwrap_or(0.0)),
+                    s.profiled_ns_per_io(None)?,
                     b.as_ref()?.cpu_ns_per_io.filter(|c| *c > 0.0)?,
                 ))
             })
             .collect();
-        let med = |f: &dyn Fn(&(f64, f64, f64)) -> f64| {
+        let med = |f: &dyn Fn(&Round) -> f64| {
             Summary::of(&rounds.iter().map(f).collect::<Vec<_>>()).map(|s| s.median)
         };
-        Some(TracerCost {
-            programs_ns_per_io: med(&|r| r.0)?,
-            process_ns_per_io: med(&|r| r.1)?,
+        Some(ProfiledCost {
+            parts: std::array::from_fn(|i| med(&|r| r.0[i]).unwrap_or(0.0)),
+            ns_per_io: med(&|r| r.1)?,
             cpu_ns_per_io: med(&|r| r.2)?,
-            share: med(&|r| (r.0 + r.1) / r.2)?,
+            share: med(&|r| r.1 / r.2)?,
         })
     }
 
-    /// The CPU-time goals: the live view's and a full capture's share of an I/O's CPU, and
-    /// bpftrace's cost per I/O over each (programs' own time and process, both).
+    /// The CPU-time goals, from the profiled arms: the live view's and a full capture's share
+    /// of an I/O's CPU, and bpftrace's CPU per I/O over each (hooks and process, all measured
+    /// alike).
     pub fn cpu_targets(&self) -> Vec<Target> {
         let t =
             |name: &str, goal: String, measured: String, met: Option<bool>, value: Value| Target {
@@ -418,56 +400,55 @@ impl WorkloadOutcome {
                 value,
             };
         let not = || "not measured".to_string();
-        let live = self.live_cost();
-        let record = self
-            .record_cost()
-            .and_then(|c| Some((c.net_ns_per_io? + c.recorder_ns_per_io, c.net_share?)));
-        let bpftrace = self.bpftrace_cost();
-        let share = |name: &str, max: f64, v: Option<(f64, f64)>| {
+        let live = self.profiled_cost(Arm::LiveProfiled);
+        let record = self.profiled_cost(Arm::RecordProfiled);
+        let bpftrace = self.profiled_cost(Arm::BpftraceProfiled);
+        let share = |name: &str, max: f64, c: Option<&ProfiledCost>| {
             let goal = format!("≤ {:.0} % of the I/O's CPU time", max * 100.0);
-            match v {
-                Some((ns, share)) => t(
+            match c {
+                Some(c) => t(
                     name,
                     goal,
-                    format!("{} ({ns:.0} ns/I/O)", pct(share)),
-                    Some(share <= max),
-                    json!({"share": share, "ns_per_io": ns}),
+                    format!("{} ({:.0} ns/I/O)", pct(c.share), c.ns_per_io),
+                    Some(c.share <= max),
+                    json!({"share": c.share, "ns_per_io": c.ns_per_io}),
                 ),
                 None => t(name, goal, not(), None, Value::Null),
             }
         };
-        let over = |name: &str, min: f64, ours: Option<f64>| {
+        let over = |name: &str, min: f64, ours: Option<&ProfiledCost>| {
             let goal = format!("≥ {min:.0}×");
             match (bpftrace.as_ref(), ours) {
-                (Some(b), Some(ours)) if ours > 0.0 => {
-                    let r = b.ns_per_io() / ours;
+                (Some(b), Some(ours)) if ours.ns_per_io > 0.0 => {
+                    let (theirs, ours) = (b.ns_per_io, ours.ns_per_io);
+                    let r = theirs / ours;
                     t(
                         name,
                         goal,
-                        format!("{r:.1}× ({:.0} ns/I/O against {ours:.0})", b.ns_per_io()),
+                        format!("{r:.1}× ({theirs:.0} ns/I/O against {ours:.0})"),
                         Some(r >= min),
-                        json!({"ratio": r, "bpftrace_ns_per_io": b.ns_per_io(), "mergetrace_ns_per_io": ours}),
+                        json!({"ratio": r, "bpftrace_ns_per_io": theirs, "mergetrace_ns_per_io": ours}),
                     )
                 }
                 _ => t(name, goal, not(), None, Value::Null),
             }
         };
         vec![
-            share(
-                "live view CPU per I/O",
-                LIVE_MAX_OVERHEAD,
-                live.as_ref().map(|c| (c.ns_per_io(), c.share)),
-            ),
+            share("live view CPU per I/O", LIVE_MAX_OVERHEAD, live.as_ref()),
             over(
                 "bpftrace / live view, CPU per I/O",
                 BPFTRACE_OVER_LIVE_MIN,
-                live.as_ref().map(TracerCost::ns_per_io),
+                live.as_ref(),
             ),
-            share("full capture CPU per I/O", RECORD_MAX_OVERHEAD, record),
+            share(
+                "full capture CPU per I/O",
+                RECORD_MAX_OVERHEAD,
+                record.as_ref(),
+            ),
             over(
                 "bpftrace / full capture, CPU per I/O",
                 BPFTRACE_OVER_RECORD_MIN,
-                record.map(|r| r.0),
+                record.as_ref(),
             ),
         ]
     }
@@ -522,22 +503,16 @@ pub enum Ratio {
     },
 }
 
-/// A tracer's CPU cost per I/O (medians over the rounds), ns.
-pub struct TracerCost {
-    /// Its programs' own time (its statistics arm, less what the statistics add).
-    pub programs_ns_per_io: f64,
-    /// Its process's CPU time.
-    pub process_ns_per_io: f64,
+/// A tracer's CPU time per I/O from its profiled arm (medians over the rounds), ns.
+pub struct ProfiledCost {
+    /// By part, in `Part::ALL`'s order.
+    pub parts: [f64; 5],
+    /// All parts.
+    pub ns_per_io: f64,
     /// The baseline's CPU time per I/O.
     pub cpu_ns_per_io: f64,
-    /// (programs + process) / the baseline's CPU time, median of the rounds.
+    /// The tracer's / the baseline's CPU time per I/O, median of the rounds.
     pub share: f64,
-}
-
-impl TracerCost {
-    pub fn ns_per_io(&self) -> f64 {
-        self.programs_ns_per_io + self.process_ns_per_io
-    }
 }
 
 /// A full capture's cost per I/O (medians over the `record --stats` rounds), ns.
@@ -738,6 +713,7 @@ fn capture_vs_export(o: &Offline) -> Target {
 mod tests {
     use super::*;
     use crate::bench::arms::STATS_FLOOR;
+    use crate::bench::{arms::Sample, profile::Profile};
 
     fn sample(iops: f64) -> Sample {
         Sample {
@@ -932,79 +908,75 @@ mod tests {
         assert!((c.share - 0.225).abs() < 1e-12, "{}", c.share);
     }
 
-    #[test]
-    fn live_cost_adds_the_process_to_its_programs_own_time() {
-        let mut o = outcome(&[100.0, 100.0], &[99.0, 99.0], None);
-        assert!(o.live_cost().is_none(), "no live --stats rounds");
-        set_baseline_cpu(&mut o, &[4000.0, 5000.0]);
-        // 1000 I/Os: (1000 × 60 + 1000 × 30) / 1000 = 90 ns as measured, less the
-        // statistics' 10 ns a run: 70 ns of the programs' own.
-        let stats = Some(Sample {
+    /// A profiled sample of 1000 I/Os whose tracer had `samples` (dispatch, programs, clock,
+    /// helpers, process) of `PERIOD_NS` each.
+    fn profiled(samples: [u64; 5]) -> Option<Sample> {
+        Some(Sample {
             ios: 1000,
-            programs: vec![
-                ("a".into(), 1000, 60.0),
-                ("b".into(), 1000, 30.0),
-                (STATS_FLOOR.into(), 1000, 10.0),
-            ],
+            profile: Some(Profile {
+                samples,
+                all: 100_000,
+            }),
             ..Sample::default()
-        });
-        o.arms.get_mut(&Arm::LiveStats).unwrap().samples = vec![stats.clone(), stats];
+        })
+    }
+
+    #[test]
+    fn profiled_cost_is_every_part_of_the_tracer_against_the_baselines_cpu() {
+        let mut o = outcome(&[100.0, 100.0], &[99.0, 99.0], None);
         assert!(
-            o.live_cost().is_none(),
-            "no process time in the live rounds"
+            o.profiled_cost(Arm::LiveProfiled).is_none(),
+            "no profiled rounds"
         );
-        // The live process: 10 and 30 µs over 1000 I/Os.
-        for (s, ns) in (o.arms.get_mut(&Arm::Live).unwrap().samples.iter_mut()).zip([1e4, 3e4]) {
-            let s = s.as_mut().unwrap();
-            (s.ios, s.tracer_cpu_ns) = (1000, Some(ns));
-        }
-        let c = o.live_cost().unwrap();
-        assert_eq!(c.programs_ns_per_io, 70.0);
-        assert_eq!(c.process_ns_per_io, 20.0);
-        assert_eq!(c.cpu_ns_per_io, 4500.0);
-        // (70 + 10) / 4000 = 2 %, (70 + 30) / 5000 = 2 %.
-        assert!((c.share - 0.02).abs() < 1e-12, "{}", c.share);
+        o.arms.get_mut(&Arm::LiveProfiled).unwrap().samples =
+            vec![profiled([0, 1, 0, 0, 1]), profiled([1, 0, 1, 0, 0])];
+        assert!(
+            o.profiled_cost(Arm::LiveProfiled).is_none(),
+            "no baseline CPU to set it against"
+        );
+        set_baseline_cpu(&mut o, &[10_000.0, 25_000.0]);
+        let c = o.profiled_cost(Arm::LiveProfiled).unwrap();
+        // Two samples of 250 µs over 1000 I/Os in each round: 500 ns an I/O.
+        assert_eq!(c.ns_per_io, 500.0);
+        // By part, medians: dispatch (0, 250), programs (250, 0), clock (0, 250), helpers 0,
+        // process (250, 0).
+        assert_eq!(c.parts, [125.0, 125.0, 125.0, 0.0, 125.0]);
+        assert_eq!(c.cpu_ns_per_io, 17_500.0);
+        // 500 / 10000 = 5 %, 500 / 25000 = 2 %: median 3.5 %.
+        assert!((c.share - 0.035).abs() < 1e-12, "{}", c.share);
     }
 
     #[test]
     fn cpu_targets_set_bpftrace_against_the_live_view_and_a_full_capture() {
         let mut o = outcome(&[100.0], &[99.0], None);
         assert!(o.cpu_targets().iter().all(|t| t.met.is_none()));
-        set_baseline_cpu(&mut o, &[5000.0]);
-        let with = |programs: Vec<(&str, u64, f64)>, process_ns: f64| {
-            Some(Sample {
-                ios: 1000,
-                programs: (programs.into_iter())
-                    .map(|(p, r, ns)| (p.to_string(), r, ns))
-                    .collect(),
-                tracer_cpu_ns: Some(process_ns),
-                recorder_cpu_ns: Some(process_ns),
-                ..Sample::default()
-            })
-        };
-        let floor = (STATS_FLOOR, 1000, 50.0);
-        // The live view: (1000 × 110 − 50 × 1000) / 1000 = 60 ns of its programs' own + 10.
-        o.arms.get_mut(&Arm::LiveStats).unwrap().samples =
-            vec![with(vec![("a", 1000, 110.0), floor], 0.0)];
-        o.arms.get_mut(&Arm::Live).unwrap().samples = vec![with(vec![], 10_000.0)];
-        // A full capture: 5 runs an I/O of 150 ns, 100 of them the statistics': 500 + 200.
-        o.arms.get_mut(&Arm::RecordStats).unwrap().samples =
-            vec![with(vec![("b", 5000, 150.0), floor], 200_000.0)];
-        // bpftrace: 4 runs an I/O of 200 ns, less the live arm's floor: 600 + 20.
-        o.arms.get_mut(&Arm::BpftraceStats).unwrap().samples =
-            vec![with(vec![("bpftrace's programs", 4000, 200.0)], 20_000.0)];
-        let b = o.bpftrace_cost().unwrap();
-        assert_eq!((b.programs_ns_per_io, b.process_ns_per_io), (600.0, 20.0));
+        set_baseline_cpu(&mut o, &[5_000_000.0]);
+        // The live view 2 samples (500 ns/I/O), a full capture 24 (6,000), bpftrace 40
+        // (10,000), against 5 ms of CPU an I/O: 0.01 %, 20×; 0.12 % (met: ≤ 12 % is 600,000
+        // ns), 1.7× (not met).
+        let arms = o.arms.get_mut(&Arm::LiveProfiled).unwrap();
+        arms.samples = vec![profiled([1, 1, 0, 0, 0])];
+        o.arms.get_mut(&Arm::RecordProfiled).unwrap().samples = vec![profiled([4, 4, 2, 4, 10])];
+        o.arms.get_mut(&Arm::BpftraceProfiled).unwrap().samples = vec![profiled([28, 2, 0, 10, 0])];
         let t = o.cpu_targets();
-        // 70 / 5000 = 1.4 %; 620 / 70 = 8.9×; 700 / 5000 = 14 %; 620 / 700 = 0.9×.
         assert_eq!(t[0].met, Some(true), "{}", t[0].measured);
-        assert!((t[0].value["share"].as_f64().unwrap() - 0.014).abs() < 1e-12);
+        assert!((t[0].value["share"].as_f64().unwrap() - 0.0001).abs() < 1e-12);
         assert_eq!(t[1].met, Some(true), "{}", t[1].measured);
-        assert!(t[1].measured.starts_with("8.9×"), "{}", t[1].measured);
-        assert_eq!(t[2].met, Some(false), "{}", t[2].measured);
-        assert!((t[2].value["ns_per_io"].as_f64().unwrap() - 700.0).abs() < 1e-9);
+        assert!(
+            t[1].measured
+                .starts_with("20.0× (10000 ns/I/O against 500)"),
+            "{}",
+            t[1].measured
+        );
+        assert_eq!(t[2].met, Some(true), "{}", t[2].measured);
+        assert!((t[2].value["ns_per_io"].as_f64().unwrap() - 6000.0).abs() < 1e-9);
         assert_eq!(t[3].met, Some(false), "{}", t[3].measured);
-        assert!(t[3].measured.starts_with("0.9×"), "{}", t[3].measured);
+        assert!(t[3].measured.starts_with("1.7×"), "{}", t[3].measured);
+        // Over the goal: the live view at 4 % of a smaller I/O.
+        set_baseline_cpu(&mut o, &[12_500.0]);
+        let t = o.cpu_targets();
+        assert_eq!(t[0].met, Some(false), "{}", t[0].measured);
+        assert!(t[0].measured.starts_with("4.0 %"), "{}", t[0].measured);
     }
 
     #[test]

@@ -19,6 +19,7 @@ use serde_json::Value;
 use super::{
     arms::{Arm, RecorderStages, Sample},
     fio::{self, Fio},
+    profile::{self, Profile},
     sys::{self, last_line, nap, LimitCgroup, LoopDev, Proc, Ready},
 };
 
@@ -37,9 +38,6 @@ pub const BLOCK_TRACEPOINTS: [&str; 11] = [
     "block_rq_complete",
     "block_unplug",
 ];
-
-/// bpftrace's programs, added up, in the program list of its statistics arm's samples.
-pub const BPFTRACE_PROGRAMS: &str = "bpftrace's programs";
 
 pub struct Ctx<'a> {
     pub mergetrace: PathBuf,
@@ -61,7 +59,7 @@ impl Ctx<'_> {
         let dev = self.lp.name.as_str();
         let (cmd, timeout): (Command, u64) = match arm {
             Arm::Baseline | Arm::Again => return Ok(Ok(None)),
-            Arm::Live | Arm::LiveLatency | Arm::LiveStats => {
+            Arm::Live | Arm::LiveLatency | Arm::LiveStats | Arm::LiveProfiled => {
                 let mut c = Command::new(&self.mergetrace);
                 c.args(["-d", dev, "--json", "-i", "10s"]);
                 if arm == Arm::LiveStats {
@@ -77,7 +75,7 @@ impl Ctx<'_> {
                 c.args(["serve", "-d", dev, "--listen", "127.0.0.1:0"]);
                 (c, 60)
             }
-            Arm::Record | Arm::RecordRequests | Arm::RecordStats => {
+            Arm::Record | Arm::RecordRequests | Arm::RecordStats | Arm::RecordProfiled => {
                 let mut c = Command::new(&self.mergetrace);
                 c.args(["record", "-d", dev, "--force", "-o"])
                     .arg(self.capture_path());
@@ -89,7 +87,7 @@ impl Ctx<'_> {
                 }
                 (c, 60)
             }
-            Arm::Bpftrace | Arm::BpftraceStats => {
+            Arm::Bpftrace | Arm::BpftraceProfiled => {
                 let mut c = Command::new("bpftrace");
                 c.args(["-B", "line"]).arg(&self.bpftrace_script);
                 (c, 120) // it compiles the script first
@@ -108,14 +106,14 @@ impl Ctx<'_> {
         let mut p = Proc::spawn(arm.label(), cmd, self.dir, arm.key())?;
         let perf_fds = BLOCK_TRACEPOINTS.len() * self.cpus;
         let ready = p.wait_ready(Duration::from_secs(timeout), |p| match arm {
-            Arm::Live | Arm::LiveLatency | Arm::LiveStats => {
+            Arm::Live | Arm::LiveLatency | Arm::LiveStats | Arm::LiveProfiled => {
                 p.stderr().contains("mergetrace: tracing")
             }
-            Arm::Record | Arm::RecordRequests | Arm::RecordStats => {
+            Arm::Record | Arm::RecordRequests | Arm::RecordStats | Arm::RecordProfiled => {
                 p.stderr().contains("mergetrace: recording to")
             }
             Arm::Serve => serving_at(&p.stderr()).is_some(),
-            Arm::Bpftrace | Arm::BpftraceStats => p.stdout().contains("bench: attached"),
+            Arm::Bpftrace | Arm::BpftraceProfiled => p.stdout().contains("bench: attached"),
             Arm::Perf => sys::perf_event_fds(p.pid()) >= perf_fds,
             Arm::Baseline | Arm::Again => true,
         })?;
@@ -134,6 +132,49 @@ impl Ctx<'_> {
         Ok(Ok(Some(p)))
     }
 
+    fn profile_path(&self) -> PathBuf {
+        self.dir.join("profile.data")
+    }
+
+    /// Starts `perf record` sampling every CPU for a profiled arm, and waits until its events
+    /// are open. `Ok(Err(why))` where perf cannot profile here.
+    fn start_profiler(&self) -> Result<std::result::Result<Proc, String>> {
+        let data = self.profile_path();
+        let mut p = Proc::spawn(
+            "perf record (profile)",
+            profile::recorder(&data),
+            self.dir,
+            "profile",
+        )?;
+        let ready = p.wait_ready(Duration::from_secs(60), |p| {
+            sys::perf_event_fds(p.pid()) >= self.cpus
+        })?;
+        match ready {
+            Ready::Yes => {
+                // The events are open; perf enables them right after mmap-ing their buffers.
+                nap(Duration::from_millis(300))?;
+                Ok(Ok(p))
+            }
+            Ready::Exited(why) => Ok(Err(format!("perf record (profile): {why}"))),
+            Ready::TimedOut => {
+                p.stop(Duration::from_secs(5));
+                Ok(Err("perf record (profile): not sampling after 60 s".into()))
+            }
+        }
+    }
+
+    /// Stops the profiler and reads its samples as those of the tracer `tracer_pid`.
+    fn stop_profiler(&self, p: &mut Proc, tracer_pid: u32) -> Result<Profile> {
+        let f = p.stop(Duration::from_secs(60));
+        if f.killed {
+            bail!("perf record (profile) did not exit within 60 s of SIGINT");
+        }
+        let data = self.profile_path();
+        let profile = profile::read(&data, tracer_pid);
+        let _ = fs::remove_file(&data);
+        profile
+    }
+
     /// Runs one arm: tracer up, fio, tracer down. `Err` for something that must stop the
     /// bench; `Ok(Err(why))` for a tracer that cannot run here.
     pub fn run(
@@ -147,19 +188,17 @@ impl Ctx<'_> {
             Arm::Live
                 | Arm::LiveLatency
                 | Arm::LiveStats
+                | Arm::LiveProfiled
                 | Arm::Serve
                 | Arm::Record
                 | Arm::RecordRequests
                 | Arm::RecordStats
+                | Arm::RecordProfiled
         );
-        // bpftrace has no statistics of its own: the bench turns the kernel's on for its arm.
-        let _stats = match arm {
-            Arm::BpftraceStats => match sys::BpfStats::enable() {
-                Ok(on) => Some(on),
-                Err(e) => return Ok(Err(format!("cannot turn on BPF_ENABLE_STATS: {e}"))),
-            },
-            _ => None,
-        };
+        let profiled = matches!(
+            arm,
+            Arm::LiveProfiled | Arm::RecordProfiled | Arm::BpftraceProfiled
+        );
         let mut tracer = match self.start(arm)? {
             Ok(t) => t,
             Err(why) if mergetrace_arm => bail!("{}: {why}", arm.label()),
@@ -174,24 +213,36 @@ impl Ctx<'_> {
         };
         // The tracer's own CPU while fio runs (not its start-up, nor its summary at the end).
         let tracer_cpu = || tracer.as_ref().and_then(|p| sys::process_cpu_ns(p.pid()));
-        let bpf_runs = || match (arm, tracer.as_ref()) {
-            (Arm::BpftraceStats, Some(p)) => Some(sys::process_bpf_runs(p.pid())),
-            _ => None,
+        let mut profiler = match profiled {
+            true => match self.start_profiler()? {
+                Ok(p) => Some(p),
+                Err(why) => {
+                    if let Some(t) = tracer.as_mut() {
+                        t.stop(Duration::from_secs(30));
+                    }
+                    return Ok(Err(why));
+                }
+            },
+            false => None,
         };
-        let (cpu0, runs0) = (tracer_cpu(), bpf_runs());
+        let cpu0 = tracer_cpu();
         let run = fio::run(fio, self.lp, self.dir, seconds);
-        let (cpu1, runs1) = (tracer_cpu(), bpf_runs());
+        let cpu1 = tracer_cpu();
+        let tracer_pid = tracer.as_ref().map_or(0, |t| t.pid());
+        let profile = profiler.as_mut().map(|p| self.stop_profiler(p, tracer_pid));
         let scrapes = scraper.map(Scraper::stop);
         let mut s = Sample::of(&run?);
         s.tracer_cpu_ns = cpu0.zip(cpu1).map(|(a, b)| (b - a).max(0.0));
-        if let Some(((n0, t0), (n1, t1))) = runs0.zip(runs1) {
-            // All its programs as one: their ids change from run to run, their sum does not.
-            let runs = n1.saturating_sub(n0);
-            if runs > 0 {
-                let ns = t1.saturating_sub(t0) as f64 / runs as f64;
-                s.programs.push((BPFTRACE_PROGRAMS.into(), runs, ns));
-            } else {
-                s.notes.push("no program runs in bpftrace's fdinfo".into());
+        if let Some(profile) = profile {
+            match profile {
+                Ok(p) => s.profile = Some(p),
+                // As a tool that cannot run here: the arm is unavailable, and says why.
+                Err(e) => {
+                    if let Some(t) = tracer.as_mut() {
+                        t.stop(Duration::from_secs(30));
+                    }
+                    return Ok(Err(format!("{e:#}")));
+                }
             }
         }
         let Some(p) = tracer.as_mut() else {
@@ -221,7 +272,7 @@ impl Ctx<'_> {
         }
         match arm {
             Arm::Baseline | Arm::Again => {}
-            Arm::Live | Arm::LiveLatency | Arm::LiveStats => {
+            Arm::Live | Arm::LiveLatency | Arm::LiveStats | Arm::LiveProfiled => {
                 let total = last_json(&f.stdout)
                     .with_context(|| format!("{}: no final JSON object on stdout", arm.label()))?;
                 s.lost = total["lost_events"].as_u64();
@@ -245,7 +296,7 @@ impl Ctx<'_> {
                 s.lost = Some(parse_lost_metric(&scrapes.last));
                 s.notes.push(format!("{} scrapes", scrapes.ok));
             }
-            Arm::Record | Arm::RecordRequests | Arm::RecordStats => {
+            Arm::Record | Arm::RecordRequests | Arm::RecordStats | Arm::RecordProfiled => {
                 let (events, lost, bytes) = parse_record_summary(&f.stderr).with_context(|| {
                     format!(
                         "mergetrace record: no \"wrote N events (L lost) in B bytes\" line: {}",
@@ -268,7 +319,7 @@ impl Ctx<'_> {
                     }
                 }
             }
-            Arm::Bpftrace | Arm::BpftraceStats => {
+            Arm::Bpftrace | Arm::BpftraceProfiled => {
                 s.events = Some(parse_bpftrace_counts(&f.stdout, self.lp.dev_t()));
             }
             Arm::Perf => {
