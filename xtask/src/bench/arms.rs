@@ -17,8 +17,7 @@ pub enum Arm {
     Serve,
     Record,
     RecordRequests,
-    /// The live view, a full capture and bpftrace with every CPU profiled while fio runs
-    /// (`profile`): each one's whole CPU time per I/O, hooks and process, measured alike.
+    /// The live view profiled; with `RecordProfiled` and `BpftraceProfiled` (`Arm::PROFILED`).
     LiveProfiled,
     /// No tracer, a second time in the round: its "overhead" is the noise of the machine, the
     /// spread any arm's overhead has with no cost at all.
@@ -50,6 +49,19 @@ impl Arm {
         Arm::RecordProfiled,
         Arm::BpftraceProfiled,
     ];
+
+    /// The arms run with every CPU profiled while fio runs (`profile`): the live view, a full
+    /// capture and bpftrace, each one's whole CPU time per I/O, hooks and process, measured
+    /// alike. In the order the profile table shows them.
+    pub const PROFILED: [Arm; 3] = [
+        Arm::LiveProfiled,
+        Arm::RecordProfiled,
+        Arm::BpftraceProfiled,
+    ];
+
+    pub fn profiled(self) -> bool {
+        Arm::PROFILED.contains(&self)
+    }
 
     pub fn key(self) -> &'static str {
         match self {
@@ -195,9 +207,8 @@ impl Sample {
         self.programs_ns_per_io(self.stats_floor_ns()?)
     }
 
-    /// As [`Sample::bpf_ns_per_io`], each run's time less `floor` ns: for a tracer whose
-    /// statistics have no empty program of their own (bpftrace), the floor another arm measured.
-    pub fn programs_ns_per_io(&self, floor: f64) -> Option<f64> {
+    /// The programs' time per I/O, each run's time less `floor` ns (`stats_floor` left out).
+    fn programs_ns_per_io(&self, floor: f64) -> Option<f64> {
         let programs = || {
             self.programs
                 .iter()

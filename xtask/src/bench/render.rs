@@ -310,7 +310,7 @@ fn profile_table(w: &WorkloadOutcome) -> String {
         .chain(Part::ALL.map(|p| p.name().to_string()))
         .chain(["total".into(), "of an I/O's CPU".into()])
         .collect::<Vec<_>>()];
-    for arm in PROFILED {
+    for arm in Arm::PROFILED {
         let mut row = vec![arm.label().to_string()];
         match w.profiled_cost(arm) {
             Some(c) => {
@@ -330,13 +330,6 @@ fn profile_table(w: &WorkloadOutcome) -> String {
         table(&rows)
     )
 }
-
-/// The profiled arms, in the order the profile table shows them.
-const PROFILED: [Arm; 3] = [
-    Arm::LiveProfiled,
-    Arm::RecordProfiled,
-    Arm::BpftraceProfiled,
-];
 
 fn profiled_cost_json(c: &ProfiledCost) -> Value {
     let parts: serde_json::Map<_, _> = Part::ALL
@@ -388,7 +381,7 @@ pub fn workload_json(w: &WorkloadOutcome, dev: &str, seconds: u32) -> Value {
         "program_stats": stats_json(Arm::LiveStats),
         "record_program_stats": stats_json(Arm::RecordStats),
         "noise": w.noise().map(|n| n.json()),
-        "profiled_cost": PROFILED.iter().map(|&arm| {
+        "profiled_cost": Arm::PROFILED.iter().map(|&arm| {
             (arm.key().to_string(), json!(w.profiled_cost(arm).map(|c| profiled_cost_json(&c))))
         }).collect::<serde_json::Map<_, _>>(),
         "record_cost": w.record_cost().map(|c| json!({

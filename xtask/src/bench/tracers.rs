@@ -105,7 +105,7 @@ impl Ctx<'_> {
         };
         let mut p = Proc::spawn(arm.label(), cmd, self.dir, arm.key())?;
         let perf_fds = BLOCK_TRACEPOINTS.len() * self.cpus;
-        let ready = p.wait_ready(Duration::from_secs(timeout), |p| match arm {
+        let attached = attach(&mut p, timeout, |p| match arm {
             Arm::Live | Arm::LiveLatency | Arm::LiveStats | Arm::LiveProfiled => {
                 p.stderr().contains("mergetrace: tracing")
             }
@@ -117,17 +117,11 @@ impl Ctx<'_> {
             Arm::Perf => sys::perf_event_fds(p.pid()) >= perf_fds,
             Arm::Baseline | Arm::Again => true,
         })?;
-        match ready {
-            Ready::Yes => {}
-            Ready::Exited(why) => return Ok(Err(why)),
-            Ready::TimedOut => {
-                p.stop(Duration::from_secs(5));
-                return Ok(Err(format!("not attached after {timeout} s")));
-            }
+        if let Err(why) = attached {
+            return Ok(Err(why));
         }
         if arm == Arm::Perf {
-            // The event fds are open; perf enables them right after mmap-ing their buffers.
-            nap(Duration::from_millis(300))?;
+            perf_enabling()?;
         }
         Ok(Ok(Some(p)))
     }
@@ -146,21 +140,11 @@ impl Ctx<'_> {
             self.dir,
             "profile",
         )?;
-        let ready = p.wait_ready(Duration::from_secs(60), |p| {
-            sys::perf_event_fds(p.pid()) >= self.cpus
-        })?;
-        match ready {
-            Ready::Yes => {
-                // The events are open; perf enables them right after mmap-ing their buffers.
-                nap(Duration::from_millis(300))?;
-                Ok(Ok(p))
-            }
-            Ready::Exited(why) => Ok(Err(format!("perf record (profile): {why}"))),
-            Ready::TimedOut => {
-                p.stop(Duration::from_secs(5));
-                Ok(Err("perf record (profile): not sampling after 60 s".into()))
-            }
+        if let Err(why) = attach(&mut p, 60, |p| sys::perf_event_fds(p.pid()) >= self.cpus)? {
+            return Ok(Err(format!("perf record (profile): {why}")));
         }
+        perf_enabling()?;
+        Ok(Ok(p))
     }
 
     /// Stops the profiler and reads its samples as those of the tracer `tracer_pid`.
@@ -195,10 +179,6 @@ impl Ctx<'_> {
                 | Arm::RecordStats
                 | Arm::RecordProfiled
         );
-        let profiled = matches!(
-            arm,
-            Arm::LiveProfiled | Arm::RecordProfiled | Arm::BpftraceProfiled
-        );
         let mut tracer = match self.start(arm)? {
             Ok(t) => t,
             Err(why) if mergetrace_arm => bail!("{}: {why}", arm.label()),
@@ -213,18 +193,21 @@ impl Ctx<'_> {
         };
         // The tracer's own CPU while fio runs (not its start-up, nor its summary at the end).
         let tracer_cpu = || tracer.as_ref().and_then(|p| sys::process_cpu_ns(p.pid()));
-        let mut profiler = match profiled {
-            true => match self.start_profiler()? {
-                Ok(p) => Some(p),
-                Err(why) => {
-                    if let Some(t) = tracer.as_mut() {
-                        t.stop(Duration::from_secs(30));
-                    }
-                    return Ok(Err(why));
-                }
-            },
-            false => None,
+        // A profile perf cannot take or read: the arm is unavailable, as for a tool that cannot
+        // run here, and says why (its tracer stopped as at the end of a run).
+        let unavailable = |tracer: &mut Option<Proc>, why: String| {
+            if let Some(t) = tracer.as_mut() {
+                t.stop(Duration::from_secs(30));
+            }
+            Ok(Err(why))
         };
+        let mut profiler = None;
+        if arm.profiled() {
+            match self.start_profiler()? {
+                Ok(p) => profiler = Some(p),
+                Err(why) => return unavailable(&mut tracer, why),
+            }
+        }
         let cpu0 = tracer_cpu();
         let run = fio::run(fio, self.lp, self.dir, seconds);
         let cpu1 = tracer_cpu();
@@ -233,17 +216,10 @@ impl Ctx<'_> {
         let scrapes = scraper.map(Scraper::stop);
         let mut s = Sample::of(&run?);
         s.tracer_cpu_ns = cpu0.zip(cpu1).map(|(a, b)| (b - a).max(0.0));
-        if let Some(profile) = profile {
-            match profile {
-                Ok(p) => s.profile = Some(p),
-                // As a tool that cannot run here: the arm is unavailable, and says why.
-                Err(e) => {
-                    if let Some(t) = tracer.as_mut() {
-                        t.stop(Duration::from_secs(30));
-                    }
-                    return Ok(Err(format!("{e:#}")));
-                }
-            }
+        match profile {
+            Some(Ok(p)) => s.profile = Some(p),
+            Some(Err(e)) => return unavailable(&mut tracer, format!("{e:#}")),
+            None => {}
         }
         let Some(p) = tracer.as_mut() else {
             return Ok(Ok(s));
@@ -340,6 +316,28 @@ impl Ctx<'_> {
         }
         Ok(Ok(s))
     }
+}
+
+/// Waits up to `timeout` s for `p` to be ready (`ready`); `Ok(Err(why))` where it exited first
+/// or did not get there (then it is stopped).
+fn attach(
+    p: &mut Proc,
+    timeout: u64,
+    ready: impl FnMut(&Proc) -> bool,
+) -> Result<std::result::Result<(), String>> {
+    Ok(match p.wait_ready(Duration::from_secs(timeout), ready)? {
+        Ready::Yes => Ok(()),
+        Ready::Exited(why) => Err(why),
+        Ready::TimedOut => {
+            p.stop(Duration::from_secs(5));
+            Err(format!("not attached after {timeout} s"))
+        }
+    })
+}
+
+/// perf's event descriptors are open; it enables them right after mmap-ing their buffers.
+fn perf_enabling() -> Result<()> {
+    nap(Duration::from_millis(300))
 }
 
 /// Where `mergetrace serve` listens, from its "serving http://ADDR/metrics" line.
