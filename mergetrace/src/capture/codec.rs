@@ -2,9 +2,9 @@
 //! from the previous event of the chunk or of its kind, as varints. Pure; the layout is in
 //! docs/capture-format.md, and any change to what a byte means bumps the format version.
 use bytes::{BufMut, BytesMut};
-use std::collections::VecDeque;
+use std::{collections::VecDeque, mem::MaybeUninit};
 
-use foldhash::{HashMap, HashMapExt};
+use foldhash::HashMap;
 
 use mergetrace_common::{kind, Event};
 
@@ -41,20 +41,41 @@ const VARINT_LEN: [u8; 64] = {
 /// device and cgroup references with their new values, id, sector, bytes, aux, aux64.
 pub const MAX_EVENT_LEN: usize = 1 + 1 + 2 + 3 + 10 + (1 + 5) + (1 + 10) + 10 + 10 + 5 + 5 + 10;
 
-/// One event's bytes, built on the stack and appended to the chunk in one fixed-size copy:
-/// a plain store per byte (the mask bounds the index) instead of a capacity check per byte.
-struct Scratch {
-    buf: [u8; SCRATCH_LEN],
+/// One event's bytes, written straight into the chunk's spare capacity: a plain store per
+/// byte (the mask bounds the index into a fixed-size window) instead of a capacity check per
+/// byte, and no copy. The chunk's length moves once, when the event is done.
+struct Scratch<'a> {
+    buf: &'a mut [MaybeUninit<u8>; SCRATCH_LEN],
     len: usize,
 }
 
 const SCRATCH_LEN: usize = 128;
 const _: () = assert!(MAX_EVENT_LEN <= SCRATCH_LEN);
 
-impl Scratch {
+impl Scratch<'_> {
+    /// Writes one event's bytes with `f` at the end of `out`.
+    #[inline(always)]
+    fn append(out: &mut BytesMut, f: impl FnOnce(&mut Scratch)) {
+        out.reserve(SCRATCH_LEN);
+        let at = out.len();
+        let window: &mut [MaybeUninit<u8>; SCRATCH_LEN] = (&mut out.spare_capacity_mut()
+            [..SCRATCH_LEN])
+            .try_into()
+            .expect("reserved");
+        let mut s = Scratch {
+            buf: window,
+            len: 0,
+        };
+        f(&mut s);
+        let len = s.len.min(SCRATCH_LEN);
+        // SAFETY: the `len` bytes past `at` were just written (len <= MAX_EVENT_LEN <=
+        // SCRATCH_LEN: no event is longer, `capture_max_event_len_holds`).
+        unsafe { out.set_len(at + len) };
+    }
+
     #[inline(always)]
     fn u8(&mut self, b: u8) {
-        self.buf[self.len & (SCRATCH_LEN - 1)] = b;
+        self.buf[self.len & (SCRATCH_LEN - 1)].write(b);
         self.len += 1;
     }
 
@@ -65,22 +86,6 @@ impl Scratch {
             v >>= 7;
         }
         self.u8(v as u8);
-    }
-
-    /// Appends the event's bytes to `out`.
-    #[inline(always)]
-    fn append_to(&self, out: &mut BytesMut) {
-        let at = out.len();
-        out.reserve(SCRATCH_LEN);
-        for (to, b) in out.spare_capacity_mut()[..SCRATCH_LEN]
-            .iter_mut()
-            .zip(&self.buf)
-        {
-            to.write(*b);
-        }
-        // SAFETY: the `len` bytes past `at` were just written (len <= MAX_EVENT_LEN <=
-        // SCRATCH_LEN: no event is longer, `capture_max_event_len_holds`).
-        unsafe { out.set_len(at + self.len.min(SCRATCH_LEN)) };
     }
 }
 
@@ -516,8 +521,7 @@ fn best<const N: usize>(costs: [u32; N], keep: usize) -> usize {
 /// Encodes the events of one chunk. Reusable: [`EventEncoder::reset`] starts a new chunk.
 pub struct EventEncoder {
     state: State,
-    devs: Vec<u32>,
-    cgroups: HashMap<u64, u64>,
+    refs: References,
     count: u32,
     base_ts: u64,
 }
@@ -531,8 +535,7 @@ impl Default for EventEncoder {
                 slots: [Slot::default(); SLOTS],
                 requests: Requests::new(Known::default()),
             },
-            devs: Vec::new(),
-            cgroups: HashMap::new(),
+            refs: References::default(),
             count: 0,
             base_ts: 0,
         }
@@ -551,8 +554,8 @@ impl EventEncoder {
 
     pub fn reset(&mut self) {
         self.count = 0;
-        self.devs.clear();
-        self.cgroups.clear();
+        self.refs.devs.clear();
+        self.refs.cgroups.clear();
     }
 
     /// Appends `ev` to `out`. The first event after a reset sets the chunk's base timestamp.
@@ -564,45 +567,44 @@ impl EventEncoder {
         }
         self.count += 1;
         let si = slot_of(ev.kind);
-        let slot = self.state.slots[si];
-        let p = self.state.prev;
+        let state = &mut self.state;
+        let (slot, p) = (&state.slots[si], &state.prev);
         // Only an event that names a first bio (requests do, bios do not) is worth asking the
         // request memories: an encoder's choice, which keeps the bios' cost as it was.
-        let r = &self.state.requests;
+        let r = &state.requests;
         let linked = (ev.aux64 != 0).then(|| Linked {
             link: r.link(ev.id).unwrap_or_default(),
             oldest: r.oldest().unwrap_or_default(),
             newest: r.newest().unwrap_or_default(),
             in_flight: r.oldest_in_flight().unwrap_or_default(),
         });
-        let (modes, regret) = choose_modes(ev, &slot, &p, self.state.prev_id_2, linked.as_ref());
-        self.write(ev, &slot, &p, modes, out);
-        self.state.slots[si] = Slot {
-            prev: *ev,
-            h: slot
-                .h
-                .after(slot.prev.id, ev.id, modes, ev.ts_ns.wrapping_sub(p.ts_ns)),
-            regret,
-        };
-        self.state.prev_id_2 = p.id;
-        self.state.prev = *ev;
-        self.state.requests.note(ev, Known::from(ev));
+        let (modes, regret) = choose_modes(ev, slot, p, state.prev_id_2, linked.as_ref());
+        Scratch::append(out, |o| self.refs.write(ev, slot, p, modes, o));
+        // Updated in place: a slot is ~100 bytes, copied out and back an event cost more.
+        let dt = ev.ts_ns.wrapping_sub(p.ts_ns);
+        state.prev_id_2 = p.id;
+        let slot = &mut state.slots[si];
+        slot.h = slot.h.after(slot.prev.id, ev.id, modes, dt);
+        slot.prev = *ev;
+        slot.regret = regret;
+        state.prev = *ev;
+        state.requests.note(ev, Known::from(ev));
     }
+}
 
-    /// The head byte, then what it says follows.
-    #[inline]
-    fn write(&mut self, ev: &Event, slot: &Slot, p: &Event, modes: u16, out: &mut BytesMut) {
-        let mut o = Scratch {
-            buf: [0; SCRATCH_LEN],
-            len: 0,
-        };
-        self.write_into(ev, slot, p, modes, &mut o);
-        o.append_to(out);
-    }
+/// The chunk's dictionaries of devices and cgroups: an event names one by its index once it
+/// has been written out in full.
+#[derive(Default)]
+struct References {
+    devs: Vec<u32>,
+    cgroups: HashMap<u64, u64>,
+}
 
+impl References {
+    /// The event's head byte, then what it says follows.
     #[inline(always)]
-    fn write_into(&mut self, ev: &Event, slot: &Slot, p: &Event, modes: u16, out: &mut Scratch) {
-        let (sp, m) = (slot.prev, slot.h.modes);
+    fn write(&mut self, ev: &Event, slot: &Slot, p: &Event, modes: u16, out: &mut Scratch) {
+        let (sp, m) = (&slot.prev, slot.h.modes);
         let mut head = ev.kind.min(KIND_ESCAPE);
         if modes != m {
             head |= H_MODES;
