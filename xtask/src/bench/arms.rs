@@ -1,7 +1,7 @@
 //! The arms of the benchmark (no tracer, the live view, with --latency, the exporter scraped
 //! every second, record, record --requests, no tracer again, bpftrace, perf, live --stats,
-//! record --stats, and the live view, record and bpftrace profiled), the order they run in each
-//! round, and what one run of an arm measured.
+//! record --stats, and the live view, record, record --requests and bpftrace profiled), the
+//! order they run in each round, and what one run of an arm measured.
 
 use super::{
     fio::{self, FioRun, Workload},
@@ -17,7 +17,7 @@ pub enum Arm {
     Serve,
     Record,
     RecordRequests,
-    /// The live view profiled; with `RecordProfiled` and `BpftraceProfiled` (`Arm::PROFILED`).
+    /// The live view profiled; with the other `Arm::PROFILED`.
     LiveProfiled,
     /// No tracer, a second time in the round: its "overhead" is the noise of the machine, the
     /// spread any arm's overhead has with no cost at all.
@@ -27,13 +27,14 @@ pub enum Arm {
     LiveStats,
     RecordStats,
     RecordProfiled,
+    RecordRequestsProfiled,
     BpftraceProfiled,
 }
 
 impl Arm {
     /// The order of a round (rotated from round to round). `Again` sits halfway round from
     /// `Baseline`, as far from it as an arm can be.
-    pub const ALL: [Arm; 14] = [
+    pub const ALL: [Arm; 15] = [
         Arm::Baseline,
         Arm::Live,
         Arm::LiveLatency,
@@ -47,15 +48,17 @@ impl Arm {
         Arm::LiveStats,
         Arm::RecordStats,
         Arm::RecordProfiled,
+        Arm::RecordRequestsProfiled,
         Arm::BpftraceProfiled,
     ];
 
     /// The arms run with every CPU profiled while fio runs (`profile`): the live view, a full
-    /// capture and bpftrace, each one's whole CPU time per I/O, hooks and process, measured
-    /// alike. In the order the profile table shows them.
-    pub const PROFILED: [Arm; 3] = [
+    /// capture, a request-level one and bpftrace, each one's whole CPU time per I/O, hooks and
+    /// process, measured alike. In the order the profile table shows them.
+    pub const PROFILED: [Arm; 4] = [
         Arm::LiveProfiled,
         Arm::RecordProfiled,
+        Arm::RecordRequestsProfiled,
         Arm::BpftraceProfiled,
     ];
 
@@ -78,6 +81,7 @@ impl Arm {
             Arm::RecordStats => "record_stats",
             Arm::LiveProfiled => "live_profiled",
             Arm::RecordProfiled => "record_profiled",
+            Arm::RecordRequestsProfiled => "record_requests_profiled",
             Arm::BpftraceProfiled => "bpftrace_profiled",
         }
     }
@@ -97,6 +101,7 @@ impl Arm {
             Arm::RecordStats => "mergetrace record --stats",
             Arm::LiveProfiled => "mergetrace live, profiled",
             Arm::RecordProfiled => "mergetrace record, profiled",
+            Arm::RecordRequestsProfiled => "mergetrace record --requests, profiled",
             Arm::BpftraceProfiled => "bpftrace, profiled",
         }
     }
@@ -119,6 +124,10 @@ impl Arm {
             Arm::LiveProfiled => "mergetrace -d DEV --json -i 10s; perf record -a -g -e cpu-clock",
             Arm::RecordProfiled => {
                 "mergetrace record -d DEV -o /dev/shm/... --force; perf record -a -g -e cpu-clock"
+            }
+            Arm::RecordRequestsProfiled => {
+                "mergetrace record -d DEV -o /dev/shm/... --force --requests; \
+                 perf record -a -g -e cpu-clock"
             }
             Arm::BpftraceProfiled => "bpftrace -B line SCRIPT; perf record -a -g -e cpu-clock",
         }

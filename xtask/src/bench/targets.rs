@@ -386,9 +386,9 @@ impl WorkloadOutcome {
         })
     }
 
-    /// The CPU-time goals, from the profiled arms: the live view's and a full capture's share
-    /// of an I/O's CPU, and bpftrace's CPU per I/O over each (hooks and process, all measured
-    /// alike).
+    /// The CPU-time goals, from the profiled arms: the live view's, a full capture's and a
+    /// request-level capture's share of an I/O's CPU, and bpftrace's CPU per I/O over each
+    /// (hooks and process, all measured alike).
     pub fn cpu_targets(&self) -> Vec<Target> {
         let t =
             |name: &str, goal: String, measured: String, met: Option<bool>, value: Value| Target {
@@ -402,6 +402,7 @@ impl WorkloadOutcome {
         let not = || "not measured".to_string();
         let live = self.profiled_cost(Arm::LiveProfiled);
         let record = self.profiled_cost(Arm::RecordProfiled);
+        let requests = self.profiled_cost(Arm::RecordRequestsProfiled);
         let bpftrace = self.profiled_cost(Arm::BpftraceProfiled);
         let share = |name: &str, max: f64, c: Option<&ProfiledCost>| {
             let goal = format!("≤ {:.0} % of the I/O's CPU time", max * 100.0);
@@ -449,6 +450,16 @@ impl WorkloadOutcome {
                 "bpftrace / full capture, CPU per I/O",
                 BPFTRACE_OVER_RECORD_MIN,
                 record.as_ref(),
+            ),
+            share(
+                "request-level capture CPU per I/O",
+                RECORD_MAX_OVERHEAD,
+                requests.as_ref(),
+            ),
+            over(
+                "bpftrace / request-level capture, CPU per I/O",
+                BPFTRACE_OVER_RECORD_MIN,
+                requests.as_ref(),
             ),
         ]
     }
@@ -814,6 +825,8 @@ mod tests {
                 "bpftrace / live view, CPU per I/O",
                 "full capture CPU per I/O",
                 "bpftrace / full capture, CPU per I/O",
+                "request-level capture CPU per I/O",
+                "bpftrace / request-level capture, CPU per I/O",
             ]
         );
     }
@@ -947,7 +960,7 @@ mod tests {
     }
 
     #[test]
-    fn cpu_targets_set_bpftrace_against_the_live_view_and_a_full_capture() {
+    fn cpu_targets_set_bpftrace_against_the_live_view_and_both_captures() {
         let mut o = outcome(&[100.0], &[99.0], None);
         assert!(o.cpu_targets().iter().all(|t| t.met.is_none()));
         set_baseline_cpu(&mut o, &[5_000_000.0]);
@@ -972,6 +985,25 @@ mod tests {
         assert!((t[2].value["ns_per_io"].as_f64().unwrap() - 6000.0).abs() < 1e-9);
         assert_eq!(t[3].met, Some(false), "{}", t[3].measured);
         assert!(t[3].measured.starts_with("1.7×"), "{}", t[3].measured);
+        // The request-level capture not profiled: its two goals say so.
+        assert_eq!((t[4].met, t[5].met), (None, None));
+        assert_eq!(t[4].measured, "not measured");
+        // Profiled at 8 samples (2,000 ns/I/O): 0.04 %, 5.0× below bpftrace.
+        o.arms
+            .get_mut(&Arm::RecordRequestsProfiled)
+            .unwrap()
+            .samples = vec![profiled([2, 2, 1, 1, 2])];
+        let t = o.cpu_targets();
+        assert_eq!(t[4].name, "request-level capture CPU per I/O");
+        assert_eq!(t[4].met, Some(true), "{}", t[4].measured);
+        assert!((t[4].value["ns_per_io"].as_f64().unwrap() - 2000.0).abs() < 1e-9);
+        assert_eq!(t[5].met, Some(true), "{}", t[5].measured);
+        assert!(
+            t[5].measured
+                .starts_with("5.0× (10000 ns/I/O against 2000)"),
+            "{}",
+            t[5].measured
+        );
         // Over the goal: the live view at 4 % of a smaller I/O.
         set_baseline_cpu(&mut o, &[12_500.0]);
         let t = o.cpu_targets();

@@ -75,11 +75,15 @@ impl Ctx<'_> {
                 c.args(["serve", "-d", dev, "--listen", "127.0.0.1:0"]);
                 (c, 60)
             }
-            Arm::Record | Arm::RecordRequests | Arm::RecordStats | Arm::RecordProfiled => {
+            Arm::Record
+            | Arm::RecordRequests
+            | Arm::RecordStats
+            | Arm::RecordProfiled
+            | Arm::RecordRequestsProfiled => {
                 let mut c = Command::new(&self.mergetrace);
                 c.args(["record", "-d", dev, "--force", "-o"])
                     .arg(self.capture_path());
-                if arm == Arm::RecordRequests {
+                if matches!(arm, Arm::RecordRequests | Arm::RecordRequestsProfiled) {
                     c.arg("--requests");
                 }
                 if arm == Arm::RecordStats {
@@ -109,9 +113,11 @@ impl Ctx<'_> {
             Arm::Live | Arm::LiveLatency | Arm::LiveStats | Arm::LiveProfiled => {
                 p.stderr().contains("mergetrace: tracing")
             }
-            Arm::Record | Arm::RecordRequests | Arm::RecordStats | Arm::RecordProfiled => {
-                p.stderr().contains("mergetrace: recording to")
-            }
+            Arm::Record
+            | Arm::RecordRequests
+            | Arm::RecordStats
+            | Arm::RecordProfiled
+            | Arm::RecordRequestsProfiled => p.stderr().contains("mergetrace: recording to"),
             Arm::Serve => serving_at(&p.stderr()).is_some(),
             Arm::Bpftrace | Arm::BpftraceProfiled => p.stdout().contains("bench: attached"),
             Arm::Perf => sys::perf_event_fds(p.pid()) >= perf_fds,
@@ -178,6 +184,7 @@ impl Ctx<'_> {
                 | Arm::RecordRequests
                 | Arm::RecordStats
                 | Arm::RecordProfiled
+                | Arm::RecordRequestsProfiled
         );
         let mut tracer = match self.start(arm)? {
             Ok(t) => t,
@@ -272,7 +279,11 @@ impl Ctx<'_> {
                 s.lost = Some(parse_lost_metric(&scrapes.last));
                 s.notes.push(format!("{} scrapes", scrapes.ok));
             }
-            Arm::Record | Arm::RecordRequests | Arm::RecordStats | Arm::RecordProfiled => {
+            Arm::Record
+            | Arm::RecordRequests
+            | Arm::RecordStats
+            | Arm::RecordProfiled
+            | Arm::RecordRequestsProfiled => {
                 let (events, lost, bytes) = parse_record_summary(&f.stderr).with_context(|| {
                     format!(
                         "mergetrace record: no \"wrote N events (L lost) in B bytes\" line: {}",
