@@ -959,6 +959,11 @@ mod tests {
         assert!((c.share - 0.035).abs() < 1e-12, "{}", c.share);
     }
 
+    /// `arm` profiled in one round, with `samples` as in [`profiled`].
+    fn set_profiled(o: &mut WorkloadOutcome, arm: Arm, samples: [u64; 5]) {
+        o.arms.get_mut(&arm).unwrap().samples = vec![profiled(samples)];
+    }
+
     #[test]
     fn cpu_targets_set_bpftrace_against_the_live_view_and_both_captures() {
         let mut o = outcome(&[100.0], &[99.0], None);
@@ -967,10 +972,9 @@ mod tests {
         // The live view 2 samples (500 ns/I/O), a full capture 24 (6,000), bpftrace 40
         // (10,000), against 5 ms of CPU an I/O: 0.01 %, 20×; 0.12 % (met: ≤ 12 % is 600,000
         // ns), 1.7× (not met).
-        let arms = o.arms.get_mut(&Arm::LiveProfiled).unwrap();
-        arms.samples = vec![profiled([1, 1, 0, 0, 0])];
-        o.arms.get_mut(&Arm::RecordProfiled).unwrap().samples = vec![profiled([4, 4, 2, 4, 10])];
-        o.arms.get_mut(&Arm::BpftraceProfiled).unwrap().samples = vec![profiled([28, 2, 0, 10, 0])];
+        set_profiled(&mut o, Arm::LiveProfiled, [1, 1, 0, 0, 0]);
+        set_profiled(&mut o, Arm::RecordProfiled, [4, 4, 2, 4, 10]);
+        set_profiled(&mut o, Arm::BpftraceProfiled, [28, 2, 0, 10, 0]);
         let t = o.cpu_targets();
         assert_eq!(t[0].met, Some(true), "{}", t[0].measured);
         assert!((t[0].value["share"].as_f64().unwrap() - 0.0001).abs() < 1e-12);
@@ -989,10 +993,7 @@ mod tests {
         assert_eq!((t[4].met, t[5].met), (None, None));
         assert_eq!(t[4].measured, "not measured");
         // Profiled at 8 samples (2,000 ns/I/O): 0.04 %, 5.0× below bpftrace.
-        o.arms
-            .get_mut(&Arm::RecordRequestsProfiled)
-            .unwrap()
-            .samples = vec![profiled([2, 2, 1, 1, 2])];
+        set_profiled(&mut o, Arm::RecordRequestsProfiled, [2, 2, 1, 1, 2]);
         let t = o.cpu_targets();
         assert_eq!(t[4].name, "request-level capture CPU per I/O");
         assert_eq!(t[4].met, Some(true), "{}", t[4].measured);
