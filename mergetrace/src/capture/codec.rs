@@ -44,38 +44,41 @@ pub const MAX_EVENT_LEN: usize = 1 + 1 + 2 + 3 + 10 + (1 + 5) + (1 + 10) + 10 + 
 /// One event's bytes, written straight into the chunk's spare capacity: a plain store per
 /// byte (the mask bounds the index into a fixed-size window) instead of a capacity check per
 /// byte, and no copy. The chunk's length moves once, when the event is done.
-struct Scratch<'a> {
-    buf: &'a mut [MaybeUninit<u8>; SCRATCH_LEN],
+struct EventBytes<'a> {
+    /// The chunk's spare capacity, from its end on.
+    buf: &'a mut [MaybeUninit<u8>; WINDOW_LEN],
+    /// Bytes written so far.
     len: usize,
 }
 
-const SCRATCH_LEN: usize = 128;
-const _: () = assert!(MAX_EVENT_LEN <= SCRATCH_LEN);
+/// The room reserved for one event (a power of two, for the mask).
+const WINDOW_LEN: usize = 128;
+const _: () = assert!(MAX_EVENT_LEN <= WINDOW_LEN);
 
-impl Scratch<'_> {
+impl EventBytes<'_> {
     /// Writes one event's bytes with `f` at the end of `out`.
     #[inline(always)]
-    fn append(out: &mut BytesMut, f: impl FnOnce(&mut Scratch)) {
-        out.reserve(SCRATCH_LEN);
+    fn append(out: &mut BytesMut, f: impl FnOnce(&mut EventBytes)) {
+        out.reserve(WINDOW_LEN);
         let at = out.len();
-        let window: &mut [MaybeUninit<u8>; SCRATCH_LEN] = (&mut out.spare_capacity_mut()
-            [..SCRATCH_LEN])
+        let window: &mut [MaybeUninit<u8>; WINDOW_LEN] = (&mut out.spare_capacity_mut()
+            [..WINDOW_LEN])
             .try_into()
             .expect("reserved");
-        let mut s = Scratch {
+        let mut s = EventBytes {
             buf: window,
             len: 0,
         };
         f(&mut s);
-        let len = s.len.min(SCRATCH_LEN);
+        let len = s.len.min(WINDOW_LEN);
         // SAFETY: the `len` bytes past `at` were just written (len <= MAX_EVENT_LEN <=
-        // SCRATCH_LEN: no event is longer, `capture_max_event_len_holds`).
+        // WINDOW_LEN: no event is longer, `capture_max_event_len_holds`).
         unsafe { out.set_len(at + len) };
     }
 
     #[inline(always)]
     fn u8(&mut self, b: u8) {
-        self.buf[self.len & (SCRATCH_LEN - 1)].write(b);
+        self.buf[self.len & (WINDOW_LEN - 1)].write(b);
         self.len += 1;
     }
 
@@ -579,7 +582,7 @@ impl EventEncoder {
             in_flight: r.oldest_in_flight().unwrap_or_default(),
         });
         let (modes, regret) = choose_modes(ev, slot, p, state.prev_id_2, linked.as_ref());
-        Scratch::append(out, |o| self.refs.write(ev, slot, p, modes, o));
+        EventBytes::append(out, |o| self.refs.write(ev, slot, p, modes, o));
         // Updated in place: a slot is ~100 bytes, copied out and back an event cost more.
         let dt = ev.ts_ns.wrapping_sub(p.ts_ns);
         state.prev_id_2 = p.id;
@@ -603,7 +606,7 @@ struct References {
 impl References {
     /// The event's head byte, then what it says follows.
     #[inline(always)]
-    fn write(&mut self, ev: &Event, slot: &Slot, p: &Event, modes: u16, out: &mut Scratch) {
+    fn write(&mut self, ev: &Event, slot: &Slot, p: &Event, modes: u16, out: &mut EventBytes) {
         let (sp, m) = (&slot.prev, slot.h.modes);
         let mut head = ev.kind.min(KIND_ESCAPE);
         if modes != m {
