@@ -37,6 +37,14 @@ pub struct CountKey {
     pub dir: u32,
 }
 
+impl CountKey {
+    /// The key as the words of a cache entry ([`crate::nested::CacheEntry`]).
+    #[inline(always)]
+    pub fn words(&self) -> [u64; 2] {
+        [self.cgroup_id, self.dev as u64 | (self.dir as u64) << 32]
+    }
+}
+
 /// How many (cgroup, disk, direction) keys are counted in per-CPU arrays, by a slot user space
 /// gives each key it learns of; until it has one, and beyond this, a key is counted in a
 /// per-CPU hash map (slower: a hash lookup per event instead of an array index).
@@ -51,6 +59,22 @@ pub struct SlotRef {
     pub slot: u32,
     /// Never 0 for a slot in use (0 marks an empty cache entry).
     pub gen: u32,
+}
+
+impl SlotRef {
+    /// The slot as one word of a cache entry ([`crate::nested::CacheEntry`]), and back.
+    #[inline(always)]
+    pub fn word(self) -> u64 {
+        self.slot as u64 | (self.gen as u64) << 32
+    }
+
+    #[inline(always)]
+    pub fn from_word(w: u64) -> SlotRef {
+        SlotRef {
+            slot: w as u32,
+            gen: (w >> 32) as u32,
+        }
+    }
 }
 
 /// Key of the plug flush histogram: (device, requests in the flush, explicit or not).

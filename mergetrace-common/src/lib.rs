@@ -7,6 +7,7 @@
 
 pub mod count;
 pub mod latency;
+pub mod nested;
 pub use count::{CountKey, Counters, DeviceState, MeterUnits, SlotRef, UnplugKey, MAX_SLOTS};
 /// Names and device numbers for user space (the programs never need them).
 #[cfg(feature = "user")]

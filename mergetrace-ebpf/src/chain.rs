@@ -79,7 +79,7 @@ fn chain_len<const LOOP_HELPER: bool>(first: u64, stop: u64) -> u32 {
         let mut walk = ChainLen {
             bio: first,
             stop,
-            count,
+            count: count.word,
         };
         unsafe {
             bpf_loop(
@@ -89,7 +89,7 @@ fn chain_len<const LOOP_HELPER: bool>(first: u64, stop: u64) -> u32 {
                 0,
             )
         };
-        return unsafe { *count } as u32;
+        return unsafe { *count.word } as u32;
     }
     let next_off = off!(bio_bi_next);
     let mut bio = first;
@@ -128,9 +128,10 @@ extern "C" fn chain_len_step(_i: u64, walk: *mut ChainLen) -> i64 {
 /// names (each entry taken out as found).
 #[inline(always)]
 fn absorbed_in<const LOOP_HELPER: bool>(first: u64) -> u64 {
-    let Some(sum) = untracked_sum() else {
+    let Some(held) = untracked_sum() else {
         return 0;
     };
+    let sum = held.word;
     if LOOP_HELPER {
         let mut walk = Absorbed { bio: first, sum };
         unsafe {

@@ -6,6 +6,7 @@ use aya_ebpf::{
 };
 use mergetrace_common::{
     latency::{IssuedAt, LatencyHist, ISSUED_AT_ENTRIES},
+    nested::CacheEntry,
     CountKey, Counters, DeviceState, Event, KernelOffsets, KernelSymbols, MeterUnits, Modes,
     SlotRef, Staged, TracedDevices, LOST_SLOTS, MAX_DEVICES, MAX_SLOTS, REMOVED_SLOTS,
     UNPLUG_SLOTS,
@@ -74,18 +75,11 @@ pub static SLOT_OF: HashMap<CountKey, SlotRef> = HashMap::with_max_entries(2 * M
 #[map]
 pub static SLOT_GEN: Array<u32> = Array::with_max_entries(MAX_SLOTS + REMOVED_SLOTS, 0);
 
-/// Per CPU, per direction: the last key counted and its slot, so that a run of events of one
-/// cgroup (the usual case) finds its counters without a hash lookup.
+/// Per CPU, per direction: the last key counted (`CountKey::words`) and its slot
+/// (`SlotRef::word`), so that a run of events of one cgroup (the usual case) finds its
+/// counters without a hash lookup.
 #[map]
-pub static SLOT_CACHE: PerCpuArray<CachedSlot> = PerCpuArray::with_max_entries(4, 0);
-
-/// One entry of `SLOT_CACHE`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CachedSlot {
-    pub key: CountKey,
-    pub slot: SlotRef,
-}
+pub static SLOT_CACHE: PerCpuArray<CacheEntry<2, 1>> = PerCpuArray::with_max_entries(4, 0);
 
 /// Per CPU: plug flushes per (disk slot, explicit, depth) (`mergetrace_common::unplug_slot`),
 /// when `MODES.aggregate` is set.
@@ -227,7 +221,8 @@ pub static THROTTLE_POLICY: Array<u32> = Array::with_max_entries(1, 0);
 #[map]
 pub static SENT_SINCE_WAKE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
-/// Per CPU: values the verifier does not track. Slot 0 passes a value through
-/// (`read::forget`), slot 1 holds a loop's running sum (`read::untracked_sum`).
+/// Per CPU: values the verifier does not track (`read::forget`, `read::untracked_sum`). Word 0
+/// counts the words held; the next `NESTED_WORDS` are held one per program nested on the CPU.
 #[map]
-pub static SCRATCH: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
+pub static SCRATCH: PerCpuArray<u64> =
+    PerCpuArray::with_max_entries(1 + crate::read::NESTED_WORDS, 0);

@@ -48,14 +48,15 @@ pub fn forget(v: u64) -> u64 {
     v
 }
 
-/// [`forget`] for several values, with one map lookup.
+/// [`forget`] for several values, each written to a map word and read back (which also
+/// makes a pointer a plain number). The word is this program's own ([`scratch`]).
 #[inline(always)]
 pub fn forget_all<const N: usize>(mut vs: [u64; N]) -> [u64; N] {
-    if let Some(slot) = SCRATCH.get_ptr_mut(0) {
+    if let Some(held) = scratch() {
         for v in &mut vs {
             unsafe {
-                core::ptr::write_volatile(slot, *v);
-                *v = core::ptr::read_volatile(slot);
+                core::ptr::write_volatile(held.word, *v);
+                *v = core::ptr::read_volatile(held.word);
             }
         }
     }
@@ -66,10 +67,46 @@ pub fn forget_all<const N: usize>(mut vs: [u64; N]) -> [u64; N] {
 /// adding to a register leaves it bounds that grow with each iteration, and states that differ
 /// only there are never recognised as alike (see `chain`).
 #[inline(always)]
-pub fn untracked_sum() -> Option<*mut u64> {
-    let sum = SCRATCH.get_ptr_mut(1)?;
-    unsafe { *sum = 0 };
-    Some(sum)
+pub fn untracked_sum() -> Option<Scratch> {
+    let held = scratch()?;
+    unsafe { core::ptr::write_volatile(held.word, 0) };
+    Some(held)
+}
+
+/// `SCRATCH`'s word counting the words held on this CPU ([`scratch`]).
+const HELD: u32 = 0;
+/// `SCRATCH`'s words to hold, after [`HELD`]: one per program nested on a CPU, up to this many.
+pub const NESTED_WORDS: u32 = 6;
+
+/// A map word of this program's own until dropped. The programs of a CPU share `SCRATCH`, and
+/// one can run inside another (an interrupt's completion inside a task's issue, between any
+/// two instructions): each takes the word after those held by the programs it interrupted,
+/// and gives it back before they go on, so no two use a word at once.
+#[inline(always)]
+fn scratch() -> Option<Scratch> {
+    let held = SCRATCH.get_ptr_mut(HELD)?;
+    let depth = unsafe { core::ptr::read_volatile(held) };
+    // Deeper than any nesting of block tracepoints (task, softirq, hardirq, NMI): the last
+    // word is shared rather than nothing counted.
+    let word = SCRATCH.get_ptr_mut(HELD + 1 + (depth as u32).min(NESTED_WORDS - 1))?;
+    unsafe { core::ptr::write_volatile(held, depth + 1) };
+    Some(Scratch { word, held })
+}
+
+/// A word of `SCRATCH`, held until dropped (see [`scratch`]).
+pub struct Scratch {
+    pub word: *mut u64,
+    held: *mut u64,
+}
+
+impl Drop for Scratch {
+    #[inline(always)]
+    fn drop(&mut self) {
+        unsafe {
+            let depth = core::ptr::read_volatile(self.held);
+            core::ptr::write_volatile(self.held, depth.saturating_sub(1));
+        }
+    }
 }
 
 /// User space filled the offsets in (programs do nothing before).

@@ -1,7 +1,7 @@
 //! A key's counter slot: the index user space gave its (cgroup, disk, direction) in the per-CPU
 //! arrays by slot (`COUNTERS`, and `LATENCY` with `--latency`). One lookup per event serves
 //! everything the event counts; a key without a slot counts in the hash maps instead.
-use mergetrace_common::{count::dir_of_op, CountKey, Event, SlotRef};
+use mergetrace_common::{count::dir_of_op, nested::CacheEntry, CountKey, Event, SlotRef};
 
 use crate::maps::{SLOT_CACHE, SLOT_GEN, SLOT_OF};
 
@@ -16,21 +16,23 @@ pub fn key_of(ev: &Event) -> CountKey {
 }
 
 /// The key's slot, if user space gave it one: from this CPU's cache when the last key looked
-/// up in the direction was the same, else from `SLOT_OF`.
+/// up in the direction was the same, else from `SLOT_OF`. The cache is shared with the
+/// programs that can run inside this one on the CPU (`CacheEntry`).
 #[inline(always)]
 pub fn of(key: &CountKey) -> Option<u32> {
     let cached = SLOT_CACHE.get_ptr_mut(key.dir & 3)?;
-    let mut slot = unsafe { (*cached).slot };
-    if unsafe { (*cached).key } != *key || !current(slot) {
-        slot = *unsafe { SLOT_OF.get(key) }?;
-        if !current(slot) {
-            return None;
-        }
-        unsafe {
-            (*cached).key = *key;
-            (*cached).slot = slot;
+    let words = key.words();
+    if let Some([word]) = unsafe { CacheEntry::get(cached, words) } {
+        let slot = SlotRef::from_word(word);
+        if current(slot) {
+            return Some(slot.slot);
         }
     }
+    let slot = *unsafe { SLOT_OF.get(key) }?;
+    if !current(slot) {
+        return None;
+    }
+    unsafe { CacheEntry::put(cached, words, [slot.word()]) };
     Some(slot.slot)
 }
 

@@ -78,6 +78,11 @@ impl Fio {
         self
     }
 
+    /// `--readonly`: fio refuses to write, whatever the other options say (a disk not ours).
+    pub fn readonly(self) -> Fio {
+        self.opt("readonly", "")
+    }
+
     /// `--iodepth_batch_submit=N --iodepth_batch_complete_min=N`.
     pub fn batch(self, n: u32) -> Fio {
         self.opt("iodepth_batch_submit", &n.to_string())
@@ -103,7 +108,10 @@ impl Fio {
             format!("--name={}", self.name),
             "--output-format=json".to_string(),
         ];
-        a.extend(self.opts.iter().map(|(k, v)| format!("--{k}={v}")));
+        a.extend(self.opts.iter().map(|(k, v)| match v.as_str() {
+            "" => format!("--{k}"),
+            _ => format!("--{k}={v}"),
+        }));
         a
     }
 

@@ -38,6 +38,7 @@ mod child;
 mod disk;
 mod diskstats;
 mod fio;
+mod interrupt_disk;
 mod recorder;
 /// `mergetrace serve` as a child (`use support::serve::*`: kernel_churn has a server of its own).
 pub mod serve;
@@ -50,7 +51,8 @@ pub mod workloads;
 // a module would otherwise warn about its re-export.
 #[allow(unused_imports)]
 pub use self::{
-    cgroup::*, child::*, disk::*, diskstats::*, fio::*, recorder::*, test_disk::*, tracer::*,
+    cgroup::*, child::*, disk::*, diskstats::*, fio::*, interrupt_disk::*, recorder::*,
+    test_disk::*, tracer::*,
 };
 
 /// How long the tracer may take to load and attach its probes (BPF verification on a busy
