@@ -221,8 +221,7 @@ pub static THROTTLE_POLICY: Array<u32> = Array::with_max_entries(1, 0);
 #[map]
 pub static SENT_SINCE_WAKE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
-/// Per CPU: values the verifier does not track (`read::forget`, `read::untracked_sum`). Word 0
-/// counts the words held; the next `NESTED_WORDS` are held one per program nested on the CPU.
+/// Per CPU: words for values the verifier does not track (`read::forget_all`,
+/// `read::untracked_sum`), one held per program nested on the CPU.
 #[map]
-pub static SCRATCH: PerCpuArray<u64> =
-    PerCpuArray::with_max_entries(1 + crate::read::NESTED_WORDS, 0);
+pub static SCRATCH: PerCpuArray<crate::read::ScratchWords> = PerCpuArray::with_max_entries(1, 0);

@@ -48,10 +48,24 @@ pub fn forget(v: u64) -> u64 {
     v
 }
 
-/// [`forget`] for several values, each written to a map word and read back (which also
-/// makes a pointer a plain number). The word is this program's own ([`scratch`]).
+/// [`forget`] for several numbers, with one map lookup: each is XORed with a map word that is
+/// always 0 but that the verifier cannot know. Nothing is written, so a program running inside
+/// this one on its CPU cannot change what comes back. Not for a pointer, which the verifier
+/// lets no arithmetic touch: [`forget_all_stored`].
 #[inline(always)]
 pub fn forget_all<const N: usize>(mut vs: [u64; N]) -> [u64; N] {
+    if let Some(s) = SCRATCH.get_ptr(0) {
+        for v in &mut vs {
+            *v ^= unsafe { core::ptr::read_volatile(&raw const (*s).zero) };
+        }
+    }
+    vs
+}
+
+/// [`forget_all`] where a value may be a pointer (which this makes a plain number): each is
+/// written to a map word of this program's own ([`scratch`]) and read back.
+#[inline(always)]
+pub fn forget_all_stored<const N: usize>(mut vs: [u64; N]) -> [u64; N] {
     if let Some(held) = scratch() {
         for v in &mut vs {
             unsafe {
@@ -73,10 +87,19 @@ pub fn untracked_sum() -> Option<Scratch> {
     Some(held)
 }
 
-/// `SCRATCH`'s word counting the words held on this CPU ([`scratch`]).
-const HELD: u32 = 0;
-/// `SCRATCH`'s words to hold, after [`HELD`]: one per program nested on a CPU, up to this many.
-pub const NESTED_WORDS: u32 = 6;
+/// A CPU's words for values the verifier does not track (the programs' `SCRATCH`).
+#[repr(C)]
+pub struct ScratchWords {
+    /// Never written: always 0 ([`forget_all`]).
+    zero: u64,
+    /// How many of `words` are held ([`scratch`]).
+    held: u64,
+    words: [u64; NESTED_WORDS],
+}
+
+/// Programs nested on one CPU that can each hold a word: more than block tracepoints ever
+/// nest (task, softirq, hardirq, NMI).
+const NESTED_WORDS: usize = 8;
 
 /// A map word of this program's own until dropped. The programs of a CPU share `SCRATCH`, and
 /// one can run inside another (an interrupt's completion inside a task's issue, between any
@@ -84,13 +107,15 @@ pub const NESTED_WORDS: u32 = 6;
 /// and gives it back before they go on, so no two use a word at once.
 #[inline(always)]
 fn scratch() -> Option<Scratch> {
-    let held = SCRATCH.get_ptr_mut(HELD)?;
-    let depth = unsafe { core::ptr::read_volatile(held) };
-    // Deeper than any nesting of block tracepoints (task, softirq, hardirq, NMI): the last
-    // word is shared rather than nothing counted.
-    let word = SCRATCH.get_ptr_mut(HELD + 1 + (depth as u32).min(NESTED_WORDS - 1))?;
-    unsafe { core::ptr::write_volatile(held, depth + 1) };
-    Some(Scratch { word, held })
+    let s = SCRATCH.get_ptr_mut(0)?;
+    unsafe {
+        let held = &raw mut (*s).held;
+        let depth = core::ptr::read_volatile(held);
+        // Deeper than can happen: the last word is shared rather than nothing counted.
+        let word = &raw mut (*s).words[(depth as usize).min(NESTED_WORDS - 1)];
+        core::ptr::write_volatile(held, depth + 1);
+        Some(Scratch { word, held })
+    }
 }
 
 /// A word of `SCRATCH`, held until dropped (see [`scratch`]).

@@ -15,8 +15,8 @@ use crate::{
     latency,
     maps::{frozen, off, Inserted, ABSORBED, INSERTED, REQUEUED, SPLIT_PIECES},
     read::{
-        blkg_cgroup_id, disk_dev, elevator_is_kyber, forget_all, pending_add, queue_disk, read,
-        read_probe, ready, rq_disk, traced, Disk,
+        blkg_cgroup_id, disk_dev, elevator_is_kyber, forget_all, forget_all_stored, pending_add,
+        queue_disk, read, read_probe, ready, rq_disk, traced, Disk,
     },
     slot::{self, key_of},
 };
@@ -272,7 +272,7 @@ fn rq_issue<const LOOP_HELPER: bool>(ctx: BtfTracePointContext) -> u32 {
         // What the issue carries as values the verifier does not know (`read::forget`; and
         // `aux64` no longer the pointer it can be). On 6.18 the verifier's instructions for
         // rq_issue: 20,800 → 3,900; with --latency (and `latency::bucket`) 345,500 → 15,100.
-        let [aux, aux64, path, flags, reissue] = forget_all([
+        let [aux, aux64, path, flags, reissue] = forget_all_stored([
             ev.aux as u64,
             ev.aux64,
             ev.path as u64,
