@@ -6,7 +6,7 @@
 //! programs of a CPU share per-CPU memory: the counter slot cache, the words that hide values
 //! from the verifier and hold a walk's running count. Before they were made safe for that
 //! (`mergetrace_common::nested`, `read::scratch` in the programs), a completion landing
-//! inside an issue's use of them gave requests bios they never had (false merges: 10 to 36
+//! inside an issue's use of them gave requests bios they never had (false merges: 5 to 36
 //! in every 20 s run of this on the host's disk, with `--latency`) or counted a cgroup's bios
 //! under another's (4 and 6 missing from two cgroups' rows). Loop devices, where the other
 //! tests run, complete in a worker thread and never show it.
