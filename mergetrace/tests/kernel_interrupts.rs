@@ -46,19 +46,19 @@ fn counts_are_exact_when_completions_interrupt_the_programs() {
     let readers: Vec<FioRun> = cgroups
         .iter()
         .map(|cg| {
-            Fio::new(&format!("nested-{}", cg.name), &disk.target)
-                .readonly()
-                .opt("rw", "randread")
-                .opt("bs", "4k")
-                .opt("direct", "1")
-                .opt("ioengine", "io_uring")
-                .opt("iodepth", "16")
-                .opt("size", &READ_SPAN.to_string())
-                .opt("time_based", "1")
-                .opt("runtime", SECONDS)
-                .opt("cpus_allowed", &cpu)
-                .in_cgroup(cg)
-                .spawn()
+            Fio::random_of(
+                &format!("nested-{}", cg.name),
+                &disk.target,
+                "randread",
+                SECONDS,
+            )
+            .readonly()
+            .opt("ioengine", "io_uring")
+            .opt("iodepth", "16")
+            .opt("size", &READ_SPAN.to_string())
+            .opt("cpus_allowed", &cpu)
+            .in_cgroup(cg)
+            .spawn()
         })
         .collect();
     let reads: Vec<u64> = readers

@@ -48,7 +48,7 @@ impl Fio {
     /// complete batches of `batch` (both: without the complete one fio reaps and resubmits one
     /// I/O at a time after the first fill, and almost nothing merges), `rw` = write/read.
     pub fn sequential(name: &str, dev: &BlockDev, rw: &str, size: u64, batch: u32) -> Fio {
-        Fio::direct_4k(name, dev, rw)
+        Fio::direct_4k(name, &dev.path, rw)
             .opt("size", &size.to_string())
             .batch(batch)
     }
@@ -56,14 +56,19 @@ impl Fio {
     /// `seconds` of 4 KiB random O_DIRECT libaio at iodepth 64 on `dev`, `rw` =
     /// randwrite/randread: a closed loop that keeps a queue (and a throttle) busy.
     pub fn random_for(name: &str, dev: &BlockDev, rw: &str, seconds: &str) -> Fio {
-        Fio::direct_4k(name, dev, rw)
+        Fio::random_of(name, &dev.path, rw, seconds)
+    }
+
+    /// [`Fio::random_for`] on `target`, a device or a file.
+    pub fn random_of(name: &str, target: &Path, rw: &str, seconds: &str) -> Fio {
+        Fio::direct_4k(name, target, rw)
             .opt("time_based", "1")
             .opt("runtime", seconds)
     }
 
-    /// 4 KiB O_DIRECT libaio at iodepth 64 on `dev`, `rw` as fio names it.
-    fn direct_4k(name: &str, dev: &BlockDev, rw: &str) -> Fio {
-        Fio::new(name, &dev.path)
+    /// 4 KiB O_DIRECT libaio at iodepth 64 on `target`, `rw` as fio names it.
+    fn direct_4k(name: &str, target: &Path, rw: &str) -> Fio {
+        Fio::new(name, target)
             .opt("rw", rw)
             .opt("bs", "4k")
             .opt("direct", "1")

@@ -36,7 +36,13 @@ enum Held {
 impl Deref for InterruptDisk {
     type Target = BlockDev;
     fn deref(&self) -> &BlockDev {
-        match &self.disk {
+        self.disk.dev()
+    }
+}
+
+impl Held {
+    fn dev(&self) -> &BlockDev {
+        match self {
             Held::Host(d, _) => d,
             Held::Lab(d) => d,
         }
@@ -73,13 +79,12 @@ impl InterruptDisk {
             write_file(&file, size);
             (Held::Host(BlockDev::open(&name, size), file.clone()), file)
         };
-        let mut d = InterruptDisk {
+        let irq_cpu = request_irq_cpu(disk.dev());
+        InterruptDisk {
             disk,
-            irq_cpu: 0,
+            irq_cpu,
             target,
-        };
-        d.irq_cpu = request_irq_cpu(&d);
-        d
+        }
     }
 }
 
