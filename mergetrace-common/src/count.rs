@@ -299,8 +299,10 @@ impl Counters {
             & 3;
         // A bio (or split remainder) seen while blk-throttle's dispatch work released it; the
         // bio kinds are 1 (BIO_QUEUE) to 5 (GETRQ).
+        // A bio's charge can stand for a run of them (`Event::run_len`).
+        let n = ev.run_len();
         if ev.flags & flags::THROTTLE_RELEASED != 0 && ev.kind <= kind::GETRQ {
-            self.throttled_bios += 1;
+            self.throttled_bios += n;
         }
         // The io.cost bit is only set on merges and getrq (kinds 3 to 5).
         if ev.flags & flags::IOCOST != 0 && ev.kind >= kind::BACK_MERGE && ev.kind <= kind::GETRQ {
@@ -308,17 +310,17 @@ impl Counters {
         }
         match ev.kind {
             kind::BIO_QUEUE => {
-                self.bios += 1;
+                self.bios += n;
                 self.bytes += ev.bytes as u64;
                 if ev.aux & crate::bio_aux::BIO_BASED != 0 {
-                    self.rq_bios += 1;
+                    self.rq_bios += n;
                     self.rq_bio_bytes += ev.bytes as u64;
                 }
                 // A bio's first pass through blk-throttle: charged if its group has any rule
                 // for the direction; bytes as the throttle counts them (discards: 512).
                 if iops_rule || bps_rule {
-                    self.charged_ios += 1;
-                    self.charged_bytes += if ev.op == 3 { 512 } else { ev.bytes as u64 };
+                    self.charged_ios += n;
+                    self.charged_bytes += if ev.op == 3 { 512 * n } else { ev.bytes as u64 };
                 }
             }
             kind::SPLIT => {
@@ -405,8 +407,8 @@ impl Counters {
                 self.completed_bytes += ev.aux as u64;
             }
             kind::THROTTLE_CHARGE => {
-                self.throttle_calls += 1;
-                self.throttle_queued += (ev.path != 0) as u64;
+                self.throttle_calls += n;
+                self.throttle_queued += if ev.path != 0 { n } else { 0 };
             }
             kind::THROTTLE_RELEASE => {
                 self.throttle_releases += 1;

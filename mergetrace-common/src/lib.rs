@@ -52,6 +52,23 @@ pub struct Event {
     pub flags: u8,
 }
 
+impl Event {
+    /// How many bios the event stands for. A bio's blk-throttle charge (`BIO_QUEUE`, and the
+    /// fentry tier's `THROTTLE_CHARGE`) recorded by `record --requests` can stand for a run of
+    /// like charges of one CPU (capture format 3 on): `aux64` counts the bios after the first,
+    /// `bytes` is all of theirs, `ts_ns` is when the run ended (at most a batch's life, ~10 ms,
+    /// after its first bio), the other fields are the first bio's. Every other event stands
+    /// for one.
+    #[inline(always)]
+    pub fn run_len(&self) -> u64 {
+        if self.kind == kind::BIO_QUEUE || self.kind == kind::THROTTLE_CHARGE {
+            1 + self.aux64
+        } else {
+            1
+        }
+    }
+}
+
 /// Event kinds. Append only: the values are stored in captures.
 pub mod kind {
     pub const BIO_QUEUE: u8 = 1;
@@ -571,6 +588,10 @@ pub struct Staged {
     /// Events in `events`.
     pub len: u32,
     pub events: [Event; STAGED_EVENTS],
+    /// `record --requests`: the run of like blk-throttle charges this CPU is gathering
+    /// ([`Event::run_len`]), kind 0 when none; it joins the batch when it ends or the batch is
+    /// sent, timed then.
+    pub run: Event,
 }
 
 pub const CGROUP_MKDIR: u32 = 1;

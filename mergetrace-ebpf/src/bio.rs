@@ -11,7 +11,7 @@ use mergetrace_common::{
 };
 
 use crate::{
-    emit::{emit, emitting, now},
+    emit::{emit, emit_charge, emitting, now_for},
     maps::{frozen, off, CursorKey, IOCOST_CURSOR, SPLIT_PIECES, THROTTLE_POLICY},
     read::{
         bio_disk, blkg_cgroup_id, disk_dev, elevator_is_kyber, forget, learn_queue, pending_add,
@@ -34,7 +34,7 @@ pub fn bio_event(bio: u64, kind: u8) -> Option<(Event, Disk)> {
     let opf: u32 = read(bio, off!(bio_bi_opf));
     let blkg: u64 = read(bio, off!(bio_bi_blkg));
     let ev = Event {
-        ts_ns: now(),
+        ts_ns: now_for(kind),
         cgroup_id: blkg_cgroup_id(blkg),
         id: bio,
         sector: read(bio, off!(bio_bi_sector)),
@@ -171,7 +171,7 @@ fn bio_queue(bio: u64) {
         }
         ev.flags |= rule_flags(bio, ev.op);
         note_queued(&mut ev, &disk);
-        emit(&ev, disk.slot);
+        emit_charge(&mut ev, disk.slot);
     }
 }
 

@@ -26,6 +26,9 @@ use crate::{
     slot::{self, key_of},
 };
 
+// `send_batch` masks its index into a batch.
+const _: () = assert!(STAGED_EVENTS.is_power_of_two());
+
 const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
 
@@ -42,6 +45,23 @@ pub fn now() -> u64 {
         unsafe { bpf_ktime_get_ns() }
     } else {
         0
+    }
+}
+
+/// `record --requests` sends a bio's blk-throttle charge as part of a run ([`emit_charge`]).
+#[inline(always)]
+pub fn charge_runs() -> bool {
+    emitting() && frozen!(MODES.requests_only) != 0 && frozen!(MODES.staged) != 0
+}
+
+/// The time of a new event of `kind`: [`now`], but none yet for a charge that may join a run
+/// ([`emit_charge`] reads the clock when it starts one).
+#[inline(always)]
+pub fn now_for(kind: u8) -> u64 {
+    if (kind == kind::BIO_QUEUE || kind == kind::THROTTLE_CHARGE) && charge_runs() {
+        0
+    } else {
+        now()
     }
 }
 
@@ -67,6 +87,74 @@ pub fn emit_slotted(ev: &Event, slot: Option<u32>) {
         count(ev, slot);
     }
     send(ev);
+}
+
+/// As [`emit`], for a bio's blk-throttle charge (`block_bio_queue`; on the fentry tier
+/// `__blk_throtl_bio`'s exit), whose time [`now_for`] left to this function. In
+/// `record --requests`, where the charges are the only per-bio events, this CPU gathers like
+/// charges (same kind, cgroup, disk, op, flags, aux and path) into one open run
+/// ([`Staged::run`], [`Event::run_len`]) while its other events go on into the batch. A
+/// charge unlike the run ends it, and so does sending the batch (full, ~10 ms old, or flushed
+/// by user space when the CPU goes quiet): the run then joins the batch, timed as it ends, so
+/// each CPU's events stay in time order. A charge reads no clock.
+#[inline(always)]
+pub fn emit_charge(ev: &mut Event, disk: u32) {
+    if !charge_runs() {
+        emit(ev, disk);
+        return;
+    }
+    if counting() {
+        count(ev, slot::of(&key_of(ev)));
+    }
+    if let Some(batch) = STAGING.get_ptr_mut(0) {
+        // Not through `holding`: its closure would become a BPF function of its own here.
+        if take(batch) {
+            let b = unsafe { &mut *batch };
+            if !join_run(&mut b.run, ev) {
+                if b.run.kind != 0 {
+                    let cpu = unsafe { bpf_get_smp_processor_id() };
+                    let mut ended = b.run;
+                    ended.ts_ns = unsafe { bpf_ktime_get_ns() };
+                    // Closed first: staging it may send the batch, which ends an open run.
+                    b.run.kind = 0;
+                    stage_held(b, &ended, cpu);
+                }
+                b.run = *ev;
+                if b.len == 0 && b.first_ts == 0 {
+                    // User space flushes a quiet CPU's batch by its age: the run's counts.
+                    let t = unsafe { bpf_ktime_get_ns() };
+                    b.first_ts = t;
+                    set_staged_since(t);
+                }
+            }
+            give_back(batch);
+            return;
+        }
+    }
+    // A program this one interrupted is writing the batch: on its own.
+    ev.ts_ns = unsafe { bpf_ktime_get_ns() };
+    send(ev);
+}
+
+/// Adds the charge `ev` to the open run `run` if it is one like it.
+#[inline(always)]
+fn join_run(run: &mut Event, ev: &Event) -> bool {
+    if run.kind != ev.kind
+        || run.cgroup_id != ev.cgroup_id
+        || run.dev != ev.dev
+        || run.op != ev.op
+        || run.flags != ev.flags
+        || run.aux != ev.aux
+        || run.path != ev.path
+    {
+        return false;
+    }
+    let Some(bytes) = run.bytes.checked_add(ev.bytes) else {
+        return false;
+    };
+    run.bytes = bytes;
+    run.aux64 += 1;
+    true
 }
 
 /// A run that counts in the kernel (live view, exporter).
@@ -114,23 +202,27 @@ const ENTRY: u64 = size_of::<Event>() as u64 + 8;
 /// program this one interrupted is writing the batch.
 #[inline(always)]
 fn stage(batch: *mut Staged, ev: &Event, cpu: u32) -> bool {
-    holding(batch, |b| {
-        let len = b.len as usize;
-        if len >= STAGED_EVENTS {
-            // Never: a full batch is sent at once. Counted, should it happen.
-            count_lost(ev.kind as u32);
-            return;
-        }
-        if len == 0 {
-            b.first_ts = ev.ts_ns;
-            set_staged_since(ev.ts_ns);
-        }
-        b.events[len] = *ev;
-        b.len = len as u32 + 1;
-        if len + 1 == STAGED_EVENTS || ev.ts_ns.saturating_sub(b.first_ts) >= STAGED_MAX_AGE_NS {
-            send_batch(b, cpu);
-        }
-    })
+    holding(batch, |b| stage_held(b, ev, cpu))
+}
+
+/// [`stage`]'s work, for a caller that holds the batch.
+#[inline(always)]
+fn stage_held(b: &mut Staged, ev: &Event, cpu: u32) {
+    let len = b.len as usize;
+    if len >= STAGED_EVENTS {
+        // Never: a full batch is sent at once. Counted, should it happen.
+        count_lost(ev.kind as u32);
+        return;
+    }
+    if len == 0 {
+        b.first_ts = ev.ts_ns;
+        set_staged_since(ev.ts_ns);
+    }
+    b.events[len] = *ev;
+    b.len = len as u32 + 1;
+    if len + 1 == STAGED_EVENTS || ev.ts_ns.saturating_sub(b.first_ts) >= STAGED_MAX_AGE_NS {
+        send_batch(b, cpu);
+    }
 }
 
 /// Runs `f` on this CPU's batch, marked busy meanwhile; false, without running it, when a
@@ -138,17 +230,33 @@ fn stage(batch: *mut Staged, ev: &Event, cpu: u32) -> bool {
 /// per CPU; it goes on once this program returns).
 #[inline(always)]
 fn holding(batch: *mut Staged, f: impl FnOnce(&mut Staged)) -> bool {
+    if !take(batch) {
+        return false;
+    }
+    f(unsafe { &mut *batch });
+    give_back(batch);
+    true
+}
+
+/// Marks this CPU's batch busy; false, with nothing done, when it is already (see
+/// [`holding`]).
+#[inline(always)]
+fn take(batch: *mut Staged) -> bool {
     unsafe {
         if read_volatile(&raw const (*batch).busy) != 0 {
             return false;
         }
         write_volatile(&raw mut (*batch).busy, 1);
-        compiler_fence(Ordering::SeqCst);
-        f(&mut *batch);
-        compiler_fence(Ordering::SeqCst);
-        write_volatile(&raw mut (*batch).busy, 0);
     }
+    compiler_fence(Ordering::SeqCst);
     true
+}
+
+/// Ends [`take`].
+#[inline(always)]
+fn give_back(batch: *mut Staged) {
+    compiler_fence(Ordering::SeqCst);
+    unsafe { write_volatile(&raw mut (*batch).busy, 0) };
 }
 
 /// Sends this CPU's batch to its ring as one record and empties it; its events count as
@@ -156,8 +264,25 @@ fn holding(batch: *mut Staged, f: impl FnOnce(&mut Staged)) -> bool {
 /// (`busy`). One copy for every program that sends (not inlined into each).
 #[inline(never)]
 fn send_batch(b: &mut Staged, cpu: u32) {
-    let len = b.len as usize;
-    if len == 0 || len > STAGED_EVENTS {
+    let mut len = b.len as usize;
+    if len > STAGED_EVENTS {
+        return;
+    }
+    // An open run of charges ends here, timed now; one that does not fit starts the next
+    // batch.
+    let mut run_left = false;
+    if b.run.kind != 0 {
+        b.run.ts_ns = unsafe { bpf_ktime_get_ns() };
+        if len < STAGED_EVENTS {
+            b.events[len & (STAGED_EVENTS - 1)] = b.run;
+            b.run.kind = 0;
+            len += 1;
+            b.len = len as u32;
+        } else {
+            run_left = true;
+        }
+    }
+    if len == 0 {
         return;
     }
     let events = unsafe { core::slice::from_raw_parts(b.events.as_ptr(), len) };
@@ -173,12 +298,21 @@ fn send_batch(b: &mut Staged, cpu: u32) {
             if i >= len {
                 break;
             }
-            count_lost(b.events[i].kind as u32);
+            // A run of charges loses each of its bios.
+            let ev = &b.events[i];
+            count_lost_n(ev.kind as u32, ev.run_len());
         }
     }
     b.len = 0;
     b.first_ts = 0;
     set_staged_since(0);
+    if run_left {
+        b.events[0] = b.run;
+        b.run.kind = 0;
+        b.len = 1;
+        b.first_ts = b.events[0].ts_ns;
+        set_staged_since(b.first_ts);
+    }
 }
 
 /// This CPU's `STAGED_SINCE`: its batch's first `ts_ns`, or 0 once sent.
@@ -288,7 +422,12 @@ pub fn hashed_entry<V>(
 
 #[inline(always)]
 pub fn count_lost(slot: u32) {
-    if let Some(n) = LOST.get_ptr_mut(slot) {
-        unsafe { *n += 1 };
+    count_lost_n(slot, 1);
+}
+
+#[inline(always)]
+fn count_lost_n(slot: u32, n: u64) {
+    if let Some(lost) = LOST.get_ptr_mut(slot) {
+        unsafe { *lost += n };
     }
 }

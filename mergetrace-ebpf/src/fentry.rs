@@ -10,7 +10,7 @@ use mergetrace_common::kind;
 
 use crate::{
     bio::{bio_event, rule_flags},
-    emit::emit,
+    emit::{emit, emit_charge},
     maps::THROTTLE_ENTRY,
 };
 
@@ -35,7 +35,7 @@ pub fn throtl_bio_exit(ctx: FExitContext) -> u32 {
     if let Some((mut ev, disk)) = bio_event(ctx.arg(0), kind::THROTTLE_CHARGE) {
         ev.path = (throttled & 0xff != 0) as u8;
         ev.flags |= rule_flags(ctx.arg(0), ev.op);
-        emit(&ev, disk.slot);
+        emit_charge(&mut ev, disk.slot);
         if ev.path == 0 {
             let key: u64 = ctx.arg(0);
             let _ = THROTTLE_ENTRY.remove(&key);

@@ -1011,3 +1011,107 @@ fn capture_of_requests_only_counts_as_the_live_view() {
         assert_one_line_error(&out, "needs a full capture");
     }
 }
+
+/// `record --requests` on a disk with blk-throttle rules keeps every bio's charge, but sends
+/// like charges of a CPU back to back as one event (a run). Two cgroups at once: one writes in
+/// batches of 32 under a write IOPS limit that binds (bios wait, blk-throttle's dispatch work
+/// releases them), one reads at random under a read limit that never binds. Each cgroup's
+/// bios are fio's, its charges blk-throttle's own counters, its throttled bios the live
+/// view's; the runs' bios add up to the report's, and they came in far fewer events.
+#[test]
+fn capture_of_requests_only_under_limits_has_every_charge() {
+    require_root();
+    let lo = LoopDevice::new(256 << 20);
+    lo.set_scheduler("none");
+    let (wcg, rcg) = (Cgroup::new(), Cgroup::new());
+    wcg.set_write_iops(&lo, 2000);
+    rcg.set_read_iops(&lo, 10_000_000);
+    let dir = tempfile::tempdir().unwrap();
+    let capture = dir.path().join("limited.mtr");
+    let live = Tracer::start(&["-d", lo.name.as_str()]);
+    let rec = Recorder::start_with(&lo, &capture, &["--requests"]);
+    let (wb, rb) = (wcg.throttle_stats(&lo), rcg.throttle_stats(&lo));
+    let (wfio, rfio) = thread::scope(|s| {
+        let w = s.spawn(|| {
+            Fio::sequential("limited", &lo, "write", 64 << 20, 32)
+                .opt("time_based", "1")
+                .opt("runtime", "3")
+                .in_cgroup(&wcg)
+                .run()
+        });
+        let r = s.spawn(|| {
+            Fio::random_for("free", &lo, "randread", "3")
+                .in_cgroup(&rcg)
+                .run()
+        });
+        (w.join().unwrap(), r.join().unwrap())
+    });
+    let written = wcg.throttle_stats(&lo).write_since(&wb);
+    let read = rcg.throttle_stats(&lo).read_since(&rb);
+    let rec_stderr = rec.stop();
+    let live = live.stop();
+    assert_eq!(live.lost_events(), 0);
+    let cap = capture.to_str().unwrap();
+    let (json, err) = succeeded(mergetrace(&["report", cap, "--json"]), "report --json");
+    assert!(!err.contains("warning"), "{err}");
+    let rep: Value = serde_json::from_str(json.trim()).unwrap();
+    assert_eq!(rep["lost_events"], 0, "{rec_stderr}");
+    let rd = device_of(&rep, &lo);
+    for (cg, dir, fio, (ios, bytes)) in
+        [(&wcg, "write", &wfio, written), (&rcg, "read", &rfio, read)]
+    {
+        let ctx = format!("{dir}s of {}", cg.path());
+        let row = &report_row(rd, &cg.path())[dir];
+        let live_row = &live.cgroup_row(&lo, &cg.path()).unwrap()[dir];
+        assert_eq!(
+            u(row, "bios"),
+            fio_total_ios(fio, dir),
+            "{ctx}: bios vs fio; {row}"
+        );
+        assert_eq!(u(row, "charged_ios"), ios, "{ctx}: vs io_serviced; {row}");
+        assert_eq!(
+            u(row, "charged_bytes"),
+            bytes,
+            "{ctx}: vs io_service_bytes; {row}"
+        );
+        for f in ["bios", "bytes", "charged_ios", "charged_bytes", "requests"] {
+            assert_eq!(row[f], live_row[f], "{ctx}: {f}, report vs live");
+        }
+        assert_eq!(
+            row["throttled"]["bios"], live_row["throttled"]["bios"],
+            "{ctx}: throttled bios, report vs live"
+        );
+    }
+    let throttled = u(&report_row(rd, &wcg.path())["write"]["throttled"], "bios");
+    assert!(throttled > 0, "the write limit held no bio back");
+    assert_eq!(
+        u(&report_row(rd, &rcg.path())["read"]["throttled"], "bios"),
+        0
+    );
+    // The charges in runs: their bios are the report's, in far fewer events.
+    let csv = dir.path().join("limited.csv");
+    let (_, err) = succeeded(
+        mergetrace(&["export", cap, "-f", "csv", "-o", csv.to_str().unwrap()]),
+        "export",
+    );
+    assert!(err.contains("recorded as"), "no word of the runs: {err}");
+    let text = fs::read_to_string(&csv).unwrap();
+    let (mut events, mut bios) = (0u64, 0u64);
+    for l in text.lines().skip(1) {
+        let f: Vec<&str> = l.split(',').collect();
+        if f[2] == "bio_queue" {
+            events += 1;
+            bios += f[19].parse::<u64>().unwrap();
+        }
+    }
+    let all: u64 = ["read", "write"]
+        .iter()
+        .map(|d| u(&rd["total"][*d], "bios"))
+        .sum();
+    assert_eq!(bios, all, "the runs' bios against the report's");
+    assert!(
+        events * 2 < bios,
+        "{events} bio_queue events for {bios} bios: the charges did not come in runs"
+    );
+    eprintln!("{bios} bios' charges in {events} events; {throttled} throttled");
+}

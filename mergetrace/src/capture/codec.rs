@@ -865,7 +865,7 @@ const ZERO: Event = Event {
 };
 
 impl EventDecoder {
-    /// A decoder of format `version`'s events chunks (1 or 2).
+    /// A decoder of format `version`'s events chunks (1, or 2 and 3: the same bytes).
     pub fn for_version(version: u16) -> Self {
         EventDecoder {
             version,

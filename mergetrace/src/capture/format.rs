@@ -9,7 +9,9 @@ use super::codec::{put_varint, Cursor, DecodeError};
 /// First 8 bytes of every capture. Never changes (the version follows it).
 pub const MAGIC: [u8; 8] = *b"MTRACE\0\x01";
 /// The newest format this build writes and reads. Readers accept `1..=FORMAT_VERSION`.
-pub const FORMAT_VERSION: u16 = 2;
+/// Format 3 is format 2's bytes, where a `bio_queue` or `throttle_charge` event can stand for
+/// a run of bios (`aux64` more: `Event::run_len`); a format-2 reader would count it as one.
+pub const FORMAT_VERSION: u16 = 3;
 /// Magic, version (u16 LE), reserved (u16, 0).
 pub const PREAMBLE_LEN: usize = 12;
 /// Every chunk starts with this many bytes (see [`ChunkHeader`]).

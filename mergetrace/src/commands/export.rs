@@ -57,6 +57,22 @@ pub fn create(path: &Path) -> Result<Box<dyn Write>> {
     Ok(Box::new(BufWriter::with_capacity(1 << 20, f)))
 }
 
+/// What an export says of a `record --requests` capture whose bio charges came in runs
+/// (`Event::run_len`): each run is one line, record or instant of the export.
+fn runs_warning(events: &[Event]) -> Option<String> {
+    let (runs, bios) = events
+        .iter()
+        .filter(|e| e.run_len() > 1)
+        .fold((0u64, 0u64), |(r, b), e| (r + 1, b + e.run_len()));
+    (runs > 0).then(|| {
+        format!(
+            "{bios} bios' blk-throttle charges are recorded as {runs} runs (record --requests \
+             sends like charges of a CPU as one event): the export has one line, record or \
+             instant per run, with its bios in `run` (csv, jsonl) and all their bytes"
+        )
+    })
+}
+
 pub fn run(args: &ExportArgs) -> Result<()> {
     quiet_pipe(export(args))
 }
@@ -75,6 +91,9 @@ fn export(args: &ExportArgs) -> Result<()> {
             "mergetrace: warning: the capture lost {lost} events (ring buffer full); the export \
              has what was recorded"
         );
+    }
+    if let Some(w) = runs_warning(&events) {
+        eprintln!("mergetrace: warning: {w}");
     }
     let h = &loaded.header;
     let mut names = Names::new(h);

@@ -44,7 +44,9 @@ pub struct RecordArgs {
     /// completions, plug flushes), not every bio: a program run per request instead of per
     /// bio, the cheap capture for merging workloads. Its report has the same totals, merge
     /// paths and latencies; bio-by-bio lineage needs a full capture. Where a traced disk has
-    /// blk-throttle rules or io.cost, the bios they charge are recorded all the same.
+    /// blk-throttle rules or io.cost, the bios they charge are recorded all the same
+    /// (blk-throttle's in runs: one event for the like charges a CPU gathers, with their
+    /// count).
     #[arg(long)]
     pub requests: bool,
     /// Report at the end what the recording cost: each eBPF program's kernel time per run

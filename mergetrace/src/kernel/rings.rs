@@ -194,20 +194,26 @@ impl Batches {
     }
 
     /// What is left in the batches, per CPU: to be called once the programs are detached
-    /// and nothing writes the batches any more.
+    /// and nothing writes the batches any more. A run of charges still open
+    /// (`record --requests`) ends now, after the batch's events.
     pub fn take_left(&self) -> Result<Vec<(usize, Vec<Event>)>> {
+        let now = super::monotonic_ns();
         Ok(self
             .staging
             .get(&0, 0)
             .context("cannot read the event batches (STAGING)")?
             .iter()
             .enumerate()
-            .filter(|(_, b)| b.len > 0)
+            .filter(|(_, b)| b.len > 0 || b.run.kind != 0)
             .map(|(cpu, b)| {
-                (
-                    cpu,
-                    b.events[..(b.len as usize).min(b.events.len())].to_vec(),
-                )
+                let mut left = b.events[..(b.len as usize).min(b.events.len())].to_vec();
+                if b.run.kind != 0 {
+                    left.push(Event {
+                        ts_ns: now,
+                        ..b.run
+                    });
+                }
+                (cpu, left)
             })
             .collect())
     }

@@ -469,6 +469,36 @@ pub(crate) mod tests {
         assert_eq!(c.discard_merges(Dir::Write.code()), 0);
     }
 
+    /// `record --requests` sends like charges of a CPU as one event (`Event::run_len`): it
+    /// counts as its bios one by one, whatever the rules, direction and flags.
+    #[test]
+    fn a_run_of_charges_counts_as_its_bios() {
+        for kind_ in [kind::BIO_QUEUE, kind::THROTTLE_CHARGE] {
+            for op in [0u8, 1, 3] {
+                for fl in [
+                    0,
+                    flags::RULES_IOPS,
+                    flags::RULES_BPS | flags::THROTTLE_RELEASED,
+                ] {
+                    for (path_, aux) in [(0u8, 0u32), (1, mergetrace_common::bio_aux::BIO_BASED)] {
+                        let (mut one, mut run) = (Aggregator::new(0), Aggregator::new(0));
+                        let mut e = ev(kind_, op, 5, 8192);
+                        (e.flags, e.path, e.aux) = (fl, path_, aux);
+                        for _ in 0..7 {
+                            one.apply(&e);
+                        }
+                        let mut r = e;
+                        (r.aux64, r.bytes) = (6, 7 * 8192);
+                        run.apply(&r);
+                        assert_eq!(one.total(1), run.total(1), "{kind_} op {op} flags {fl}");
+                        let c = run.total(1).device_total(7 << 20 | 3, Dir::of_op(op));
+                        assert!(c.bios == 7 || c.throttle_calls == 7, "{c:?}");
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn splits_requeues_and_throttle_charges() {
         let mut a = Aggregator::new(0);

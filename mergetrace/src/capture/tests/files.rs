@@ -217,13 +217,54 @@ fn golden_v2_ops() -> Vec<Op> {
     ops
 }
 
-/// Writes `golden-v2.mtr` again: only when format version 2 is first committed.
+/// The events of `golden-v3.mtr`: those of version 2's, then `record --requests` charges
+/// in runs (`aux64` more bios each) between requests' issues. Never change this function
+/// either.
+fn golden_v3_ops() -> Vec<Op> {
+    let mut rng = Rng(0x601d_0003);
+    let mut evs = Vec::new();
+    let mut ts = 9_000_000_000u64;
+    for i in 0..200u64 {
+        ts += rng.below(5000);
+        let run = rng.below(40);
+        evs.push(Event {
+            ts_ns: ts,
+            cgroup_id: [4242, 77][(i % 2) as usize],
+            id: 0xffff_8881_0a2b_0000 + (rng.below(512) << 8),
+            aux64: run,
+            sector: 4096 + 8 * i,
+            dev: 259 << 20,
+            bytes: 4096 * (run as u32 + 1),
+            aux: 0,
+            kind: [kind::BIO_QUEUE, kind::THROTTLE_CHARGE][(i % 5 == 0) as usize],
+            op: (i % 2) as u8,
+            path: (i % 3 == 0) as u8,
+            flags: mergetrace_common::flags::RULES_IOPS,
+        });
+        ts += rng.below(5000);
+        evs.push(Event {
+            ts_ns: ts,
+            kind: kind::RQ_ISSUE,
+            id: 0xffff_8881_7700_0000 + (i << 8),
+            sector: 4096 + 8 * i,
+            dev: 259 << 20,
+            bytes: 4096,
+            aux: 1,
+            ..Event::default()
+        });
+    }
+    let mut ops = golden_v2_ops();
+    ops.push(Op::Events(evs));
+    ops
+}
+
+/// Writes `golden-v3.mtr` again: only when format version 3 is first committed.
 #[test]
 #[ignore]
 fn capture_write_golden_file() {
-    let bytes = write_mem(&golden_v2_ops(), 128, true);
+    let bytes = write_mem(&golden_v3_ops(), 128, true);
     std::fs::create_dir_all(data_dir()).unwrap();
-    std::fs::write(data_dir().join("golden-v2.mtr"), bytes).unwrap();
+    std::fs::write(data_dir().join("golden-v3.mtr"), bytes).unwrap();
 }
 
 /// Writes the `truncated-*` and `err-*` inputs again (any format version may do it).
@@ -274,9 +315,9 @@ fn capture_zero_filled_tail_is_a_cut() {
 /// The writer still encodes the golden file's chunks byte for byte: every chunk between the
 /// header (which has gained fields since) and the end chunk (the time it was closed).
 #[test]
-fn capture_golden_v2_chunks_are_what_the_writer_writes() {
-    let golden = std::fs::read(data_dir().join("golden-v2.mtr")).unwrap();
-    let written = write_mem(&golden_v2_ops(), 128, true);
+fn capture_golden_v3_chunks_are_what_the_writer_writes() {
+    let golden = std::fs::read(data_dir().join("golden-v3.mtr")).unwrap();
+    let written = write_mem(&golden_v3_ops(), 128, true);
     let body = |b: &[u8]| {
         let chunks = chunk_offsets(b);
         b[chunks[1].0..chunks.last().unwrap().0].to_vec()
@@ -288,7 +329,11 @@ fn capture_golden_v2_chunks_are_what_the_writer_writes() {
 /// Each format's golden file reads back to its events: a reader reads every version.
 #[test]
 fn capture_golden_files_still_read() {
-    for (version, ops) in [(1, golden_ops()), (2, golden_v2_ops())] {
+    for (version, ops) in [
+        (1, golden_ops()),
+        (2, golden_v2_ops()),
+        (3, golden_v3_ops()),
+    ] {
         let cap = read_all(data_dir().join(format!("golden-v{version}.mtr"))).unwrap();
         assert!(!cap.truncated);
         assert_eq!(cap.header.format_version, version);

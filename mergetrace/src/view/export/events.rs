@@ -8,7 +8,7 @@ use mergetrace_common::{kind, vocab, Event};
 use crate::offline::names::{addr, dir_name, flag_names, maj_min, merge_path, op_name, Names};
 
 /// Column names, in order (CSV header; JSONL keys).
-pub const COLUMNS: [&str; 19] = [
+pub const COLUMNS: [&str; 20] = [
     "ts_ns",
     "time_s",
     "kind",
@@ -28,6 +28,7 @@ pub const COLUMNS: [&str; 19] = [
     "flags",
     "flag_names",
     "kind_code",
+    "run",
 ];
 
 /// One event's values, as strings for CSV and typed for JSON.
@@ -38,7 +39,7 @@ enum Val {
     Null,
 }
 
-fn values(ev: &Event, names: &mut Names) -> [Val; 19] {
+fn values(ev: &Event, names: &mut Names) -> [Val; 20] {
     use Val::*;
     let request_or_bio = ev.kind != kind::UNPLUG;
     [
@@ -65,6 +66,7 @@ fn values(ev: &Event, names: &mut Names) -> [Val; 19] {
         U(ev.flags as u64),
         S(flag_names(ev.flags)),
         U(ev.kind as u64),
+        U(ev.run_len()),
     ]
 }
 

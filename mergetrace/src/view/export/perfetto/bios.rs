@@ -55,7 +55,7 @@ pub(super) fn merge(out: &mut Out, layout: &mut Layout, e: &Event, names: &Names
     out.ev(json!({"ph": "i", "s": "t", "cat": "merge",
         "name": format!("{how} merge ({})", vocab::merge_path_name(e.path)),
         "pid": pid, "tid": tid, "ts": us(names, e.ts_ns),
-        "args": {"bio": addr(e.id), "sector": e.sector, "bytes": e.bytes}}))
+        "args": {"bio": addr(e.id), "sector": e.sector, "bytes": e.bytes, "bios": e.run_len()}}))
 }
 
 /// A `bio_queue` whose bio is in no request of the capture (no slice to start).
@@ -63,5 +63,5 @@ pub(super) fn queued_alone(out: &mut Out, at: Track, e: &Event, names: &Names) -
     out.ev(json!({"ph": "i", "s": "t", "cat": "bio",
         "name": "bio queued (no request in the capture)",
         "pid": at.pid, "tid": at.tid, "ts": us(names, e.ts_ns),
-        "args": {"bio": addr(e.id), "sector": e.sector, "bytes": e.bytes}}))
+        "args": {"bio": addr(e.id), "sector": e.sector, "bytes": e.bytes, "bios": e.run_len()}}))
 }
