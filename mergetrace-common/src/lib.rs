@@ -588,10 +588,21 @@ pub struct Staged {
     /// Events in `events`.
     pub len: u32,
     pub events: [Event; STAGED_EVENTS],
-    /// `record --requests`: the run of like blk-throttle charges this CPU is gathering
-    /// ([`Event::run_len`]), kind 0 when none; it joins the batch when it ends or the batch is
-    /// sent, timed then.
-    pub run: Event,
+    /// `record --requests`: the runs of like blk-throttle charges this CPU is gathering
+    /// ([`Event::run_len`]), by [`charge_run_index`]; kind 0 when none. A run joins the batch
+    /// when it ends or the batch is sent, timed then.
+    pub runs: [Event; CHARGE_RUNS],
+}
+
+/// Open runs of charges a CPU keeps ([`Staged::runs`]): one per charge kind, because on the
+/// fentry tier each bio's two charges (`__blk_throtl_bio`'s, then `block_bio_queue`'s)
+/// alternate.
+pub const CHARGE_RUNS: usize = 2;
+
+/// The [`Staged::runs`] entry of a charge of `kind`.
+#[inline(always)]
+pub fn charge_run_index(kind: u8) -> usize {
+    (kind == kind::THROTTLE_CHARGE) as usize
 }
 
 pub const CGROUP_MKDIR: u32 = 1;

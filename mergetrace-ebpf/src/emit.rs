@@ -14,8 +14,8 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 use mergetrace_common::{
-    flags, kind, unplug_slot, CountKey, Counters, Event, Staged, LOST_COUNTS_FULL, STAGED_EVENTS,
-    STAGED_MAX_AGE_NS,
+    charge_run_index, flags, kind, unplug_slot, CountKey, Counters, Event, Staged, CHARGE_RUNS,
+    LOST_COUNTS_FULL, STAGED_EVENTS, STAGED_MAX_AGE_NS,
 };
 
 use crate::{
@@ -92,8 +92,8 @@ pub fn emit_slotted(ev: &Event, slot: Option<u32>) {
 /// As [`emit`], for a bio's blk-throttle charge (`block_bio_queue`; on the fentry tier
 /// `__blk_throtl_bio`'s exit), whose time [`now_for`] left to this function. In
 /// `record --requests`, where the charges are the only per-bio events, this CPU gathers like
-/// charges (same kind, cgroup, disk, op, flags, aux and path) into one open run
-/// ([`Staged::run`], [`Event::run_len`]) while its other events go on into the batch. A
+/// charges (same kind, cgroup, disk, op, flags, aux and path) into an open run of their kind
+/// ([`Staged::runs`], [`Event::run_len`]) while its other events go on into the batch. A
 /// charge unlike the run ends it, and so does sending the batch (full, ~10 ms old, or flushed
 /// by user space when the CPU goes quiet): the run then joins the batch, timed as it ends, so
 /// each CPU's events stay in time order. A charge reads no clock.
@@ -110,16 +110,17 @@ pub fn emit_charge(ev: &mut Event, disk: u32) {
         // Not through `holding`: its closure would become a BPF function of its own here.
         if take(batch) {
             let b = unsafe { &mut *batch };
-            if !join_run(&mut b.run, ev) {
-                if b.run.kind != 0 {
+            let r = charge_run_index(ev.kind);
+            if !join_run(&mut b.runs[r], ev) {
+                if b.runs[r].kind != 0 {
                     let cpu = unsafe { bpf_get_smp_processor_id() };
-                    let mut ended = b.run;
+                    let mut ended = b.runs[r];
                     ended.ts_ns = unsafe { bpf_ktime_get_ns() };
-                    // Closed first: staging it may send the batch, which ends an open run.
-                    b.run.kind = 0;
+                    // Closed first: staging it may send the batch, which ends open runs.
+                    b.runs[r].kind = 0;
                     stage_held(b, &ended, cpu);
                 }
-                b.run = *ev;
+                b.runs[r] = *ev;
                 if b.len == 0 && b.first_ts == 0 {
                     // User space flushes a quiet CPU's batch by its age: the run's counts.
                     let t = unsafe { bpf_ktime_get_ns() };
@@ -264,25 +265,15 @@ fn give_back(batch: *mut Staged) {
 /// (`busy`). One copy for every program that sends (not inlined into each).
 #[inline(never)]
 fn send_batch(b: &mut Staged, cpu: u32) {
-    let mut len = b.len as usize;
-    if len > STAGED_EVENTS {
-        return;
-    }
-    // An open run of charges ends here, timed now; one that does not fit starts the next
-    // batch.
-    let mut run_left = false;
-    if b.run.kind != 0 {
-        b.run.ts_ns = unsafe { bpf_ktime_get_ns() };
-        if len < STAGED_EVENTS {
-            b.events[len & (STAGED_EVENTS - 1)] = b.run;
-            b.run.kind = 0;
-            len += 1;
-            b.len = len as u32;
-        } else {
-            run_left = true;
-        }
-    }
-    if len == 0 {
+    // Open runs of charges end here, timed now; those that do not fit start the next batch.
+    let now = if b.runs[0].kind != 0 || b.runs[1].kind != 0 {
+        unsafe { bpf_ktime_get_ns() }
+    } else {
+        0
+    };
+    end_runs(b, now);
+    let len = b.len as usize;
+    if len == 0 || len > STAGED_EVENTS {
         return;
     }
     let events = unsafe { core::slice::from_raw_parts(b.events.as_ptr(), len) };
@@ -306,12 +297,31 @@ fn send_batch(b: &mut Staged, cpu: u32) {
     b.len = 0;
     b.first_ts = 0;
     set_staged_since(0);
-    if run_left {
-        b.events[0] = b.run;
-        b.run.kind = 0;
-        b.len = 1;
-        b.first_ts = b.events[0].ts_ns;
-        set_staged_since(b.first_ts);
+    end_runs(b, now);
+    if b.len > 0 {
+        b.first_ts = now;
+        set_staged_since(now);
+    }
+}
+
+/// Moves the open runs of charges into the batch while it has room, at time `now`.
+#[inline(always)]
+fn end_runs(b: &mut Staged, now: u64) {
+    for r in 0..CHARGE_RUNS {
+        if b.runs[r].kind == 0 {
+            continue;
+        }
+        let len = b.len as usize;
+        if len >= STAGED_EVENTS {
+            return;
+        }
+        // Through the stack: a copy within the batch would be a memmove, a byte loop the
+        // verifier cannot bound.
+        let mut ended = unsafe { read_volatile(&raw const b.runs[r]) };
+        ended.ts_ns = now;
+        b.events[len] = ended;
+        b.len = len as u32 + 1;
+        b.runs[r].kind = 0;
     }
 }
 

@@ -113,7 +113,7 @@ fn load_object(
     let latency_map = |entries: u32| if modes.latency != 0 { entries } else { 1 };
     let mut loader = EbpfLoader::new();
     if verifier_log() {
-        loader.verifier_log_level(aya::VerifierLogLevel::STATS);
+        loader.verifier_log_level(verifier_log_level());
     }
     let ebpf = loader
         .btf(Some(&aya_btf))
@@ -344,7 +344,17 @@ fn short_reason(e: &anyhow::Error) -> String {
 /// accepts (instructions it went through: the programs' loops must stay well under its
 /// limit on every kernel; and the load's time) and its log for one it refuses.
 fn verifier_log() -> bool {
-    std::env::var_os("MERGETRACE_VERIFIER_LOG").is_some_and(|v| v == "1")
+    std::env::var_os("MERGETRACE_VERIFIER_LOG").is_some_and(|v| v == "1" || v == "2")
+}
+
+/// `MERGETRACE_VERIFIER_LOG=1`: the statistics; `=2`: every instruction the verifier
+/// followed too, for a program it refuses (where it stopped, and the registers it knew).
+fn verifier_log_level() -> aya::VerifierLogLevel {
+    if std::env::var_os("MERGETRACE_VERIFIER_LOG").is_some_and(|v| v == "2") {
+        aya::VerifierLogLevel::VERBOSE | aya::VerifierLogLevel::STATS
+    } else {
+        aya::VerifierLogLevel::STATS
+    }
 }
 
 /// Milliseconds since `t` (the log's load times: what a start costs, program by program).

@@ -194,8 +194,8 @@ impl Batches {
     }
 
     /// What is left in the batches, per CPU: to be called once the programs are detached
-    /// and nothing writes the batches any more. A run of charges still open
-    /// (`record --requests`) ends now, after the batch's events.
+    /// and nothing writes the batches any more. Runs of charges still open
+    /// (`record --requests`) end now, after the batch's events.
     pub fn take_left(&self) -> Result<Vec<(usize, Vec<Event>)>> {
         let now = super::monotonic_ns();
         Ok(self
@@ -204,17 +204,13 @@ impl Batches {
             .context("cannot read the event batches (STAGING)")?
             .iter()
             .enumerate()
-            .filter(|(_, b)| b.len > 0 || b.run.kind != 0)
             .map(|(cpu, b)| {
                 let mut left = b.events[..(b.len as usize).min(b.events.len())].to_vec();
-                if b.run.kind != 0 {
-                    left.push(Event {
-                        ts_ns: now,
-                        ..b.run
-                    });
-                }
+                let open = b.runs.iter().filter(|r| r.kind != 0);
+                left.extend(open.map(|r| Event { ts_ns: now, ..*r }));
                 (cpu, left)
             })
+            .filter(|(_, left)| !left.is_empty())
             .collect())
     }
 
