@@ -15,7 +15,9 @@
 //! completion program uses those words on every completion) and a never-binding read limit
 //! on each (blk-throttle's programs run too; on v1 it also makes `io_serviced` count). Each
 //! cgroup's row must hold exactly the bios blk-cgroup counted for it, and each bio must be a
-//! request or a merge. The device total is not compared with /proc/diskstats: on the host
+//! request or a merge. A request-level capture (`record --requests`) of the same window must
+//! count the same: its charges gather in runs kept beside the CPU's event batch, which a
+//! completion's event interrupts. The device total is not compared with /proc/diskstats: on the host
 //! the disk is the machine's own, and other programs' I/O comes and goes at the window's
 //! edges; the cgroups' counts are theirs alone.
 //!
@@ -42,6 +44,9 @@ fn counts_are_exact_when_completions_interrupt_the_programs() {
     }
     let before: Vec<BlkioStat> = cgroups.iter().map(|c| c.io_serviced(&disk)).collect();
     let tracer = Tracer::start(&["-d", disk.name.as_str(), "--latency", "-i", "600s"]);
+    let dir = tempfile::tempdir().unwrap();
+    let capture = dir.path().join("interrupted.mtr");
+    let recorder = Recorder::start_with(&disk, &capture, &["--requests"]);
     let cpu = disk.irq_cpu.to_string();
     let readers: Vec<FioRun> = cgroups
         .iter()
@@ -69,7 +74,13 @@ fn counts_are_exact_when_completions_interrupt_the_programs() {
                 .unwrap_or(0)
         })
         .collect();
+    recorder.stop();
     let out = tracer.stop();
+    let (json, err) = succeeded(
+        mergetrace(&["report", capture.to_str().unwrap(), "--json"]),
+        "report",
+    );
+    let report = parse_ndjson(&json, err);
     let ctx = format!(
         "{} (interrupt on CPU {}), two cgroups reading there with --latency, {reads:?} reads",
         disk.name, disk.irq_cpu
@@ -77,12 +88,14 @@ fn counts_are_exact_when_completions_interrupt_the_programs() {
     // The kernel skips a completion program that would run inside itself (a completion in
     // the interrupt on top of one in the block softirq): reported as `completion_unseen`,
     // which does not touch the bio counts checked here. Nothing else may be lost.
-    assert_eq!(
-        out.lost_events(),
-        out.completion_unseen(),
-        "events lost; {ctx}; stderr:\n{}",
-        out.stderr
-    );
+    for (what, o) in [("live", &out), ("capture", &report)] {
+        assert_eq!(
+            o.lost_events(),
+            o.completion_unseen(),
+            "{what}: events lost; {ctx}; stderr:\n{}",
+            o.stderr
+        );
+    }
     for ((cg, before), reads) in cgroups.iter().zip(&before).zip(&reads) {
         let charged = cg.io_serviced(&disk).read - before.read;
         // fio's reads went through this cgroup (and perhaps a page or two of fio's own
@@ -103,5 +116,16 @@ fn counts_are_exact_when_completions_interrupt_the_programs() {
             cg.path()
         );
         assert_identity(read, &format!("{}; {ctx}", cg.path()));
+        let captured = &report
+            .cgroup_row(&disk, &cg.path())
+            .unwrap_or_else(|| panic!("no row for {} in the capture; {ctx}", cg.path()))["read"];
+        for f in ["bios", "bytes", "charged_ios", "requests", "merged"] {
+            assert_eq!(
+                captured[f],
+                read[f],
+                "{}: {f}, the capture's against the live view's; {ctx}; {captured}",
+                cg.path()
+            );
+        }
     }
 }
