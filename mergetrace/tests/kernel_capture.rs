@@ -45,6 +45,15 @@ fn same_dir(live: &Value, report: &Value, ctx: &str) {
     );
 }
 
+/// `report --json` of a capture that lost nothing and gives no warning.
+fn clean_report(cap: &str) -> Value {
+    let (json, err) = succeeded(mergetrace(&["report", cap, "--json"]), "report --json");
+    assert!(!err.contains("warning"), "{err}");
+    let rep: Value = serde_json::from_str(json.trim()).unwrap();
+    assert_eq!(rep["lost_events"], 0, "{err}");
+    rep
+}
+
 /// The row of cgroup `path` in a device object of a report.
 fn report_row<'a>(device: &'a Value, path: &str) -> &'a Value {
     device["cgroups"]
@@ -959,10 +968,7 @@ fn capture_of_requests_only_counts_as_the_live_view() {
     let live = live.stop();
     assert_eq!(live.lost_events(), 0);
     let cap = capture.to_str().unwrap();
-    let (json, err) = succeeded(mergetrace(&["report", cap, "--json"]), "report --json");
-    assert!(!err.contains("warning"), "{err}");
-    let rep: Value = serde_json::from_str(json.trim()).unwrap();
-    assert_eq!(rep["lost_events"], 0);
+    let rep = clean_report(cap);
     let (ld, rd) = (live.device(&lo), device_of(&rep, &lo));
     let w = &rd["total"]["write"];
     for f in [
@@ -1048,14 +1054,11 @@ fn capture_of_requests_only_under_limits_has_every_charge() {
     });
     let written = wcg.throttle_stats(&lo).write_since(&wb);
     let read = rcg.throttle_stats(&lo).read_since(&rb);
-    let rec_stderr = rec.stop();
+    rec.stop();
     let live = live.stop();
     assert_eq!(live.lost_events(), 0);
     let cap = capture.to_str().unwrap();
-    let (json, err) = succeeded(mergetrace(&["report", cap, "--json"]), "report --json");
-    assert!(!err.contains("warning"), "{err}");
-    let rep: Value = serde_json::from_str(json.trim()).unwrap();
-    assert_eq!(rep["lost_events"], 0, "{rec_stderr}");
+    let rep = clean_report(cap);
     let rd = device_of(&rep, &lo);
     for (cg, dir, fio, (ios, bytes)) in
         [(&wcg, "write", &wfio, written), (&rcg, "read", &rfio, read)]
