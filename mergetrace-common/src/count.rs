@@ -297,10 +297,10 @@ impl Counters {
             ev.path
         } as usize
             & 3;
-        // A bio (or split remainder) seen while blk-throttle's dispatch work released it; the
-        // bio kinds are 1 (BIO_QUEUE) to 5 (GETRQ).
         // A bio's charge can stand for a run of them (`Event::run_len`).
         let n = ev.run_len();
+        // A bio (or split remainder) seen while blk-throttle's dispatch work released it; the
+        // bio kinds are 1 (BIO_QUEUE) to 5 (GETRQ).
         if ev.flags & flags::THROTTLE_RELEASED != 0 && ev.kind <= kind::GETRQ {
             self.throttled_bios += n;
         }

@@ -26,9 +26,6 @@ use crate::{
     slot::{self, key_of},
 };
 
-// `send_batch` masks its index into a batch.
-const _: () = assert!(STAGED_EVENTS.is_power_of_two());
-
 const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
 
@@ -266,7 +263,7 @@ fn give_back(batch: *mut Staged) {
 #[inline(never)]
 fn send_batch(b: &mut Staged, cpu: u32) {
     // Open runs of charges end here, timed now; those that do not fit start the next batch.
-    let now = if b.runs[0].kind != 0 || b.runs[1].kind != 0 {
+    let now = if b.runs.iter().any(|r| r.kind != 0) {
         unsafe { bpf_ktime_get_ns() }
     } else {
         0

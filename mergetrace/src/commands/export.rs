@@ -66,9 +66,9 @@ fn runs_warning(events: &[Event]) -> Option<String> {
         .fold((0u64, 0u64), |(r, b), e| (r + 1, b + e.run_len()));
     (runs > 0).then(|| {
         format!(
-            "{bios} bios' blk-throttle charges are recorded as {runs} runs (record --requests \
-             sends like charges of a CPU as one event): the export has one line, record or \
-             instant per run, with its bios in `run` (csv, jsonl) and all their bytes"
+            "{bios} bios' blk-throttle charges are recorded as {runs} runs (record --requests): \
+             each run is one line with its bios in `run` (csv, jsonl), one Q record (blktrace) \
+             or one instant (perfetto), with all its bytes"
         )
     })
 }
