@@ -56,9 +56,10 @@ impl Event {
     /// How many bios the event stands for. A bio's blk-throttle charge (`BIO_QUEUE`, and the
     /// fentry tier's `THROTTLE_CHARGE`) recorded by `record --requests` can stand for a run of
     /// like charges of one CPU (capture format 3 on): `aux64` counts the bios after the first,
-    /// `bytes` is all of theirs, `ts_ns` is when the run ended (at most a batch's life, ~10 ms,
-    /// after its first bio), the other fields are the first bio's. Every other event stands
-    /// for one.
+    /// `bytes` is all of theirs, `ts_ns` is when the run ended (when the CPU's batch was
+    /// sent: ~10 ms after its first bio at most while the CPU sends events, or at user space's
+    /// next 20 ms poll once it goes quiet), the other fields are the first bio's. Every other
+    /// event stands for one.
     #[inline(always)]
     pub fn run_len(&self) -> u64 {
         if self.kind == kind::BIO_QUEUE || self.kind == kind::THROTTLE_CHARGE {
