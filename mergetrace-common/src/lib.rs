@@ -62,7 +62,7 @@ impl Event {
     /// event stands for one.
     #[inline(always)]
     pub fn run_len(&self) -> u64 {
-        if self.kind == kind::BIO_QUEUE || self.kind == kind::THROTTLE_CHARGE {
+        if kind::is_charge(self.kind) {
             1 + self.aux64
         } else {
             1
@@ -96,6 +96,13 @@ pub mod kind {
     pub const ELV_MERGE: u8 = 15;
     /// One past the largest kind: sizes the per-kind lost-event counters.
     pub const COUNT: u32 = 16;
+
+    /// A bio's blk-throttle charge: the kinds `record --requests` sends in runs
+    /// ([`crate::Event::run_len`]).
+    #[inline(always)]
+    pub fn is_charge(kind: u8) -> bool {
+        kind == BIO_QUEUE || kind == THROTTLE_CHARGE
+    }
 
     pub fn name(kind: u8) -> &'static str {
         match kind {

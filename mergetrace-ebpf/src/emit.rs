@@ -55,7 +55,7 @@ pub fn charge_runs() -> bool {
 /// ([`emit_charge`] reads the clock when it starts one).
 #[inline(always)]
 pub fn now_for(kind: u8) -> u64 {
-    if (kind == kind::BIO_QUEUE || kind == kind::THROTTLE_CHARGE) && charge_runs() {
+    if kind::is_charge(kind) && charge_runs() {
         0
     } else {
         now()
@@ -110,12 +110,10 @@ pub fn emit_charge(ev: &mut Event, disk: u32) {
             let r = charge_run_index(ev.kind);
             if !join_run(&mut b.runs[r], ev) {
                 if b.runs[r].kind != 0 {
-                    let cpu = unsafe { bpf_get_smp_processor_id() };
-                    let mut ended = b.runs[r];
-                    ended.ts_ns = unsafe { bpf_ktime_get_ns() };
-                    // Closed first: staging it may send the batch, which ends open runs.
-                    b.runs[r].kind = 0;
-                    stage_held(b, &ended, cpu);
+                    // Closed before it is staged: staging may send the batch, which ends the
+                    // runs still open.
+                    let ended = end_run(b, r, unsafe { bpf_ktime_get_ns() });
+                    stage_held(b, &ended, unsafe { bpf_get_smp_processor_id() });
                 }
                 b.runs[r] = *ev;
                 if b.len == 0 && b.first_ts == 0 {
@@ -312,14 +310,19 @@ fn end_runs(b: &mut Staged, now: u64) {
         if len >= STAGED_EVENTS {
             return;
         }
-        // Through the stack: a copy within the batch would be a memmove, a byte loop the
-        // verifier cannot bound.
-        let mut ended = unsafe { read_volatile(&raw const b.runs[r]) };
-        ended.ts_ns = now;
-        b.events[len] = ended;
+        b.events[len] = end_run(b, r, now);
         b.len = len as u32 + 1;
-        b.runs[r].kind = 0;
     }
+}
+
+/// Closes the open run `r` and returns its event, timed `now`. Through the stack: a copy
+/// straight into the batch would be a memmove, a byte loop the verifier cannot bound.
+#[inline(always)]
+fn end_run(b: &mut Staged, r: usize, now: u64) -> Event {
+    let mut ended = unsafe { read_volatile(&raw const b.runs[r]) };
+    ended.ts_ns = now;
+    b.runs[r].kind = 0;
+    ended
 }
 
 /// This CPU's `STAGED_SINCE`: its batch's first `ts_ns`, or 0 once sent.

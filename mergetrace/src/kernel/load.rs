@@ -112,8 +112,8 @@ fn load_object(
     // where it is.
     let latency_map = |entries: u32| if modes.latency != 0 { entries } else { 1 };
     let mut loader = EbpfLoader::new();
-    if verifier_log() {
-        loader.verifier_log_level(verifier_log_level());
+    if let Some(level) = verifier_log_level() {
+        loader.verifier_log_level(level);
     }
     let ebpf = loader
         .btf(Some(&aya_btf))
@@ -344,16 +344,16 @@ fn short_reason(e: &anyhow::Error) -> String {
 /// accepts (instructions it went through: the programs' loops must stay well under its
 /// limit on every kernel; and the load's time) and its log for one it refuses.
 fn verifier_log() -> bool {
-    std::env::var_os("MERGETRACE_VERIFIER_LOG").is_some_and(|v| v == "1" || v == "2")
+    verifier_log_level().is_some()
 }
 
 /// `MERGETRACE_VERIFIER_LOG=1`: the statistics; `=2`: every instruction the verifier
 /// followed too, for a program it refuses (where it stopped, and the registers it knew).
-fn verifier_log_level() -> aya::VerifierLogLevel {
-    if std::env::var_os("MERGETRACE_VERIFIER_LOG").is_some_and(|v| v == "2") {
-        aya::VerifierLogLevel::VERBOSE | aya::VerifierLogLevel::STATS
-    } else {
-        aya::VerifierLogLevel::STATS
+fn verifier_log_level() -> Option<aya::VerifierLogLevel> {
+    match std::env::var_os("MERGETRACE_VERIFIER_LOG")?.to_str()? {
+        "1" => Some(aya::VerifierLogLevel::STATS),
+        "2" => Some(aya::VerifierLogLevel::VERBOSE | aya::VerifierLogLevel::STATS),
+        _ => None,
     }
 }
 
