@@ -213,6 +213,11 @@ pub struct CursorKey {
     pub dev: u64,
 }
 
+/// 1 once user space has attached every program of the run and installed the rings (see
+/// `read::ready`); 0 before.
+#[map]
+pub static GATE: Array<u32> = Array::with_max_entries(1, 0);
+
 /// blk-throttle's policy id + 1 (0: not found yet), the index of its data in `blkg->pd[]`.
 #[map]
 pub static THROTTLE_POLICY: Array<u32> = Array::with_max_entries(1, 0);

@@ -5,7 +5,7 @@ use mergetrace_common::{DeviceState, MAX_DEVICES, NONE};
 
 use crate::request::Pending;
 
-use crate::maps::{frozen, off, DISKS, SCRATCH};
+use crate::maps::{frozen, off, DISKS, GATE, SCRATCH};
 
 /// Reads a `T` at `base + offset` of a BTF-typed kernel pointer (a tracepoint argument or a
 /// pointer field read from one): a plain load the verifier checks against BTF and guards
@@ -134,10 +134,14 @@ impl Drop for Scratch {
     }
 }
 
-/// User space filled the offsets in (programs do nothing before).
+/// User space filled the offsets in and opened the gate (programs do nothing before). Programs
+/// attach one by one, the first while the last are still being verified: the gate makes them
+/// all start at one moment, once the rings are in place. Else a start under load loses the
+/// events sent before the rings exist, and sees requests issued whose completion program was
+/// not attached yet.
 #[inline(always)]
 pub fn ready() -> bool {
-    off!(ready) != 0
+    off!(ready) != 0 && GATE.get(0).is_some_and(|open| *open != 0)
 }
 
 /// `major << 20 | first_minor` of a `struct gendisk`.

@@ -1118,3 +1118,56 @@ fn capture_of_requests_only_under_limits_has_every_charge() {
     );
     eprintln!("{bios} bios' charges in {events} events; {throttled} throttled");
 }
+
+/// A recording started while the disk is busy: no event is lost at its start (no program
+/// sends before every program is attached and the rings are in place), and I/O that runs
+/// wholly inside it counts exactly. Before the gate every start under load lost events: the
+/// first programs attached sent while the rest were verified, with no ring to take them.
+#[test]
+fn a_recording_started_under_load_loses_nothing() {
+    require_root();
+    let lo = LoopDevice::new(256 << 20);
+    lo.set_scheduler("none");
+    let (busy, counted) = (Cgroup::new(), Cgroup::new());
+    counted.set_read_iops(&lo, 10_000_000);
+    let load = Fio::random_for("busy", &lo, "randread", "600")
+        .in_cgroup(&busy)
+        .spawn();
+    wait_for_reads(&lo.name, 2000);
+    let dir = tempfile::tempdir().unwrap();
+    let capture = dir.path().join("under-load.mtr");
+    let rec = Recorder::start(&lo, &capture, None);
+    let before = counted.throttle_stats(&lo);
+    let fio = Fio::sequential("counted", &lo, "read", 16 << 20, 32)
+        .in_cgroup(&counted)
+        .run();
+    let (ios, bytes) = counted.throttle_stats(&lo).read_since(&before);
+    let err = rec.stop();
+    load.kill();
+    assert!(
+        err.contains(" events (0 lost) "),
+        "the recording lost events: {err}"
+    );
+    let cap = capture.to_str().unwrap();
+    let (json, rerr) = succeeded(mergetrace(&["report", cap, "--json"]), "report --json");
+    let rep: Value = serde_json::from_str(json.trim()).unwrap();
+    assert_eq!(rep["lost_events"], 0, "{rerr}");
+    let row = &report_row(device_of(&rep, &lo), &counted.path())["read"];
+    assert_eq!(
+        u(row, "bios"),
+        fio_total_ios(&fio, "read"),
+        "bios vs fio; {row}"
+    );
+    assert_eq!(u(row, "charged_ios"), ios, "vs io_serviced; {row}");
+    assert_eq!(u(row, "charged_bytes"), bytes, "vs io_service_bytes; {row}");
+    let busy_row = &report_row(device_of(&rep, &lo), &busy.path())["read"];
+    assert!(
+        u(busy_row, "bios") > 0,
+        "the busy cgroup's reads are not in the capture"
+    );
+    eprintln!(
+        "{} events; busy cgroup: {} bios recorded",
+        events_written(&err),
+        u(busy_row, "bios")
+    );
+}

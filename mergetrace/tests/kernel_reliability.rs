@@ -352,3 +352,57 @@ fn cgroup_removed_mid_run() {
     assert_eq!(row["gone"], true, "{row}");
     assert_eq!(u(&row["write"], "bios"), 2048);
 }
+
+/// The live view started while the disk is busy, with `--latency`: every program starts at
+/// the same moment, so no request is seen issued by a program whose completion program was
+/// not attached yet. (Before, every such start counted thousands of `completion_unseen` and
+/// warned that the counts were low.) I/O that runs wholly inside the run counts exactly, and
+/// each of its requests' latencies with it.
+#[test]
+fn live_view_started_under_load_counts_from_one_moment() {
+    require_root();
+    let lo = LoopDevice::new(256 << 20);
+    lo.set_scheduler("none");
+    let (busy, counted) = (Cgroup::new(), Cgroup::new());
+    counted.set_read_iops(&lo, 10_000_000);
+    let load = Fio::random_for("busy", &lo, "randread", "600")
+        .in_cgroup(&busy)
+        .spawn();
+    wait_for_reads(&lo.name, 2000);
+    let t = Tracer::start(&["-d", lo.name.as_str(), "--latency"]);
+    let before = counted.throttle_stats(&lo);
+    let fio = Fio::sequential("counted", &lo, "read", 16 << 20, 32)
+        .in_cgroup(&counted)
+        .run();
+    let (ios, bytes) = counted.throttle_stats(&lo).read_since(&before);
+    let out = t.stop();
+    load.kill();
+    assert_eq!(
+        out.lost_events(),
+        0,
+        "{}: {}",
+        out.total["lost_by_kind"],
+        out.stderr
+    );
+    assert!(!out.stderr.contains("warning"), "{}", out.stderr);
+    let row = &out
+        .cgroup_row(&lo, &counted.path())
+        .unwrap_or_else(|| panic!("no row for {}: {}", counted.path(), out.total))["read"];
+    assert_eq!(
+        u(row, "bios"),
+        fio_total_ios(&fio, "read"),
+        "bios vs fio; {row}"
+    );
+    assert_eq!(u(row, "charged_ios"), ios, "vs io_serviced; {row}");
+    assert_eq!(u(row, "charged_bytes"), bytes, "vs io_service_bytes; {row}");
+    for side in ["queue", "device"] {
+        assert_eq!(
+            row["latency"][side]["all"]["count"], row["requests"],
+            "{side} latencies vs requests; {row}"
+        );
+    }
+    let busy_row = &out
+        .cgroup_row(&lo, &busy.path())
+        .expect("the busy cgroup's row")["read"];
+    assert!(u(busy_row, "bios") > 0, "{busy_row}");
+}

@@ -553,6 +553,7 @@ impl Session {
         } else {
             None
         };
+        open_gate(&mut ebpf)?;
         Ok(Session {
             ebpf: Some(ebpf),
             tier,
@@ -757,6 +758,15 @@ impl Session {
 /// A real-time kernel (PREEMPT_RT) may preempt a tracepoint's programs.
 fn preemptible_tracepoints() -> bool {
     std::fs::read_to_string("/sys/kernel/realtime").is_ok_and(|v| v.trim() == "1")
+}
+
+/// Lets the programs start, all at one moment: every one of the run is attached and the rings
+/// are installed (the programs do nothing before; `read::ready` in the eBPF crate).
+fn open_gate(ebpf: &mut Ebpf) -> Result<()> {
+    let mut gate: Array<_, u32> =
+        Array::try_from(ebpf.map_mut("GATE").context("GATE map missing")?)?;
+    gate.set(0, 1, 0)
+        .context("cannot start the programs (GATE map)")
 }
 
 /// Whether this kernel lets mergetrace attach fentry programs: loads the object as a counting
