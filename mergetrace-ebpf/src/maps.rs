@@ -213,8 +213,8 @@ pub struct CursorKey {
     pub dev: u64,
 }
 
-/// 1 once user space has attached every program of the run and installed the rings (see
-/// `read::ready`); 0 before.
+/// 1 while the programs run: from when user space has attached every program of the run and
+/// installed the rings, to the run's end (see `read::ready`); 0 before and after.
 #[map]
 pub static GATE: Array<u32> = Array::with_max_entries(1, 0);
 

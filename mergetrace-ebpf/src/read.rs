@@ -134,11 +134,11 @@ impl Drop for Scratch {
     }
 }
 
-/// User space filled the offsets in and opened the gate (programs do nothing before). Programs
-/// attach one by one, the first while the last are still being verified: the gate makes them
-/// all start at one moment, once the rings are in place. Else a start under load loses the
-/// events sent before the rings exist, and sees requests issued whose completion program was
-/// not attached yet.
+/// User space filled the offsets in and the gate is open (programs do nothing otherwise).
+/// Programs attach one by one, the first while the last are still being verified: the gate
+/// makes them all start at one moment, once the rings are in place, and stop at one moment.
+/// Else a start under load loses the events sent before the rings exist, and sees requests
+/// issued whose completion program was not attached yet.
 #[inline(always)]
 pub fn ready() -> bool {
     off!(ready) != 0 && GATE.get(0).is_some_and(|open| *open != 0)

@@ -726,7 +726,10 @@ impl Session {
 
     /// Detaches and unloads every program. Maps stay readable (the ring can be drained).
     pub fn detach(&mut self) {
-        if let Some(ebpf) = self.ebpf.take() {
+        if let Some(mut ebpf) = self.ebpf.take() {
+            // All stop at one moment, as they started (the programs then detach one by one).
+            // Should it fail, detaching still stops them.
+            let _ = set_gate(&mut ebpf, 0);
             self.skipped = unfinished::skipped_runs(&ebpf);
         }
     }
@@ -763,10 +766,14 @@ fn preemptible_tracepoints() -> bool {
 /// Lets the programs start, all at one moment: every one of the run is attached and the rings
 /// are installed (the programs do nothing before; `read::ready` in the eBPF crate).
 fn open_gate(ebpf: &mut Ebpf) -> Result<()> {
+    set_gate(ebpf, 1).context("cannot start the programs (GATE map)")
+}
+
+/// `GATE` = `open`: 1, the programs run; 0, they return at once.
+fn set_gate(ebpf: &mut Ebpf, open: u32) -> Result<()> {
     let mut gate: Array<_, u32> =
         Array::try_from(ebpf.map_mut("GATE").context("GATE map missing")?)?;
-    gate.set(0, 1, 0)
-        .context("cannot start the programs (GATE map)")
+    Ok(gate.set(0, open, 0)?)
 }
 
 /// Whether this kernel lets mergetrace attach fentry programs: loads the object as a counting
