@@ -100,17 +100,3 @@ pub fn diskstats(name: &str) -> DiskStats {
         .map(|(_, s)| s)
         .unwrap_or_else(|| panic!("{name} is not in /proc/diskstats"))
 }
-
-/// Waits until device `name` has completed `n` more reads than it had: a workload started in
-/// the background is running. Panics after 60 s.
-pub fn wait_for_reads(name: &str, n: u64) {
-    let before = diskstats(name);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while diskstats(name).since(&before).reads < n {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{name}: {n} reads did not complete in 60 s"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-}

@@ -33,6 +33,7 @@ use std::{
 
 /// The real blktrace + blkparse as a second oracle (guests only: it needs debugfs).
 pub mod blktrace;
+mod busy_disk;
 mod cgroup;
 mod child;
 mod disk;
@@ -51,8 +52,8 @@ pub mod workloads;
 // a module would otherwise warn about its re-export.
 #[allow(unused_imports)]
 pub use self::{
-    cgroup::*, child::*, disk::*, diskstats::*, fio::*, interrupt_disk::*, recorder::*,
-    test_disk::*, tracer::*,
+    busy_disk::*, cgroup::*, child::*, disk::*, diskstats::*, fio::*, interrupt_disk::*,
+    recorder::*, test_disk::*, tracer::*,
 };
 
 /// How long the tracer may take to load and attach its probes (BPF verification on a busy
