@@ -10,7 +10,7 @@ use mergetrace_common::{CgroupEvent, CGROUP_MKDIR, CGROUP_RMDIR, LOST_CGROUP_NAM
 use crate::{
     emit::count_lost,
     maps::{frozen, off, CGROUP_EVENTS},
-    read::{read, ready},
+    read::{offsets_ready, read},
 };
 
 #[btf_tracepoint(function = "cgroup_mkdir")]
@@ -30,7 +30,9 @@ pub fn cgroup_rmdir(ctx: BtfTracePointContext) -> u32 {
 #[inline(always)]
 fn report(ctx: &BtfTracePointContext, what: u32) {
     let want = frozen!(MODES.cgroup_hierarchy);
-    if want == 0 || !ready() {
+    // Not behind the gate: its ring exists from the load, and a cgroup born while the other
+    // programs attach is named only here if it is gone before user space's next scan.
+    if want == 0 || !offsets_ready() {
         return;
     }
     let cgrp: u64 = ctx.arg(0);
