@@ -1150,13 +1150,9 @@ fn a_recording_under_load_loses_nothing_at_its_ends() {
     // points when the gate opened or closed: at most fio's iodepth, 64. (Detached one by one,
     // the programs detached last went on: 153 more issues than new requests here, thousands
     // in the lab's guests.)
-    let csv = dir.path().join("under-load.csv");
-    succeeded(
-        mergetrace(&["export", cap, "-f", "csv", "-o", csv.to_str().unwrap()]),
-        "export",
-    );
+    let csv = exported_csv(cap, &dir.path().join("under-load.csv"));
     let mut kinds = BTreeMap::<String, u64>::new();
-    for l in fs::read_to_string(&csv).unwrap().lines().skip(1) {
+    for l in csv.lines().skip(1) {
         let f: Vec<&str> = l.split(',').collect();
         if f[6] == busy.path() && f[8] == "read" {
             *kinds.entry(f[2].to_string()).or_default() += 1;

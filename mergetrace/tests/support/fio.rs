@@ -228,37 +228,13 @@ pub fn fio_io_bytes(report: &Value, dir: &str) -> u64 {
 }
 
 /// SIGKILL to `pid` and every process below it. fio's job processes start sessions of their
-/// own (setsid), so a signal to fio's process group misses them: the tree is gathered from
-/// /proc first, then killed (once fio dies its jobs would be re-parented out of reach).
+/// own (setsid), so a signal to fio's process group misses them: the tree is gathered first,
+/// then killed (once fio dies its jobs would be re-parented out of reach).
 fn kill_tree(pid: u32) {
-    let mut parent_of = Vec::new();
-    if let Ok(dir) = std::fs::read_dir("/proc") {
-        for e in dir.flatten() {
-            let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
-                continue;
-            };
-            // /proc/PID/stat: "pid (comm) state ppid ...", comm may hold spaces.
-            let ppid = std::fs::read_to_string(e.path().join("stat"))
-                .ok()
-                .and_then(|s| {
-                    s.rsplit_once(')')
-                        .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
-                });
-            if let Some(ppid) = ppid {
-                parent_of.push((p, ppid));
-            }
-        }
-    }
     let mut tree = vec![pid];
     let mut i = 0;
     while i < tree.len() {
-        let parent = tree[i];
-        tree.extend(
-            parent_of
-                .iter()
-                .filter(|(_, pp)| *pp == parent)
-                .map(|(p, _)| *p),
-        );
+        tree.extend(children_of(tree[i]));
         i += 1;
     }
     for p in tree {

@@ -33,7 +33,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{in_lab, scaled, unique_name, BlockDev, Cgroup, DiskStats, Fio};
+use super::{children_of, in_lab, scaled, unique_name, BlockDev, Cgroup, DiskStats, Fio};
 
 mod drivers;
 mod ext4;
