@@ -357,7 +357,8 @@ fn cgroup_removed_mid_run() {
 /// starts and stops at the same moment, so no request is seen issued by a program whose
 /// completion program is not attached (yet, or any more). Before, such a run counted thousands
 /// of `completion_unseen` and warned that the counts were low. I/O that runs wholly inside
-/// the run counts exactly, and each of its requests' latencies with it.
+/// the run counts exactly, and each of its requests' latencies with it (a kernel-unseen
+/// completion, a few a run at most, falls on its 128 requests about once in 500 runs).
 #[test]
 fn live_view_started_and_stopped_under_load_loses_nothing() {
     require_root();
@@ -367,14 +368,30 @@ fn live_view_started_and_stopped_under_load_loses_nothing() {
     let out = t.stop();
     disk.stop_load();
     let (lo, busy, counted) = (&disk.lo, &disk.busy, &disk.counted);
+    // The only loss may be the kernel's own occasional completion it runs no program for
+    // (README: `completion_unseen`; 0 to 1 in a host run of this test, 1 to 107 in a 4 s bench
+    // arm). Programs attached one by one made thousands here (2,562 and 4,202 on the host,
+    // 4,701 in the 5.10 guest): fewer than fio's 64 requests in flight tells the two apart.
+    let unseen = out.completion_unseen();
     assert_eq!(
         out.lost_events(),
-        0,
+        unseen,
         "{}: {}",
         out.total["lost_by_kind"],
         out.stderr
     );
-    assert!(!out.stderr.contains("warning"), "{}", out.stderr);
+    assert!(
+        unseen < 64,
+        "{unseen} completions unseen: the programs did not start and stop at one moment; {}",
+        out.stderr
+    );
+    assert!(
+        out.stderr
+            .lines()
+            .all(|l| !l.contains("warning") || l.contains("completion_unseen")),
+        "{}",
+        out.stderr
+    );
     let row = &out
         .cgroup_row(&lo, &counted.path())
         .unwrap_or_else(|| panic!("no row for {}: {}", counted.path(), out.total))["read"];
