@@ -1143,7 +1143,7 @@ fn a_recording_under_load_loses_nothing_at_its_ends() {
     let (json, rerr) = succeeded(mergetrace(&["report", cap, "--json"]), "report --json");
     let rep: Value = serde_json::from_str(json.trim()).unwrap();
     assert_eq!(rep["lost_events"], 0, "{rerr}");
-    let row = &report_row(device_of(&rep, &lo), &counted.path())["read"];
+    let row = &report_row(device_of(&rep, lo), &counted.path())["read"];
     counted_reads.check(row);
     // Every program started and stopped at one moment: the busy cgroup's reads, a bio and a
     // request each, have as many events of each kind, up to the I/O between the two kinds'

@@ -393,7 +393,7 @@ fn live_view_started_and_stopped_under_load_loses_nothing() {
         out.stderr
     );
     let row = &out
-        .cgroup_row(&lo, &counted.path())
+        .cgroup_row(lo, &counted.path())
         .unwrap_or_else(|| panic!("no row for {}: {}", counted.path(), out.total))["read"];
     counted_reads.check(row);
     for side in ["queue", "device"] {
@@ -403,7 +403,7 @@ fn live_view_started_and_stopped_under_load_loses_nothing() {
         );
     }
     let busy_row = &out
-        .cgroup_row(&lo, &busy.path())
+        .cgroup_row(lo, &busy.path())
         .expect("the busy cgroup's row")["read"];
     assert!(u(busy_row, "bios") > 0, "{busy_row}");
 }
