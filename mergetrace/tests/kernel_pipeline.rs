@@ -651,3 +651,49 @@ fn latency_per_cgroup_tells_merged_requests_from_single_ones() {
         "writer merges vs diskstats"
     );
 }
+
+/// `--hooks-only`, the benchmark's floor (what the hooks cost with programs that do nothing):
+/// every program of a counting run is attached and runs, and returns at its first check.
+/// With `--stats`, the kernel's run counts of `block_getrq` and `block_rq_issue` cover the
+/// disk's requests while its counts stay 0; the same run without the flag counts them all.
+#[test]
+fn hooks_only_runs_the_programs_and_counts_nothing() {
+    require_root();
+    let lo = TestDisk::new(size());
+    for hooks_only in [true, false] {
+        let mut args = vec!["-d", lo.name.as_str(), "--stats"];
+        if hooks_only {
+            args.push("--hooks-only");
+        }
+        let tracer = Tracer::start(&args);
+        let before = lo.diskstats();
+        run_workload(&lo, None, &["--ios", "2048", "--batch", "32"]);
+        let d = lo.diskstats().since(&before);
+        let out = tracer.stop();
+        let w = &out.device_total(&lo)["write"];
+        let ctx = format!("--hooks-only {hooks_only}: {w}\ndiskstats delta {d:?}");
+        assert!(d.writes > 0, "{ctx}");
+        // A program's name is its build's (`block_getrq_q` up to 5.10, `block_rq_issue_bl`
+        // before 5.17: the hook table's variants); the runs are on every device.
+        let runs = |program: &str| -> u64 {
+            out.total["program_stats"]
+                .as_array()
+                .unwrap_or_else(|| panic!("no program_stats; {ctx}\n{}", out.total))
+                .iter()
+                .filter(|p| {
+                    p["program"]
+                        .as_str()
+                        .and_then(|n| n.strip_prefix(program))
+                        .is_some_and(|build| ["", "_q", "_bl"].contains(&build))
+                })
+                .map(|p| u(p, "runs"))
+                .sum()
+        };
+        assert!(runs("block_getrq") >= d.writes, "{ctx}\n{}", out.total);
+        assert!(runs("block_rq_issue") >= d.writes, "{ctx}\n{}", out.total);
+        let (bios, requests) = if hooks_only { (0, 0) } else { (2048, d.writes) };
+        assert_eq!(u(w, "bios"), bios, "{ctx}");
+        assert_eq!(u(w, "requests"), requests, "{ctx}");
+        assert_eq!(out.lost_events(), 0, "{ctx}");
+    }
+}

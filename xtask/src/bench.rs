@@ -281,11 +281,12 @@ fn build_mergetrace(no_build: bool) -> Result<PathBuf> {
 /// The arms whose tool (or tracefs) is missing here, with why.
 fn unavailable_arms(tracefs: &Result<Tracefs>) -> BTreeMap<Arm, String> {
     // Each arm's tools, and whether it reads the block tracepoints through tracefs.
-    let needs: [(Arm, &[&str], bool); 6] = [
+    let needs: [(Arm, &[&str], bool); 7] = [
         (Arm::Bpftrace, &["bpftrace"], true),
         (Arm::BpftraceProfiled, &["bpftrace", "perf"], true),
         (Arm::Perf, &["perf"], true),
         (Arm::LiveProfiled, &["perf"], false),
+        (Arm::LiveHooksProfiled, &["perf"], false),
         (Arm::RecordProfiled, &["perf"], false),
         (Arm::RecordRequestsProfiled, &["perf"], false),
     ];

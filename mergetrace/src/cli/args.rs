@@ -72,6 +72,7 @@ impl TraceArgs {
                 latency: self.latency,
                 ..Default::default()
             },
+            hooks_only: false,
         }
     }
 }

@@ -43,6 +43,10 @@ pub struct LiveArgs {
     /// `stats_floor`, an empty program, is what the statistics add to each run).
     #[arg(long)]
     pub stats: bool,
+    /// For the benchmark: attach the programs but leave them shut (each returns at its first
+    /// check), so that the run costs what the hooks alone cost; nothing is counted.
+    #[arg(long, hide = true)]
+    pub hooks_only: bool,
 }
 
 pub async fn run(args: LiveArgs) -> Result<()> {
@@ -55,9 +59,12 @@ pub async fn run(args: LiveArgs) -> Result<()> {
     let meter_units = args.trace.meter_unit.clone();
     let session = kernel::Session::start(
         &devices,
-        &args
-            .trace
-            .kernel_options(Modes::COUNTING, args.run.ring_mib << 20, args.stats),
+        &kernel::Options {
+            hooks_only: args.hooks_only,
+            ..args
+                .trace
+                .kernel_options(Modes::COUNTING, args.run.ring_mib << 20, args.stats)
+        },
     )?;
     let start = monotonic_ns();
     let tier = session.tier.clone();
@@ -66,6 +73,11 @@ pub async fn run(args: LiveArgs) -> Result<()> {
     // The first line on stderr says the probes are attached (scripts and tests wait for it).
     for line in &banner {
         eprintln!("mergetrace: {line}");
+    }
+    if args.hooks_only {
+        eprintln!(
+            "mergetrace: --hooks-only: the programs are attached but return at once; nothing is counted"
+        );
     }
     let quit = Arc::new(Notify::new());
     let mut view = view_for(&args, banner, &quit)?;

@@ -70,6 +70,9 @@ pub struct Options {
     /// What the run asks for beside its per-request counting (its flags; a full capture:
     /// [`Wants::ALL`]); the traced disks may add more ([`Session::wants`]).
     pub wants: Wants,
+    /// Attach the run's programs but leave the gate shut: each returns at its first check and
+    /// nothing is counted. What the hooks alone cost (`--hooks-only`, the benchmark's floor).
+    pub hooks_only: bool,
 }
 
 /// The object loaded (maps created, nothing attached) for this kernel, with what the programs
@@ -553,7 +556,9 @@ impl Session {
         } else {
             None
         };
-        open_gate(&mut ebpf)?;
+        if !opts.hooks_only {
+            open_gate(&mut ebpf)?;
+        }
         Ok(Session {
             ebpf: Some(ebpf),
             tier,

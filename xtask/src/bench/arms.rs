@@ -19,6 +19,9 @@ pub enum Arm {
     RecordRequests,
     /// The live view profiled; with the other `Arm::PROFILED`.
     LiveProfiled,
+    /// The live view's hooks alone, profiled: its programs attached but shut (`--hooks-only`),
+    /// each returning at its first check. The floor under the live view's cost.
+    LiveHooksProfiled,
     /// No tracer, a second time in the round: its "overhead" is the noise of the machine, the
     /// spread any arm's overhead has with no cost at all.
     Again,
@@ -34,7 +37,7 @@ pub enum Arm {
 impl Arm {
     /// The order of a round (rotated from round to round). `Again` sits halfway round from
     /// `Baseline`, as far from it as an arm can be.
-    pub const ALL: [Arm; 15] = [
+    pub const ALL: [Arm; 16] = [
         Arm::Baseline,
         Arm::Live,
         Arm::LiveLatency,
@@ -42,6 +45,7 @@ impl Arm {
         Arm::Record,
         Arm::RecordRequests,
         Arm::LiveProfiled,
+        Arm::LiveHooksProfiled,
         Arm::Again,
         Arm::Bpftrace,
         Arm::Perf,
@@ -55,8 +59,9 @@ impl Arm {
     /// The arms run with every CPU profiled while fio runs (`profile`): the live view, a full
     /// capture, a request-level one and bpftrace, each one's whole CPU time per I/O, hooks and
     /// process, measured alike. In the order the profile table shows them.
-    pub const PROFILED: [Arm; 4] = [
+    pub const PROFILED: [Arm; 5] = [
         Arm::LiveProfiled,
+        Arm::LiveHooksProfiled,
         Arm::RecordProfiled,
         Arm::RecordRequestsProfiled,
         Arm::BpftraceProfiled,
@@ -80,6 +85,7 @@ impl Arm {
             Arm::LiveStats => "live_stats",
             Arm::RecordStats => "record_stats",
             Arm::LiveProfiled => "live_profiled",
+            Arm::LiveHooksProfiled => "live_hooks_profiled",
             Arm::RecordProfiled => "record_profiled",
             Arm::RecordRequestsProfiled => "record_requests_profiled",
             Arm::BpftraceProfiled => "bpftrace_profiled",
@@ -100,6 +106,7 @@ impl Arm {
             Arm::LiveStats => "mergetrace live --stats",
             Arm::RecordStats => "mergetrace record --stats",
             Arm::LiveProfiled => "mergetrace live, profiled",
+            Arm::LiveHooksProfiled => "mergetrace live, hooks alone, profiled",
             Arm::RecordProfiled => "mergetrace record, profiled",
             Arm::RecordRequestsProfiled => "mergetrace record --requests, profiled",
             Arm::BpftraceProfiled => "bpftrace, profiled",
@@ -122,6 +129,9 @@ impl Arm {
             Arm::LiveStats => "mergetrace -d DEV --json -i 10s --stats",
             Arm::RecordStats => "mergetrace record -d DEV -o /dev/shm/... --force --stats",
             Arm::LiveProfiled => "mergetrace -d DEV --json -i 10s; perf record -a -g -e cpu-clock",
+            Arm::LiveHooksProfiled => {
+                "mergetrace -d DEV --json -i 10s --hooks-only; perf record -a -g -e cpu-clock"
+            }
             Arm::RecordProfiled => {
                 "mergetrace record -d DEV -o /dev/shm/... --force; perf record -a -g -e cpu-clock"
             }

@@ -10,7 +10,7 @@ use super::{
     profile::{Part, PERIOD_NS},
     stats::{self, pct, si, table, Summary},
     sys::LoopDev,
-    targets::{Outcome, ProfiledCost, Target, WorkloadOutcome},
+    targets::{Outcome, ProfiledCost, Target, WorkloadOutcome, LIVE_MAX_OVERHEAD},
 };
 
 /// The fio line of a workload's section.
@@ -114,6 +114,19 @@ pub fn render_workload(w: &WorkloadOutcome, targets: &[&Target]) -> String {
     };
     out += "\n";
     out += &profile_table(w);
+    if let Some(o) = w.live_over_hooks() {
+        out += &format!(
+            "the live view's hooks alone (its programs attached but returning at once): {:.0} \
+             ns/I/O, {}; its programs' work above them: {:.0} ns/I/O, {}; the {:.0} % goal \
+             leaves that work {:.0} ns/I/O\n",
+            o.hooks_ns_per_io,
+            pct(o.hooks_share),
+            o.work_ns_per_io,
+            pct(o.work_share),
+            LIVE_MAX_OVERHEAD * 100.0,
+            o.goal_leaves_ns_per_io,
+        );
+    }
     out += "\n";
     out += &program_table(
         w,
@@ -384,6 +397,13 @@ pub fn workload_json(w: &WorkloadOutcome, dev: &str, seconds: u32) -> Value {
         "profiled_cost": Arm::PROFILED.iter().map(|&arm| {
             (arm.key().to_string(), json!(w.profiled_cost(arm).map(|c| profiled_cost_json(&c))))
         }).collect::<serde_json::Map<_, _>>(),
+        "live_over_hooks": w.live_over_hooks().map(|o| json!({
+            "hooks_ns_per_io": o.hooks_ns_per_io,
+            "hooks_share": o.hooks_share,
+            "work_ns_per_io": o.work_ns_per_io,
+            "work_share": o.work_share,
+            "goal_leaves_ns_per_io": o.goal_leaves_ns_per_io,
+        })),
         "record_cost": w.record_cost().map(|c| json!({
             "bpf_ns_per_io": c.bpf_ns_per_io,
             "bpf_net_ns_per_io": c.net_ns_per_io,

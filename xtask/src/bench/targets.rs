@@ -386,6 +386,21 @@ impl WorkloadOutcome {
         })
     }
 
+    /// The live view against its hooks alone (`LiveHooksProfiled`), medians: the floor any
+    /// tracer of these hooks pays before its programs do anything, the live view's own work
+    /// above it, and what the live view's goal leaves that work. `None` without either arm.
+    pub fn live_over_hooks(&self) -> Option<OverHooks> {
+        let live = self.profiled_cost(Arm::LiveProfiled)?;
+        let hooks = self.profiled_cost(Arm::LiveHooksProfiled)?;
+        Some(OverHooks {
+            hooks_ns_per_io: hooks.ns_per_io,
+            hooks_share: hooks.share,
+            work_ns_per_io: live.ns_per_io - hooks.ns_per_io,
+            work_share: live.share - hooks.share,
+            goal_leaves_ns_per_io: LIVE_MAX_OVERHEAD * live.cpu_ns_per_io - hooks.ns_per_io,
+        })
+    }
+
     /// The CPU-time goals, from the profiled arms: the live view's, a full capture's and a
     /// request-level capture's share of an I/O's CPU, and bpftrace's CPU per I/O over each
     /// (hooks and process, all measured alike).
@@ -524,6 +539,19 @@ pub struct ProfiledCost {
     pub cpu_ns_per_io: f64,
     /// The tracer's / the baseline's CPU time per I/O, median of the rounds.
     pub share: f64,
+}
+
+/// The live view's cost split at its hooks' floor ([`WorkloadOutcome::live_over_hooks`]).
+pub struct OverHooks {
+    /// The hooks alone: their dispatch and programs that return at once.
+    pub hooks_ns_per_io: f64,
+    pub hooks_share: f64,
+    /// The live view's programs' work above that floor.
+    pub work_ns_per_io: f64,
+    pub work_share: f64,
+    /// The live view's CPU goal less the floor: what the goal leaves the programs' work
+    /// (negative: the hooks alone miss it).
+    pub goal_leaves_ns_per_io: f64,
 }
 
 /// A full capture's cost per I/O (medians over the `record --stats` rounds), ns.
@@ -962,6 +990,22 @@ mod tests {
     /// `arm` profiled in one round, with `samples` as in [`profiled`].
     fn set_profiled(o: &mut WorkloadOutcome, arm: Arm, samples: [u64; 5]) {
         o.arms.get_mut(&arm).unwrap().samples = vec![profiled(samples)];
+    }
+
+    #[test]
+    fn the_live_view_splits_at_its_hooks_alone() {
+        let mut o = outcome(&[100.0], &[99.0], None);
+        set_baseline_cpu(&mut o, &[50_000.0]);
+        set_profiled(&mut o, Arm::LiveProfiled, [2, 3, 0, 0, 1]);
+        assert!(o.live_over_hooks().is_none(), "no hooks-alone arm");
+        set_profiled(&mut o, Arm::LiveHooksProfiled, [2, 2, 0, 0, 0]);
+        let s = o.live_over_hooks().unwrap();
+        // 6 and 4 samples of 250 µs over 1000 I/Os: 1,500 and 1,000 ns an I/O, of 50 µs.
+        assert_eq!((s.hooks_ns_per_io, s.work_ns_per_io), (1000.0, 500.0));
+        assert!((s.hooks_share - 0.02).abs() < 1e-12, "{}", s.hooks_share);
+        assert!((s.work_share - 0.01).abs() < 1e-12, "{}", s.work_share);
+        // 3 % of 50 µs is 1,500 ns: 500 above the hooks.
+        assert!((s.goal_leaves_ns_per_io - 500.0).abs() < 1e-9);
     }
 
     #[test]

@@ -59,7 +59,11 @@ impl Ctx<'_> {
         let dev = self.lp.name.as_str();
         let (cmd, timeout): (Command, u64) = match arm {
             Arm::Baseline | Arm::Again => return Ok(Ok(None)),
-            Arm::Live | Arm::LiveLatency | Arm::LiveStats | Arm::LiveProfiled => {
+            Arm::Live
+            | Arm::LiveLatency
+            | Arm::LiveStats
+            | Arm::LiveProfiled
+            | Arm::LiveHooksProfiled => {
                 let mut c = Command::new(&self.mergetrace);
                 c.args(["-d", dev, "--json", "-i", "10s"]);
                 if arm == Arm::LiveStats {
@@ -67,6 +71,9 @@ impl Ctx<'_> {
                 }
                 if arm == Arm::LiveLatency {
                     c.arg("--latency");
+                }
+                if arm == Arm::LiveHooksProfiled {
+                    c.arg("--hooks-only");
                 }
                 (c, 60)
             }
@@ -110,9 +117,11 @@ impl Ctx<'_> {
         let mut p = Proc::spawn(arm.label(), cmd, self.dir, arm.key())?;
         let perf_fds = BLOCK_TRACEPOINTS.len() * self.cpus;
         let attached = attach(&mut p, timeout, |p| match arm {
-            Arm::Live | Arm::LiveLatency | Arm::LiveStats | Arm::LiveProfiled => {
-                p.stderr().contains("mergetrace: tracing")
-            }
+            Arm::Live
+            | Arm::LiveLatency
+            | Arm::LiveStats
+            | Arm::LiveProfiled
+            | Arm::LiveHooksProfiled => p.stderr().contains("mergetrace: tracing"),
             Arm::Record
             | Arm::RecordRequests
             | Arm::RecordStats
@@ -179,6 +188,7 @@ impl Ctx<'_> {
                 | Arm::LiveLatency
                 | Arm::LiveStats
                 | Arm::LiveProfiled
+                | Arm::LiveHooksProfiled
                 | Arm::Serve
                 | Arm::Record
                 | Arm::RecordRequests
@@ -255,7 +265,11 @@ impl Ctx<'_> {
         }
         match arm {
             Arm::Baseline | Arm::Again => {}
-            Arm::Live | Arm::LiveLatency | Arm::LiveStats | Arm::LiveProfiled => {
+            Arm::Live
+            | Arm::LiveLatency
+            | Arm::LiveStats
+            | Arm::LiveProfiled
+            | Arm::LiveHooksProfiled => {
                 let total = last_json(&f.stdout)
                     .with_context(|| format!("{}: no final JSON object on stdout", arm.label()))?;
                 s.lost = total["lost_events"].as_u64();

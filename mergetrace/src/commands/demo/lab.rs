@@ -346,6 +346,7 @@ impl Lab {
                     latency: true,
                     ..Default::default()
                 },
+                hooks_only: false,
             },
         )
     }
