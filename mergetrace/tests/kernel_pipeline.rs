@@ -684,7 +684,7 @@ fn hooks_only_runs_the_programs_and_counts_nothing() {
                     p["program"]
                         .as_str()
                         .and_then(|n| n.strip_prefix(program))
-                        .is_some_and(|build| ["", "_q", "_bl"].contains(&build))
+                        .is_some_and(|build| ["", "_q", "_4", "_bl"].contains(&build))
                 })
                 .map(|p| u(p, "runs"))
                 .sum()
