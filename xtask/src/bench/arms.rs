@@ -1,7 +1,8 @@
 //! The arms of the benchmark (no tracer, the live view, with --latency, the exporter scraped
 //! every second, record, record --requests, no tracer again, bpftrace, perf, live --stats,
-//! record --stats, and the live view, record, record --requests and bpftrace profiled), the
-//! order they run in each round, and what one run of an arm measured.
+//! record --stats, the live view, record, record --requests and bpftrace profiled, and the live
+//! view's hooks alone profiled), the order they run in each round, and what one run of an arm
+//! measured.
 
 use super::{
     fio::{self, FioRun, Workload},
@@ -56,9 +57,9 @@ impl Arm {
         Arm::BpftraceProfiled,
     ];
 
-    /// The arms run with every CPU profiled while fio runs (`profile`): the live view, a full
-    /// capture, a request-level one and bpftrace, each one's whole CPU time per I/O, hooks and
-    /// process, measured alike. In the order the profile table shows them.
+    /// The arms run with every CPU profiled while fio runs (`profile`): the live view, its
+    /// hooks alone, a full capture, a request-level one and bpftrace, each one's whole CPU time
+    /// per I/O, hooks and process, measured alike. In the order the profile table shows them.
     pub const PROFILED: [Arm; 5] = [
         Arm::LiveProfiled,
         Arm::LiveHooksProfiled,
