@@ -285,8 +285,7 @@ fn record_stats_show_the_programs_runs_and_the_recorders_cpu() {
     run_workload(&lo, None, &["--ios", &ios.to_string(), "--batch", "8"]);
     let disk = lo.diskstats().since(&before);
     let stderr = rec.stop();
-    // A program's line names the build the kernel got: `block_bio_queue_q` up to 5.10,
-    // `block_rq_issue_bl` before 5.17 (the hook table's variants).
+    // A program's line names the build the kernel got (`is_build_of`).
     let runs = |program: &str| -> u64 {
         stderr
             .lines()
@@ -295,8 +294,7 @@ fn record_stats_show_the_programs_runs_and_the_recorders_cpu() {
                     .strip_prefix("mergetrace: stats: ")?
                     .split_whitespace()
                     .collect();
-                let build = w.first()?.strip_prefix(program)?;
-                (["", "_q", "_4", "_bl"].contains(&build) && w.get(2) == Some(&"runs"))
+                (is_build_of(w.first()?, program) && w.get(2) == Some(&"runs"))
                     .then(|| w[1].parse().ok())?
             })
             .unwrap_or_else(|| panic!("no stats line for {program} in: {stderr}"))

@@ -673,8 +673,7 @@ fn hooks_only_runs_the_programs_and_counts_nothing() {
         let w = &out.device_total(&lo)["write"];
         let ctx = format!("--hooks-only {hooks_only}: {w}\ndiskstats delta {d:?}");
         assert!(d.writes > 0, "{ctx}");
-        // A program's name is its build's (`block_getrq_q` up to 5.10, `block_rq_issue_bl`
-        // before 5.17: the hook table's variants); the runs are on every device.
+        // A program's name is its build's (`is_build_of`); the runs are on every device.
         let runs = |program: &str| -> u64 {
             out.total["program_stats"]
                 .as_array()
@@ -683,8 +682,7 @@ fn hooks_only_runs_the_programs_and_counts_nothing() {
                 .filter(|p| {
                     p["program"]
                         .as_str()
-                        .and_then(|n| n.strip_prefix(program))
-                        .is_some_and(|build| ["", "_q", "_4", "_bl"].contains(&build))
+                        .is_some_and(|n| is_build_of(n, program))
                 })
                 .map(|p| u(p, "runs"))
                 .sum()

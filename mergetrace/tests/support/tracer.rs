@@ -282,6 +282,15 @@ pub fn requests_of_several_bios(dir_stats: &Value) -> u64 {
         .sum()
 }
 
+/// Whether `name`, a loaded program's as `--stats` names it, is a build of `program`: the
+/// program itself or one of the hook table's variants (`Variant` in
+/// mergetrace/src/kernel/compat/hooks.rs: `block_bio_queue_q` up to 5.10, `_4`,
+/// `block_rq_issue_bl` before 5.17).
+pub fn is_build_of(name: &str, program: &str) -> bool {
+    name.strip_prefix(program)
+        .is_some_and(|variant| ["", "_q", "_4", "_bl"].contains(&variant))
+}
+
 /// A non-negative integer field; panics with the object when missing.
 pub fn u(v: &Value, field: &str) -> u64 {
     v[field]
