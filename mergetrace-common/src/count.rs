@@ -110,6 +110,9 @@ pub struct DeviceState {
     pub inserted: u64,
     pub absorbed: u64,
     pub split_pieces: u64,
+    /// Non-zero once a counting run found blk-throttle rules on the disk (and told user
+    /// space, once: `DISK_RULES_SEEN`).
+    pub rules_seen: u64,
 }
 
 /// Cloud-meter unit sizes in bytes (0 = unused slot), given to the programs at load.
@@ -309,6 +312,9 @@ impl Counters {
             self.count_iocost(ev);
         }
         match ev.kind {
+            // A note that a bio waited (counted above) from a run that charges per request: the
+            // bio and its charge are counted with its request.
+            kind::BIO_QUEUE if ev.aux & crate::bio_aux::RELEASE_ONLY != 0 => {}
             kind::BIO_QUEUE => {
                 self.bios += n;
                 self.bytes += ev.bytes as u64;
@@ -349,6 +355,11 @@ impl Counters {
                 if ev.aux & crate::getrq_aux::WBT_CLASS != 0 {
                     self.wbt_class_requests += 1;
                 }
+                // The charge of a data-less flush write (1 io) in a run that charges per request:
+                // no request's issue carries it.
+                if iops_rule || bps_rule {
+                    self.charged_ios += 1;
+                }
             }
             kind::RQ_MERGE => {
                 self.rq_merges += 1;
@@ -366,19 +377,26 @@ impl Counters {
                 // Bios that joined a requeued request while it waited again (software queue),
                 // and their bytes (`aux64` of such an issue): the device sees them now.
                 let queued = rq_aux::queued_merges(ev.aux) as u64;
-                self.rq_bios += queued + rq_aux::third(ev.aux) as u64;
+                let new_bios = queued + rq_aux::third(ev.aux) as u64;
+                self.rq_bios += new_bios;
                 self.merges_at[p5(ev.path)] += queued;
-                if ev.aux & rq_aux::QUEUED != 0 {
-                    self.rq_bio_bytes += ev.aux64;
-                    self.issue_bytes += ev.aux64;
-                }
+                let new_bytes = if ev.aux & rq_aux::QUEUED != 0 {
+                    ev.aux64
+                } else {
+                    0
+                };
+                self.rq_bio_bytes += new_bytes;
+                self.issue_bytes += new_bytes;
+                self.count_request_charge(ev, new_bios, new_bytes);
             }
             kind::RQ_ISSUE => {
                 self.issues += 1;
                 self.issue_bytes += ev.bytes as u64;
                 let chain = rq_aux::chain(ev.aux);
-                self.rq_bios += chain as u64 - (ev.aux & rq_aux::SPLIT_PIECE != 0) as u64;
+                let new_bios = chain as u64 - (ev.aux & rq_aux::SPLIT_PIECE != 0) as u64;
+                self.rq_bios += new_bios;
                 self.rq_bio_bytes += ev.bytes as u64;
+                self.count_request_charge(ev, new_bios, ev.bytes as u64);
                 self.count_left_or_queued(ev);
                 // A flush request has no data: not a size.
                 if ev.bytes > 0 {
@@ -421,6 +439,20 @@ impl Counters {
             kind::ELV_MERGE => self.elv_decisions[ev.path as usize & 3] += 1,
             _ => {}
         }
+    }
+
+    /// The charge, in a run that charges per request, of the bios an issue brings to the device (`bios` of them, not
+    /// counting a split's front piece, with `bytes`), where their group has rules: as
+    /// `BIO_QUEUE` counts a bio in a capture — 1 io each, their bytes (a discard: 512 each).
+    /// A split bio's bytes come in its pieces, each issued in a request of its own; the
+    /// remainder's second pass is charged at the split.
+    #[inline(always)]
+    fn count_request_charge(&mut self, ev: &Event, bios: u64, bytes: u64) {
+        if ev.flags & (flags::RULES_IOPS | flags::RULES_BPS) == 0 {
+            return;
+        }
+        self.charged_ios += bios;
+        self.charged_bytes += if ev.op == 3 { 512 * bios } else { bytes };
     }
 
     /// A request left the plug carrying `chain` bios: all but its first merged there.
@@ -529,5 +561,101 @@ impl Counters {
 
     pub fn add(&mut self, o: &Counters) {
         self.combine(o, true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{bio_aux, getrq_aux};
+
+    fn ev(kind: u8, op: u8, bytes: u32, flags: u8) -> Event {
+        Event {
+            kind,
+            op,
+            bytes,
+            flags,
+            cgroup_id: 5,
+            dev: 7 << 20 | 3,
+            ..Event::default()
+        }
+    }
+
+    fn count(events: &[Event]) -> Counters {
+        let mut c = Counters::default();
+        for e in events {
+            c.count(e, &MeterUnits::default());
+        }
+        c
+    }
+
+    /// A run that charges per request: each issue charges the bios it brings to the device
+    /// where their group has rules — as a capture charges each bio at `BIO_QUEUE`.
+    #[test]
+    fn requests_charge_their_bios_where_their_group_has_rules() {
+        let rules = flags::RULES_IOPS;
+        let mut three = ev(kind::RQ_ISSUE, 1, 12 << 10, rules);
+        three.aux = rq_aux::pack(3, 0, 0, 0);
+        let mut unlimited = ev(kind::RQ_ISSUE, 1, 4096, 0);
+        unlimited.aux = rq_aux::pack(1, 0, 0, 0);
+        // A split bio: its front piece alone in a request (its bio counted with the
+        // remainder's request), the remainder's second pass charged at the split.
+        let mut front = ev(kind::RQ_ISSUE, 1, 512 << 10, rules);
+        front.aux = rq_aux::pack(1, 0, 0, rq_aux::SPLIT_PIECE);
+        let split = ev(kind::SPLIT, 1, 1 << 20, rules);
+        let mut rest = ev(kind::RQ_ISSUE, 1, 512 << 10, rules);
+        rest.aux = rq_aux::pack(1, 0, 0, 0);
+        let c = count(&[three, unlimited, front, split, rest]);
+        assert_eq!(c.charged_ios, 3 + 1 + 1);
+        assert_eq!(c.charged_bytes, (12 << 10) + (1 << 20));
+        assert_eq!(c.rq_bios, 3 + 1 + 1);
+
+        // Discards: 512 bytes a bio; a bps rule alone charges too.
+        let mut discard = ev(kind::RQ_ISSUE, 3, 8 << 20, flags::RULES_BPS);
+        discard.aux = rq_aux::pack(2, 0, 0, 0);
+        let c = count(&[discard]);
+        assert_eq!((c.charged_ios, c.charged_bytes), (2, 1024));
+
+        // A requeued request issued again: only the bios (and bytes) that joined it since.
+        let mut again = ev(kind::RQ_ISSUE, 1, 64 << 10, rules | flags::REISSUE);
+        again.aux = rq_aux::pack(16, 2, 1, rq_aux::QUEUED);
+        again.aux64 = 12 << 10;
+        let c = count(&[again]);
+        assert_eq!((c.charged_ios, c.charged_bytes), (3, 12 << 10));
+        assert_eq!(c.rq_bios, 3);
+    }
+
+    /// A data-less flush write never reaches an issue: its getrq carries its charge.
+    #[test]
+    fn a_flush_only_write_is_charged_at_its_getrq() {
+        let flush = ev(kind::GETRQ, 1, 0, flags::FLUSH_SEQ | flags::RULES_IOPS);
+        let mut wbt = ev(kind::GETRQ, 1, 4096, 0);
+        wbt.aux = getrq_aux::WBT_CLASS;
+        let c = count(&[flush, wbt]);
+        assert_eq!((c.flush_only, c.charged_ios, c.charged_bytes), (1, 1, 0));
+        assert_eq!(c.wbt_class_requests, 1);
+    }
+
+    /// A bio that waited, told by a run that counts it with its request: it counts as
+    /// throttled and nothing else.
+    #[test]
+    fn a_release_note_counts_only_the_wait() {
+        let mut waited = ev(
+            kind::BIO_QUEUE,
+            1,
+            4096,
+            flags::THROTTLE_RELEASED | flags::RULES_IOPS,
+        );
+        waited.aux = bio_aux::RELEASE_ONLY;
+        let c = count(&[waited]);
+        assert_eq!(c.throttled_bios, 1);
+        assert_eq!(
+            (c.bios, c.bytes, c.charged_ios, c.charged_bytes),
+            (0, 0, 0, 0)
+        );
+        // The same bio in a full capture: a bio, charged, waited.
+        waited.aux = 0;
+        let c = count(&[waited]);
+        assert_eq!((c.bios, c.charged_ios, c.throttled_bios), (1, 1, 1));
     }
 }

@@ -202,6 +202,10 @@ pub mod bio_aux {
     /// The bio's disk is bio-based (zram, device-mapper, md): no request will carry it, so
     /// it counts as a bio that reached the device here.
     pub const BIO_BASED: u32 = 1 << 0;
+    /// A run that charges per request, on a disk with requests: the bio is counted with its
+    /// request, and charged there; this event only says it waited in blk-throttle (it left
+    /// from the throttle's dispatch work).
+    pub const RELEASE_ONLY: u32 = 1 << 1;
 }
 
 /// Modes of the programs, set before load (`KernelSymbols` is address data; this is policy).
@@ -361,9 +365,12 @@ pub const UNPLUG_SLOTS: u32 = MAX_DEVICES as u32 * 2 * (UNPLUG_MAX_DEPTH + 1);
 pub mod flags {
     /// `block_bio_queue` fired while blk-throttle's dispatch work released the bio: it waited.
     pub const THROTTLE_RELEASED: u8 = 1 << 0;
-    /// The bio's throttle group has an iops rule (own or inherited) for its direction.
+    /// The bio's throttle group has an iops rule (own or inherited) for its direction. In a run
+    /// that charges per request (counting, `record --requests`) also on an issue (the
+    /// request's bios, charged there) and on a data-less flush write's getrq (charged there).
     pub const RULES_IOPS: u8 = 1 << 1;
-    /// The bio's throttle group has a bps rule (own or inherited) for its direction.
+    /// The bio's throttle group has a bps rule (own or inherited) for its direction (as
+    /// [`RULES_IOPS`], on the same events).
     pub const RULES_BPS: u8 = 1 << 2;
     /// Split: the remainder was already charged for its bytes (`BIO_BPS_THROTTLED`), so a
     /// bps-only rule does not charge it again.
@@ -615,6 +622,10 @@ pub fn charge_run_index(kind: u8) -> usize {
 
 pub const CGROUP_MKDIR: u32 = 1;
 pub const CGROUP_RMDIR: u32 = 2;
+/// Not a cgroup's: a run that charges per request found blk-throttle rules on a traced disk
+/// for the first time (`id` is the disk's `dev_t`). The programs that tell which bios waited
+/// attach then.
+pub const DISK_RULES_SEEN: u32 = 3;
 
 #[cfg(feature = "user")]
 mod pod {

@@ -159,6 +159,15 @@ fn counting() -> bool {
     frozen!(MODES.aggregate) != 0
 }
 
+/// A run that charges bios per request, at their request's issue (counting runs, and the
+/// request-level capture): blk-throttle's rules asked once per request, on every disk, so a
+/// limit counts from its first request whenever it was set. A full capture sends every bio
+/// with its own charge instead.
+#[inline(always)]
+pub fn charges_per_request() -> bool {
+    counting() || frozen!(MODES.requests_only) != 0
+}
+
 /// Sends the event to user space on this CPU's ring, in a run that sends events (every
 /// possible CPU has one; without it the event counts as lost): through the CPU's batch
 /// where batches are on, else (or when the batch is being written by the program this one

@@ -9,7 +9,8 @@ use aya_ebpf::{
 use mergetrace_common::kind;
 
 use crate::{
-    bio::{bio_event, rule_flags},
+    bio::bio_event,
+    charge::rule_flags,
     emit::{emit, emit_charge},
     maps::THROTTLE_ENTRY,
 };

@@ -11,6 +11,7 @@
 //!   and `flush_staged`, which user space runs on a CPU that fell quiet);
 //! - [`slot`]: a key's counter slot, the one lookup an event's counts and latency share;
 //! - [`bio`]: programs on bio tracepoints (queue, split, merges, new request);
+//! - [`charge`]: what blk-throttle charges a bio (its group's rules);
 //! - [`request`]: programs on request tracepoints (merge, insert, issue, requeue, complete,
 //!   plug flush);
 //! - [`chain`]: the request programs' walks along a request's bio chain (two builds: through
@@ -29,6 +30,7 @@
 mod bio;
 mod cgroup;
 mod chain;
+mod charge;
 mod emit;
 mod fentry;
 mod latency;

@@ -11,12 +11,13 @@ use mergetrace_common::{flags, kind, path, rq_aux, DeviceState, Event};
 
 use crate::{
     chain::walk,
-    emit::{emit, emit_slotted, now},
+    charge::{note_rules, rule_flags},
+    emit::{charges_per_request, emit, emit_slotted, now},
     latency,
     maps::{frozen, off, Inserted, ABSORBED, INSERTED, REQUEUED, SPLIT_PIECES},
     read::{
-        blkg_cgroup_id, disk_dev, elevator_is_kyber, forget_all, forget_all_stored, pending_add,
-        queue_disk, read, read_probe, ready, rq_disk, traced, Disk,
+        blkg_cgroup_id, disk_dev, elevator_is_kyber, forget, forget_all, forget_all_stored,
+        pending_add, queue_disk, read, read_probe, ready, rq_disk, traced, Disk,
     },
     slot::{self, key_of},
 };
@@ -259,6 +260,14 @@ pub fn block_rq_insert_bl(ctx: BtfTracePointContext) -> u32 {
 fn rq_issue<const LOOP_HELPER: bool>(ctx: BtfTracePointContext) -> u32 {
     let rq: u64 = ctx.arg(0);
     if let Some((mut ev, disk, q)) = rq_event(rq, kind::RQ_ISSUE) {
+        // A run that charges per request charges the request's bios here, as blk-throttle charged them: by
+        // their group's rules (one group: a request never mixes cgroups), asked of its first
+        // bio. So a limit counts from its first request, whenever it was set.
+        if charges_per_request() {
+            let rules = forget(rule_flags(ev.aux64, ev.op) as u64) as u8;
+            ev.flags |= rules;
+            note_rules(&disk, ev.dev, rules);
+        }
         let at = take_inserted(rq, disk);
         // A requeued request issued again: only what joined it since it was put back counts
         // (without an insert entry, nothing did: the rule counts no plug merges again).

@@ -170,9 +170,11 @@ impl Live {
     ) -> Result<()> {
         let mut ticker = tokio::time::interval(every);
         ticker.tick().await; // the first tick is immediate
-        let mut adopt = tokio::time::interval(kernel::load::ADOPT_EVERY);
+        let mut adopt = tokio::time::interval(kernel::session::ADOPT_EVERY);
+        let reports = self.session.report_waker()?;
         loop {
             tokio::select! {
+                _ = reports.wait() => self.session.poll_cgroups(),
                 _ = ticker.tick() => {
                     let s = self.next_interval(opts)?;
                     if view.wants_run_so_far() {

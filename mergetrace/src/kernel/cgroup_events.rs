@@ -1,8 +1,11 @@
 //! Cgroup births and removals as the programs report them (`CGROUP_EVENTS`, from the
 //! `cgroup_mkdir` / `cgroup_rmdir` tracepoints): a cgroup's name from the moment it exists,
-//! and the moment it is gone, when its counters may be reclaimed ([`super::slots`]).
+//! and the moment it is gone, when its counters may be reclaimed ([`super::slots`]). The same
+//! ring says when blk-throttle rules are first found on a traced disk.
 use aya::maps::{MapData, RingBuf};
-use mergetrace_common::{CgroupEvent, CGROUP_MKDIR, CGROUP_PATH_MAX, CGROUP_RMDIR};
+use mergetrace_common::{
+    CgroupEvent, CGROUP_MKDIR, CGROUP_PATH_MAX, CGROUP_RMDIR, DISK_RULES_SEEN,
+};
 
 /// One birth or removal in the traced hierarchy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,8 +21,18 @@ pub enum CgroupChange {
     },
 }
 
+/// One record of the ring.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Report {
+    Cgroup(CgroupChange),
+    /// blk-throttle rules found on the traced disk `dev` (`dev_t`) for the first time.
+    RulesSeen {
+        dev: u32,
+    },
+}
+
 /// Decodes one ring record; `None` for a record of the wrong size or kind.
-pub fn decode(bytes: &[u8]) -> Option<CgroupChange> {
+pub fn decode(bytes: &[u8]) -> Option<Report> {
     if bytes.len() < std::mem::size_of::<CgroupEvent>() {
         return None;
     }
@@ -33,9 +46,10 @@ pub fn decode(bytes: &[u8]) -> Option<CgroupChange> {
             let raw = raw.strip_suffix(&[0]).unwrap_or(raw);
             let path = (len > 1 && len < CGROUP_PATH_MAX && raw.first() == Some(&b'/'))
                 .then(|| String::from_utf8_lossy(raw).into_owned());
-            Some(CgroupChange::Born { id: ev.id, path })
+            Some(Report::Cgroup(CgroupChange::Born { id: ev.id, path }))
         }
-        CGROUP_RMDIR => Some(CgroupChange::Removed { id: ev.id }),
+        CGROUP_RMDIR => Some(Report::Cgroup(CgroupChange::Removed { id: ev.id })),
+        DISK_RULES_SEEN => Some(Report::RulesSeen { dev: ev.id as u32 }),
         _ => None,
     }
 }
@@ -50,8 +64,33 @@ pub fn apply(changes: Vec<CgroupChange>, names: &mut crate::sys::cgroups::Cgroup
     }
 }
 
+/// Wakes a run's loop when the programs report something (a cgroup born or removed, rules
+/// seen on a disk), so that it is acted on at once rather than at the next interval.
+pub struct ReportWaker(tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>);
+
+impl ReportWaker {
+    /// Watches `ring` (a copy of its descriptor: the ring stays the session's). Needs the
+    /// tokio runtime.
+    pub fn new(ring: &RingBuf<MapData>) -> std::io::Result<ReportWaker> {
+        use std::os::fd::AsFd;
+        let fd = ring.as_fd().try_clone_to_owned()?;
+        // SAFETY: the AsyncFd owns the descriptor, so it stays open while registered.
+        let fd = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+        }?;
+        Ok(ReportWaker(fd))
+    }
+
+    /// Until the ring has records (the caller then drains it).
+    pub async fn wait(&self) {
+        if let Ok(mut ready) = self.0.readable().await {
+            ready.clear_ready();
+        }
+    }
+}
+
 /// Everything waiting in the ring.
-pub fn drain(ring: &mut RingBuf<MapData>) -> Vec<CgroupChange> {
+pub fn drain(ring: &mut RingBuf<MapData>) -> Vec<Report> {
     let mut out = Vec::new();
     while let Some(item) = ring.next() {
         out.extend(decode(&item));
@@ -82,17 +121,21 @@ mod tests {
     }
 
     #[test]
-    fn births_carry_their_path_and_removals_their_id() {
+    fn births_carry_their_path_removals_their_id_and_rules_their_disk() {
         assert_eq!(
             decode(&record(CGROUP_MKDIR, 42, b"/mt/a\0", 6)),
-            Some(CgroupChange::Born {
+            Some(Report::Cgroup(CgroupChange::Born {
                 id: 42,
                 path: Some("/mt/a".into())
-            })
+            }))
         );
         assert_eq!(
             decode(&record(CGROUP_RMDIR, 42, b"/mt/a\0", 6)),
-            Some(CgroupChange::Removed { id: 42 })
+            Some(Report::Cgroup(CgroupChange::Removed { id: 42 }))
+        );
+        assert_eq!(
+            decode(&record(DISK_RULES_SEEN, 7 << 20 | 3, b"", 0)),
+            Some(Report::RulesSeen { dev: 7 << 20 | 3 })
         );
         // Cut, unreadable or relative paths are no name: the table looks them up.
         let long = vec![b'x'; CGROUP_PATH_MAX];
@@ -103,7 +146,7 @@ mod tests {
         ] {
             assert_eq!(
                 decode(&record(CGROUP_MKDIR, 7, path, len)),
-                Some(CgroupChange::Born { id: 7, path: None })
+                Some(Report::Cgroup(CgroupChange::Born { id: 7, path: None }))
             );
         }
         assert_eq!(decode(&record(9, 1, b"", 0)), None);

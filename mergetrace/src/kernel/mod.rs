@@ -1,25 +1,28 @@
 //! The kernel side, as user space sees it: which hooks exist where ([`compat`]), the kernel's
-//! BTF ([`btf`]), loading and attaching the programs from the hook table ([`load`]), who may
-//! load them ([`privileges`]), the counter slots the programs count in ([`slots`]), the
+//! BTF ([`btf`]), loading the object and attaching its programs from the hook table
+//! ([`attach`]), a run's programs and counters ([`session`]), who may load them
+//! ([`privileges`]), the counter slots the programs count in ([`slots`]), the
 //! event rings ([`rings`]) and their stream in time order ([`collector`], [`time_order`]), and
 //! cgroup births and removals ([`cgroup_events`]), and what a run's end leaves unsaid
 //! ([`unfinished`]).
+pub mod attach;
 pub mod btf;
 pub mod cgroup_events;
 pub mod collector;
 pub mod compat;
-pub mod load;
 pub mod privileges;
 pub mod rings;
+pub mod session;
 pub mod slots;
 pub mod time_order;
 pub mod unfinished;
 
 use std::fmt;
 
+pub use attach::STATS_FLOOR;
 pub use compat::hooks::Wants;
-pub use load::{Options, Session, STATS_FLOOR};
 pub use privileges::check_privileges;
+pub use session::{Options, Session};
 
 /// How mergetrace observes the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

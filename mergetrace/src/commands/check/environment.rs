@@ -1,6 +1,6 @@
 //! The kernel features the tiers need, read from the running system (BTF, the block
 //! tracepoints, tracefs, privileges, whether fentry programs may attach), and the tier they
-//! allow. The fentry probe loads the embedded object as a run would ([`kernel::load`]).
+//! allow. The fentry probe loads the embedded object as a run would ([`kernel::attach`]).
 use std::path::PathBuf;
 
 use serde::Serialize;
@@ -31,7 +31,7 @@ impl KernelEnv {
             .as_ref()
             .is_some_and(|b| hooks::required_tracepoints().all(|t| b.has_tracepoint(t)));
         let fentry = match &btf {
-            Some(b) if privileges != Privileges::Missing => Some(kernel::load::fentry_allowed(b)),
+            Some(b) if privileges != Privileges::Missing => Some(kernel::attach::fentry_allowed(b)),
             _ => None,
         };
         KernelEnv {

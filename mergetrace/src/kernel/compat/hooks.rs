@@ -1,5 +1,5 @@
 //! The hook table: every kernel hook mergetrace uses, on which kernels, on which tier, and the
-//! eBPF programs attached to it. Attaching (`kernel::load`), `check`'s fentry probe and its
+//! eBPF programs attached to it. Attaching (`kernel::attach`), `check`'s fentry probe and its
 //! `hooks` section, and docs/hooks.md all read [`HOOKS`]; nothing else names a hook.
 use std::fmt::Write as _;
 
@@ -715,11 +715,11 @@ fn program_cell(p: &Program) -> String {
         Needs::Always => "",
         Needs::Events => ", captures only",
         Needs::Want(Want::Bios) => {
-            ", captures; live where a traced disk has blk-throttle rules or is bio-based"
+            ", captures; live where a traced disk is bio-based, or from the first request that finds blk-throttle rules on one"
         }
         Needs::Want(Want::BioMerges) => ", captures; live where a traced disk has io.cost on",
         Needs::Want(Want::Throttle) => {
-            ", captures; live where a traced disk has blk-throttle rules"
+            ", captures; live from the first request that finds blk-throttle rules on a traced disk"
         }
         Needs::Want(Want::Attempts) => ", captures; live with `--merge-attempts`",
         Needs::Want(Want::PlugFlushes) => ", captures; live with `--plug-flushes`",
@@ -777,7 +777,7 @@ mod tests {
     /// no privileges needed).
     fn object_programs() -> BTreeMap<String, Attach> {
         let obj =
-            aya_obj::Object::parse(crate::kernel::load::OBJECT).expect("the eBPF object parses");
+            aya_obj::Object::parse(crate::kernel::attach::OBJECT).expect("the eBPF object parses");
         obj.programs
             .iter()
             .filter(|(name, _)| !NOT_HOOKS.contains(&name.as_str()))

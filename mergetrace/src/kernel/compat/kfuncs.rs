@@ -123,7 +123,7 @@ impl Linked {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::load::OBJECT;
+    use crate::kernel::attach::OBJECT;
 
     /// How many placeholder calls an object's code holds.
     fn placeholders(elf: &[u8]) -> usize {
