@@ -108,6 +108,43 @@ pub fn exact_rate(v: u64) -> String {
     }
 }
 
+/// Nanoseconds the wall clock (CLOCK_REALTIME) is ahead of CLOCK_MONOTONIC, the clock of the
+/// events: this machine's now, unless a capture's recording says what it was there
+/// ([`set_clock_of_recording`]).
+static CLOCK_OFFSET_NS: std::sync::OnceLock<i128> = std::sync::OnceLock::new();
+
+fn clock_offset_ns() -> i128 {
+    *CLOCK_OFFSET_NS.get_or_init(|| {
+        let now = |clock| {
+            let mut ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: a valid timespec to fill.
+            unsafe { libc::clock_gettime(clock, &mut ts) };
+            ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
+        };
+        now(libc::CLOCK_REALTIME) - now(libc::CLOCK_MONOTONIC)
+    })
+}
+
+/// Times of a capture are told by the clocks of the machine that recorded it: its
+/// CLOCK_MONOTONIC and wall clock at the same moment. Call before any time is formatted.
+pub fn set_clock_of_recording(monotonic_ns: u64, unix_ns: u64) {
+    let _ = CLOCK_OFFSET_NS.set(unix_ns as i128 - monotonic_ns as i128);
+}
+
+/// A CLOCK_MONOTONIC time as the local wall clock says it: "12:03:04".
+pub fn clock(monotonic_ns: u64) -> String {
+    let unix = ((monotonic_ns as i128 + clock_offset_ns()) / 1_000_000_000) as libc::time_t;
+    // SAFETY: localtime_r fills the tm it is given; a zeroed tm is a valid one.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    if unsafe { libc::localtime_r(&unix, &mut tm) }.is_null() {
+        return format!("{unix} s");
+    }
+    format!("{:02}:{:02}:{:02}", tm.tm_hour, tm.tm_min, tm.tm_sec)
+}
+
 /// A span of seconds: "41 s", "20 min", "11.5 h", "3.2 days".
 pub fn span(secs: f64) -> String {
     if secs < 120.0 {

@@ -16,6 +16,7 @@ use crate::{
     },
     kernel::{self, monotonic_ns},
     model::aggregate::Window,
+    model::kept::Kept,
     model::snapshot::{self, SnapshotKind},
     model::timeline::Timeline,
     sys::{cgroups::Cgroups, device::Device, iolatency},
@@ -106,6 +107,7 @@ pub async fn run(args: LiveArgs) -> Result<()> {
             ..Window::default()
         },
         timeline: Timeline::default(),
+        kept: Kept::default(),
         start,
     };
     live.intervals(&mut *view, &opts, args.run.interval, &mut stop, &quit)
@@ -134,6 +136,8 @@ struct Live {
     cgroups: Cgroups,
     previous: Window,
     timeline: Timeline,
+    /// Removed cgroups' rows, kept for the whole run once the kernel side folded them.
+    kept: Kept,
     start: u64,
 }
 
@@ -154,9 +158,18 @@ impl Live {
                 self.session.mark_removed(*id);
             }
         }
-        self.cgroups.forget_removed(|id| counted.contains(&id));
-        self.timeline.retain(|id| counted.contains(&id));
+        self.kept.note_folded(&self.previous, &now);
+        let kept = self.kept.cgroups();
+        self.cgroups
+            .forget_removed(|id| counted.contains(&id) || kept.contains(&id));
+        self.timeline
+            .retain(|id| counted.contains(&id) || kept.contains(&id));
         Ok(now)
+    }
+
+    /// The run so far, removed cgroups under their own rows.
+    fn whole_run(&self) -> Window {
+        self.kept.restored(&self.previous)
     }
 
     /// Shows each interval until the run is stopped.
@@ -182,7 +195,7 @@ impl Live {
                             timeline: Some(&self.timeline),
                             ..*opts
                         };
-                        let run = snapshot::build(&self.previous, SnapshotKind::Total, &self.devices, &mut self.cgroups, &opts);
+                        let run = snapshot::build(&self.whole_run(), SnapshotKind::Total, &self.devices, &mut self.cgroups, &opts);
                         view.run_so_far(&run)?;
                     }
                     view.interval(&s)?;
@@ -225,7 +238,7 @@ impl Live {
         self.session.detach();
         // The interval in progress is not shown, but the whole run is judged over it too.
         self.next_interval(opts)?;
-        let total = self.previous.clone();
+        let total = self.whole_run();
         let opts = snapshot::Options {
             timeline: Some(&self.timeline),
             ..*opts

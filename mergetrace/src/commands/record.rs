@@ -22,7 +22,6 @@ use crate::{
         stop::Stop,
     },
     kernel::{self, collector},
-    model::limits,
     sys::{
         cgroups::{Cgroups, Hierarchy},
         device,
@@ -96,7 +95,7 @@ fn own_limits(
     devices
         .iter()
         .filter_map(|d| {
-            let own = limits::own_limits(cgroups.hierarchy, &dir, d.major, d.minor);
+            let own = crate::sys::throttle::own_limits(cgroups.hierarchy, &dir, d.major, d.minor);
             (!own.is_empty()).then(|| RecordedLimits::new(path, d.major, d.minor, &own))
         })
         .collect()

@@ -182,7 +182,7 @@ impl Session {
             .ok()
             .and_then(|v| v.parse::<u32>().ok())
             .map_or(0, |s| s.saturating_add(1));
-        let rules = crate::model::limits::rules_on(devices);
+        let rules = crate::sys::throttle::rules_on(devices);
         let wants = run_wants(devices, opts.wants, &iocost, modes, rules);
         // What the run will want once a traced disk shows blk-throttle rules.
         let later = run_wants(devices, opts.wants, &iocost, modes, true);

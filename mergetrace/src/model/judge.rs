@@ -102,11 +102,34 @@ fn limits_of(st: &mut DirStats, dir: Dir, row: &Row) {
     let timeline = row.timeline;
     let track = timeline.and_then(|t| t.track(row.dev, row.cgroup_id, dir));
     match (timeline, track) {
+        // The limits that were in force while the cgroup did I/O, not those left now.
+        (Some(timeline), Some(track)) if row.whole && !track.limit_spans().is_empty() => {
+            st.limits = verdict::limits_over_time(track, row.secs);
+            st.over_time = Some(timeline.over_time(track));
+        }
         (Some(timeline), Some(track)) if row.whole => {
             verdict::judge_over_time(&mut st.limits, track, row.secs);
             st.over_time = Some(timeline.over_time(track));
         }
         _ => {
+            // A limit in force in the last interval with I/O and not now was removed in this
+            // window, after some of its bios were charged under it: it is still named.
+            if let Some(t) = track {
+                for k in meter::kinds_for(write) {
+                    if st.limits.contains_key(k.name()) || st.charged_ios == 0 {
+                        continue;
+                    }
+                    if let Some(was) = t.in_force(k.name()) {
+                        let used = if k.is_iops() {
+                            meter::pct(st.charged_ios, was.limit, row.secs)
+                        } else {
+                            meter::pct(st.charged_bytes, was.limit, row.secs)
+                        };
+                        let (name, u) = verdict::removed_in_window(k.name(), was, used);
+                        st.limits.insert(name, u);
+                    }
+                }
+            }
             let waited = st.waited() || track.is_some_and(|t| t.waiting());
             verdict::mark_held(&mut st.limits, waited);
         }

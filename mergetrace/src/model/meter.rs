@@ -124,7 +124,95 @@ pub struct LimitUse {
     /// The live view's total: the intervals in which this limit held the cgroup back.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub intervals_held: Option<u64>,
+    /// The live view's total, where the limit changed while the cgroup did I/O (or was
+    /// removed while it went on): each value it had, oldest first. `limit` and `cgroup` are
+    /// then those of the value in force longest; the use and the intervals held are over
+    /// all of them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub changes: Option<Vec<LimitSpan>>,
+    /// With `changes`: the seconds it was in force while the cgroup did I/O (what
+    /// `used_pct_active` divides by).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_force_secs: Option<f64>,
+    /// It was removed while the cgroup did I/O: in an interval, after some of the window's
+    /// bios were charged under it; in a whole run, before the cgroup's last I/O.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub removed: bool,
 }
+
+/// One blk-throttle limit as it stood over the intervals in which a cgroup did I/O in a
+/// direction, until it changed or went (JSON `limits.*.changes`, where it changed).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct LimitSpan {
+    pub limit: u64,
+    /// The cgroup whose file set it (this one or an ancestor).
+    pub cgroup: String,
+    /// From the start of the first interval it was seen in to the end of the last
+    /// (CLOCK_MONOTONIC ns).
+    pub from_ns: u64,
+    pub to_ns: u64,
+    /// The intervals with I/O it was seen in, and in how many of them it held the cgroup back.
+    pub intervals: u64,
+    pub intervals_held: u64,
+    /// The seconds of those intervals, and its use summed over them (percent × seconds): the
+    /// use over the time it was in force while the cgroup did I/O is their ratio.
+    #[serde(skip)]
+    pub active_secs: f64,
+    #[serde(skip)]
+    pub used_pct_secs: f64,
+    #[serde(skip)]
+    pub merge_aware_pct_secs: Option<f64>,
+    /// Seen in the last interval with I/O (a span not seen then is over).
+    #[serde(skip)]
+    open: bool,
+}
+
+impl LimitSpan {
+    /// A span that starts with limit `u` at `from_ns`.
+    pub fn starting(u: &LimitUse, from_ns: u64) -> LimitSpan {
+        LimitSpan {
+            limit: u.limit,
+            cgroup: u.cgroup.clone(),
+            from_ns,
+            open: true,
+            ..LimitSpan::default()
+        }
+    }
+
+    /// Whether limit `u`, in force now, is this span going on (it was in force in the last
+    /// interval with I/O, with the same value, set on the same cgroup).
+    pub fn continues(&self, u: &LimitUse) -> bool {
+        self.open && self.limit == u.limit && self.cgroup == u.cgroup
+    }
+
+    pub fn end(&mut self) {
+        self.open = false;
+    }
+
+    /// Adds an interval with I/O that ended at `to_ns`, `secs` long, in which it was in force
+    /// with use `u`, and held the cgroup back or not.
+    pub fn add(&mut self, u: &LimitUse, (to_ns, secs): (u64, f64), held: bool) {
+        self.to_ns = to_ns;
+        self.intervals += 1;
+        self.intervals_held += held as u64;
+        self.active_secs += secs;
+        self.used_pct_secs += u.used_pct * secs;
+        self.merge_aware_pct_secs = u
+            .used_pct_merge_aware
+            .map(|m| self.merge_aware_pct_secs.unwrap_or(0.0) + m * secs);
+    }
+
+    /// Its use over the seconds it was in force while the cgroup did I/O.
+    pub fn used_pct_active(&self) -> f64 {
+        if self.active_secs > 0.0 {
+            self.used_pct_secs / self.active_secs
+        } else {
+            0.0
+        }
+    }
+}
+
+
 
 /// Throttle limits that apply to a direction (`bio_data_dir`: discards count as writes).
 pub fn kinds_for(write: bool) -> [LimitKind; 2] {
@@ -144,6 +232,15 @@ pub struct Charged {
     pub requests_created: u64,
 }
 
+/// `n` charged over `secs` in percent of a `limit` per second.
+pub fn pct(n: u64, limit: u64, secs: f64) -> f64 {
+    if secs > 0.0 && limit > 0 {
+        n as f64 / secs / limit as f64 * 100.0
+    } else {
+        0.0
+    }
+}
+
 /// How much of each limit in force the window's charges used.
 pub fn limit_use(
     eff: &Effective,
@@ -151,13 +248,7 @@ pub fn limit_use(
     charged: Charged,
     secs: f64,
 ) -> BTreeMap<&'static str, LimitUse> {
-    let pct = |n: u64, limit: u64| {
-        if secs > 0.0 && limit > 0 {
-            n as f64 / secs / limit as f64 * 100.0
-        } else {
-            0.0
-        }
-    };
+    let pct = |n, limit| pct(n, limit, secs);
     let mut out = BTreeMap::new();
     for k in kinds_for(write) {
         if let Some(l) = eff.get(k) {

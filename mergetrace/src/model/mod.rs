@@ -3,6 +3,7 @@ pub mod dir_stats;
 pub mod iocost;
 pub mod iolatency;
 pub mod judge;
+pub mod kept;
 pub mod latency;
 pub mod limits;
 pub mod meter;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use crate::{
     fmt,
     model::{
-        meter::LimitUse,
+        meter::{LimitSpan, LimitUse},
         timeline::{OverTime, Track},
     },
 };
@@ -46,6 +46,81 @@ pub fn judge_over_time(limits: &mut Limits, track: &Track, window_secs: f64) {
     }
 }
 
+/// A whole run's limits from what was in force while the cgroup did I/O in the direction
+/// (`track`), even if the limit or the cgroup is gone now: per limit, the value in force
+/// longest (the latest of equals), and over every value it had, its use over the seconds it
+/// was in force and over the run's `window_secs` and the intervals it held the cgroup back
+/// in; each value, where it changed or was removed while the cgroup did I/O. Empty where no
+/// limit was in force then.
+pub fn limits_over_time(track: &Track, window_secs: f64) -> Limits {
+    let over_window = |pct_secs: f64| {
+        if window_secs > 0.0 {
+            pct_secs / window_secs
+        } else {
+            0.0
+        }
+    };
+    track
+        .limit_spans()
+        .iter()
+        .filter_map(|(name, spans)| {
+            let main = spans
+                .iter()
+                .max_by(|a, b| a.active_secs.total_cmp(&b.active_secs))?;
+            let removed = spans.last()?.to_ns < track.last_active_ns();
+            let changed = spans.len() > 1 || removed;
+            let in_force: f64 = spans.iter().map(|s| s.active_secs).sum();
+            let pct_secs: f64 = spans.iter().map(|s| s.used_pct_secs).sum();
+            let merge_aware: Option<f64> = spans.iter().map(|s| s.merge_aware_pct_secs).sum();
+            let held: u64 = spans.iter().map(|s| s.intervals_held).sum();
+            let u = LimitUse {
+                limit: main.limit,
+                cgroup: main.cgroup.clone(),
+                used_pct: over_window(pct_secs),
+                used_pct_merge_aware: merge_aware.map(over_window),
+                held: held > 0,
+                used_pct_active: Some(if in_force > 0.0 {
+                    pct_secs / in_force
+                } else {
+                    0.0
+                }),
+                intervals_held: Some(held),
+                changes: changed.then(|| spans.clone()),
+                in_force_secs: changed.then_some(in_force),
+                removed,
+            };
+            Some((*name, u))
+        })
+        .collect()
+}
+
+/// An interval's limit that was in force in the last interval (`was`) and is not now: it was
+/// removed during this one, after some of its bios were charged under it (`used_pct` of it).
+pub fn removed_in_window(name: &'static str, was: &LimitSpan, used_pct: f64) -> (&'static str, LimitUse) {
+    let u = LimitUse {
+        limit: was.limit,
+        cgroup: was.cgroup.clone(),
+        used_pct,
+        removed: true,
+        ..LimitUse::default()
+    };
+    (name, u)
+}
+
+/// "wiops changed: 2000 from 12:03:01, 1000 from 12:03:05, none from 12:03:09": a limit that
+/// changed (or went) while the cgroup did I/O.
+fn changes_sentence(name: &str, u: &LimitUse) -> Option<String> {
+    let changes = u.changes.as_ref()?;
+    let mut values: Vec<String> = changes
+        .iter()
+        .map(|c| format!("{} from {}", shown_limit(name, c.limit), fmt::clock(c.from_ns)))
+        .collect();
+    if let (true, Some(last)) = (u.removed, changes.last()) {
+        values.push(format!("none from {}", fmt::clock(last.to_ns)));
+    }
+    Some(format!("{name} changed: {}", values.join(", ")))
+}
+
 /// What one cgroup and direction did, as the verdict needs it.
 #[derive(Debug, Clone, Default)]
 pub struct Activity {
@@ -71,18 +146,39 @@ pub struct Activity {
     pub other_held: Option<(&'static str, Vec<String>)>,
 }
 
-/// "wiops 2000 (set on /mt)", "wbps 2.0 MiB/s (set on /mt)".
-pub fn head(name: &str, u: &LimitUse) -> String {
-    let shown = if name.ends_with("iops") {
-        u.limit.to_string()
+/// A limit's value as people read it: "2000", "2.0 MiB/s".
+fn shown_limit(name: &str, limit: u64) -> String {
+    if name.ends_with("iops") {
+        limit.to_string()
     } else {
-        fmt::rate(u.limit)
-    };
-    if u.cgroup.is_empty() {
-        format!("{name} {shown}")
-    } else {
-        format!("{name} {shown} (set on {})", u.cgroup)
+        fmt::rate(limit)
     }
+}
+
+/// "wiops 2000 (set on /mt)", "wbps 2.0 MiB/s (set on /mt)"; a limit that changed while the
+/// cgroup did I/O, each value it had: "wiops 2000→1000→none (set on /mt)"; one removed in
+/// the window: "wiops 2000 (set on /mt, removed since)".
+pub fn head(name: &str, u: &LimitUse) -> String {
+    let shown = match &u.changes {
+        Some(changes) => {
+            let mut values: Vec<String> =
+                changes.iter().map(|c| shown_limit(name, c.limit)).collect();
+            values.dedup();
+            if u.removed {
+                values.push("none".to_string());
+            }
+            values.join("→")
+        }
+        None => shown_limit(name, u.limit),
+    };
+    let removed = u.removed && u.changes.is_none();
+    let about = match (u.cgroup.is_empty(), removed) {
+        (true, false) => String::new(),
+        (true, true) => " (removed since)".to_string(),
+        (false, false) => format!(" (set on {})", u.cgroup),
+        (false, true) => format!(" (set on {}, removed since)", u.cgroup),
+    };
+    format!("{name} {shown}{about}")
 }
 
 /// Seconds as the verdict says them: "3.0 s", "41 s", "20 min".
@@ -98,8 +194,13 @@ fn seconds(s: f64) -> String {
 /// Above 100 % the window was charged for bios that had waited before it (a bio is charged as
 /// it is released), which is a sign of binding, not an error. `by`: " by bios", or empty.
 fn use_phrase(u: &LimitUse, a: &Activity, by: &str) -> String {
-    let (pct, over, busy) = match (u.used_pct_active, a.over_time) {
-        (Some(p), Some(t)) => (
+    let (pct, over, busy) = match (u.used_pct_active, u.in_force_secs, a.over_time) {
+        (Some(p), Some(secs), _) => (
+            p,
+            format!(" over the {} it was in force", seconds(secs)),
+            format!(", {} at its rate", seconds(p / 100.0 * secs)),
+        ),
+        (Some(p), None, Some(t)) => (
             p,
             format!(" over the {} it did I/O", seconds(t.active_secs)),
             // What it charged in seconds at its rate: how long it held the cgroup, at least.
@@ -279,6 +380,7 @@ pub fn verdict(limits: &Limits, a: &Activity) -> Option<String> {
             }
         })
         .collect();
+    parts.extend(limits.iter().filter_map(|(name, u)| changes_sentence(name, u)));
     if limits.is_empty() && a.throttled_bios > 0 {
         parts.push(format!(
             "{} bios waited in blk-throttle, but no limit is set now",

@@ -13,6 +13,7 @@ use anyhow::{bail, Context, Result};
 use super::{
     container::{self, ReadableName},
     local_names::LocalNames,
+    throttle::{self, Limits},
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -42,6 +43,9 @@ pub struct Cgroups {
     removed: HashMap<u64, bool>,
     /// Names from the container runtimes' files on this machine; `None` leaves them out.
     local: Option<LocalNames>,
+    /// The blk-throttle limits last read for (cgroup path, disk `maj:min`), along its binding
+    /// path: what a removed cgroup was limited by, once its files are gone.
+    limits_seen: HashMap<(String, u32, u32), Vec<(String, Limits)>>,
 }
 
 /// The mount that hosts the io controller, from `/proc/self/mountinfo`.
@@ -115,6 +119,7 @@ impl Cgroups {
             by_id: HashMap::new(),
             removed: HashMap::new(),
             local: Some(LocalNames::new("/")),
+            limits_seen: HashMap::new(),
         };
         c.rescan();
         c
@@ -222,6 +227,24 @@ impl Cgroups {
             by_id.remove(id);
             false
         });
+        // The limits of paths no id names any more (removed and forgotten).
+        let paths: std::collections::HashSet<&String> = self.by_id.values().collect();
+        self.limits_seen.retain(|(p, _, _), _| paths.contains(p));
+    }
+
+    /// What each cgroup whose blk-throttle rules bind cgroup `path` sets for disk `maj:min`
+    /// ([`throttle::chain`]); for a cgroup removed since, what was read last.
+    pub fn limits_chain(&mut self, path: &str, major: u32, minor: u32) -> Vec<(String, Limits)> {
+        if !path.starts_with('/') {
+            return Vec::new(); // "(none)" or an unknown id
+        }
+        let key = (path.to_string(), major, minor);
+        if !self.mount.join(path.trim_start_matches('/')).is_dir() {
+            return self.limits_seen.get(&key).cloned().unwrap_or_default();
+        }
+        let chain = throttle::chain(self.hierarchy, &self.mount, path, major, minor);
+        self.limits_seen.insert(key, chain.clone());
+        chain
     }
 
     /// Ids the table knows (alive and removed-but-kept).

@@ -7,6 +7,7 @@ pub mod iolatency;
 pub mod local_names;
 pub mod queue;
 pub mod release;
+pub mod throttle;
 pub mod wbt;
 pub mod workload;
 

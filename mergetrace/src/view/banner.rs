@@ -2,7 +2,7 @@
 //! which tier, how each device is configured for merging, and notes the user should read.
 use crate::{
     kernel,
-    model::limits::{self, LimitKind},
+    model::limits::LimitKind,
     sys::{
         cgroups::{Cgroups, Hierarchy},
         device::Device,
@@ -59,7 +59,7 @@ pub fn v1_writeback_note(d: &Device, cgroups: &Cgroups) -> Option<String> {
         .map(|(_, path)| path)
         .filter(|path| {
             let dir = cgroups.mount.join(path.trim_start_matches('/'));
-            let own = limits::own_limits(Hierarchy::V1, &dir, d.major, d.minor);
+            let own = crate::sys::throttle::own_limits(Hierarchy::V1, &dir, d.major, d.minor);
             own.get(LimitKind::Wiops).is_some() || own.get(LimitKind::Wbps).is_some()
         })
         .collect();

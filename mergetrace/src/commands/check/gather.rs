@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::environment::KernelEnv;
 use crate::{
-    model::limits::{self, Limits},
+    model::limits::Limits,
     sys::{
         cgroups::{self, Hierarchy},
         device::Device,
@@ -107,7 +107,7 @@ pub fn throttled_cgroups(
 ) -> Vec<ThrottledCgroup> {
     let mut out = Vec::new();
     for (path, dir) in cgroups::dirs(mount) {
-        let own = limits::own_limits(hierarchy, &dir, major, minor);
+        let own = crate::sys::throttle::own_limits(hierarchy, &dir, major, minor);
         if !own.is_empty() {
             out.push(ThrottledCgroup {
                 hierarchy,

@@ -70,10 +70,7 @@ impl Lookup for crate::sys::cgroups::Cgroups {
             .unwrap_or_default()
     }
     fn limits(&mut self, cgroup: &str, dev: &Device) -> Effective {
-        if !cgroup.starts_with('/') {
-            return Effective::default(); // "(none)" or an unknown id
-        }
-        limits::effective_for(self.hierarchy, &self.mount, cgroup, dev.major, dev.minor)
+        limits::effective(&self.limits_chain(cgroup, dev.major, dev.minor))
     }
 }
 
@@ -292,11 +289,8 @@ fn device_snapshot(
             iolatency,
             shares.get(&name.path).copied(),
         );
-        let eff = if name.gone {
-            Effective::default()
-        } else {
-            lookup.limits(&name.path, d)
-        };
+        // A removed cgroup's are the last the lookup saw (its files are gone).
+        let eff = lookup.limits(&name.path, d);
         let row = Row {
             eff: &eff,
             secs,

@@ -9,6 +9,7 @@ use serde::Serialize;
 use crate::{
     model::{
         aggregate::{Aggregator, Dir, Window},
+        meter::{LimitSpan, LimitUse},
         snapshot::{self, Lookup, Options, Snapshot, SnapshotKind},
     },
     sys::device::Device,
@@ -42,6 +43,11 @@ pub struct Track {
     /// The limits that held it in the last interval that named one (a bio still waiting
     /// waits for them).
     last_held: Vec<&'static str>,
+    /// Each limit in force while it did I/O, as it changed: limit name → its spans, oldest
+    /// first.
+    spans: BTreeMap<&'static str, Vec<LimitSpan>>,
+    /// The end of its last interval with I/O (CLOCK_MONOTONIC ns).
+    last_active_ns: u64,
 }
 
 impl Track {
@@ -58,6 +64,54 @@ impl Track {
     pub fn waiting(&self) -> bool {
         self.waiting > 0
     }
+
+    /// The limits in force while it did I/O, each as it changed (empty where none was).
+    pub fn limit_spans(&self) -> &BTreeMap<&'static str, Vec<LimitSpan>> {
+        &self.spans
+    }
+
+    /// The end of its last interval with I/O.
+    pub fn last_active_ns(&self) -> u64 {
+        self.last_active_ns
+    }
+
+    /// Limit `name` as it stood in the last interval with I/O, if it was in force then.
+    pub fn in_force(&self, name: &str) -> Option<&LimitSpan> {
+        self.spans
+            .get(name)
+            .and_then(|s| s.last())
+            .filter(|l| l.to_ns == self.last_active_ns)
+    }
+
+    /// Notes the limits in force in an interval with I/O (`from_ns`..`to_ns`, `secs` long),
+    /// with their use and whether each held the cgroup back (`held`).
+    fn note_limits(
+        &mut self,
+        limits: &BTreeMap<&'static str, LimitUse>,
+        (from_ns, to_ns, secs): (u64, u64, f64),
+        held: &[&'static str],
+    ) {
+        for (name, u) in limits {
+            let spans = self.spans.entry(name).or_default();
+            let same = spans.last().is_some_and(|l| l.continues(u));
+            if !same {
+                if let Some(last) = spans.last_mut() {
+                    last.end();
+                }
+                spans.push(LimitSpan::starting(u, from_ns));
+            }
+            let span = spans.last_mut().expect("pushed above");
+            span.add(u, (to_ns, secs), held.contains(name));
+        }
+        // A limit not in force in this interval with I/O is over.
+        for (name, spans) in self.spans.iter_mut() {
+            if !limits.contains_key(name) {
+                if let Some(last) = spans.last_mut() {
+                    last.end();
+                }
+            }
+        }
+    }
 }
 
 /// Every (cgroup, device, direction) over the intervals of a run, fed interval by interval.
@@ -72,6 +126,7 @@ impl Timeline {
     pub fn observe(&mut self, s: &Snapshot) {
         self.intervals += 1;
         let ns = s.end_ns.saturating_sub(s.start_ns);
+        let secs = ns as f64 / 1e9;
         let mut seen = HashSet::new();
         for d in &s.devices {
             let dev = d.dev().0;
@@ -90,6 +145,7 @@ impl Timeline {
                     }
                     t.active_intervals += 1;
                     t.active_ns += ns;
+                    t.last_active_ns = s.end_ns;
                     if carried || st.waited() {
                         t.waited_intervals += 1;
                     }
@@ -102,12 +158,15 @@ impl Timeline {
                     if !held.is_empty() {
                         t.last_held = held;
                     } else if !carried {
+                        t.note_limits(&st.limits, (s.start_ns, s.end_ns, secs), &[]);
                         continue;
                     }
                     // A bio still waiting from before is held by what held it then.
                     for n in &t.last_held {
                         *t.held.entry(n).or_default() += 1;
                     }
+                    let held = t.last_held.clone();
+                    t.note_limits(&st.limits, (s.start_ns, s.end_ns, secs), &held);
                 }
             }
         }
