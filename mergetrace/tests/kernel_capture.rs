@@ -938,6 +938,40 @@ fn capture_names_cgroups_created_during_the_run() {
     assert_eq!(rows[0]["cgroup"], late.path().as_str());
 }
 
+/// A limit that appears during a recording (a container started after `record`): both kinds
+/// of capture charge the cgroup from its first bio, as blk-throttle's own counters say, tell
+/// the bios that waited, and the report names the limit.
+#[test]
+fn a_limit_set_after_the_recording_started_is_charged_from_its_first_bio() {
+    require_root();
+    let lo = LoopDevice::new(256 << 20);
+    lo.set_scheduler("none");
+    for extra in [&[][..], &["--requests"][..]] {
+        let dir = tempfile::tempdir().unwrap();
+        let capture = dir.path().join("later.mtr");
+        let rec = Recorder::start_with(&lo, &capture, extra);
+        let cg = Cgroup::new();
+        cg.set_write_iops(&lo, 2000);
+        let tb = cg.throttle_stats(&lo);
+        let report = Fio::sequential("later", &lo, "write", 64 << 20, 32)
+            .opt("time_based", "1")
+            .opt("runtime", "2")
+            .in_cgroup(&cg)
+            .run();
+        let (ios, bytes) = cg.throttle_stats(&lo).write_since(&tb);
+        rec.stop();
+        let ctx = format!("record {extra:?}: io_serviced {ios}");
+        assert_eq!(ios, fio_total_ios(&report, "write"), "{ctx}");
+        let rep = clean_report(capture.to_str().unwrap());
+        let w = &report_row(device_of(&rep, &lo), &cg.path())["write"];
+        assert_eq!(u(w, "bios"), ios, "{ctx}: {w}");
+        assert_eq!(u(w, "charged_ios"), ios, "{ctx}: vs io_serviced; {w}");
+        assert_eq!(u(w, "charged_bytes"), bytes, "{ctx}: {w}");
+        assert!(u(&w["throttled"], "bios") > 0, "{ctx}: no bio waited: {w}");
+        assert_eq!(w["limits"]["wiops"]["limit"], 2000, "{ctx}: {w}");
+    }
+}
+
 /// `record --requests`: request events only, counted per request like the live view. Two
 /// cgroups writing batches of 32, one in reverse (front merges): the report's totals and merge
 /// paths equal the live view's and /proc/diskstats, the file holds no per-bio event, and

@@ -298,6 +298,66 @@ fn scrape_deltas_match_diskstats_and_fio() {
     stop_and_check_detached(server, libc::SIGTERM);
 }
 
+/// A limit that appears while serve runs (a pod created with `io.max`): the cgroup is created
+/// and limited after serve started and nothing limited anything before. Its charges are
+/// exported from its first bio, equal to blk-throttle's own counters; its bios waited.
+#[test]
+fn a_limit_set_after_serve_started_is_exported_from_its_first_bio() {
+    require_root();
+    let lo = TestDisk::new(SIZE);
+    lo.set_scheduler("none");
+    udev_settle();
+    let server = Server::start(&lo, &[]);
+    let cg = Cgroup::new();
+    cg.set_write_iops(&lo, 2000);
+    let tb = cg.throttle_stats(&lo);
+    let d0 = lo.diskstats();
+    let report = Fio::sequential("serve-later", &lo, "write", SIZE, 32)
+        .opt("time_based", "1")
+        .opt("runtime", "2")
+        .in_cgroup(&cg)
+        .run();
+    let (serviced, serviced_bytes) = cg.throttle_stats(&lo).write_since(&tb);
+    let d = lo.diskstats().since(&d0);
+    let after = server.scrape();
+    let path = cg.path();
+    let mine = [
+        ("device", lo.name.as_str()),
+        ("cgroup", path.as_str()),
+        ("direction", "write"),
+    ];
+    let ios = fio_total_ios(&report, "write");
+    let ctx = format!("io_serviced {serviced}, fio {ios}, diskstats {d:?}");
+    assert_eq!(after.count("mergetrace_bios_total", &mine), ios, "{ctx}");
+    assert_eq!(serviced, ios, "{ctx}");
+    assert_eq!(
+        after.count("mergetrace_throttle_charged_ios_total", &mine),
+        serviced,
+        "{ctx}"
+    );
+    assert_eq!(
+        after.count("mergetrace_throttle_charged_bytes_total", &mine),
+        serviced_bytes,
+        "{ctx}"
+    );
+    assert_eq!(
+        after.count("mergetrace_requests_total", &mine),
+        d.writes,
+        "{ctx}"
+    );
+    assert!(
+        after.count("mergetrace_throttled_bios_total", &mine) > 0,
+        "no bio waited under wiops 2000; {ctx}"
+    );
+    assert_eq!(
+        after.sum("mergetrace_throttle_limit_iops", &mine),
+        2000.0,
+        "{}",
+        after.text
+    );
+    stop_and_check_detached(server, libc::SIGTERM);
+}
+
 /// The exposition: every family with its TYPE, once; the info line.
 fn check_exposition(after: &Metrics) {
     for (family, ty) in FAMILIES {

@@ -281,8 +281,11 @@ pub async fn run(args: RecordArgs) -> Result<()> {
     stop.after(args.run.duration);
     let mut ticker = tokio::time::interval(args.run.interval);
     ticker.tick().await;
+    let reports = session.report_waker()?;
     loop {
         tokio::select! {
+            // Rules seen on a disk attach the throttle-wait programs at once.
+            _ = reports.wait() => session.poll_cgroups(),
             _ = ticker.tick() => {
                 let mut rec = shared.lock().expect("recording lock");
                 kernel::cgroup_events::apply(session.take_cgroup_changes(), &mut cgroups);

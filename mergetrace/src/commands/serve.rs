@@ -226,7 +226,12 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         iocost,
         iolatency,
     }));
-    let poller = spawn_poller(exporter.clone(), args.read_every);
+    let reports = exporter
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .session
+        .report_waker()?;
+    let poller = spawn_poller(exporter.clone(), args.read_every, reports);
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/", get(index))
@@ -262,15 +267,23 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     Ok(())
 }
 
-/// Between scrapes: the cgroup births and removals, and every `every` the counters (skipped
-/// while a scrape, which does both, holds the exporter).
-fn spawn_poller(ex: Shared, every: Duration) -> tokio::task::JoinHandle<()> {
+/// Between scrapes: the cgroup births and removals (at once when the programs report one:
+/// rules found on a disk attach the throttle-wait programs), and every `every` the counters
+/// (skipped while a scrape, which does both, holds the exporter).
+fn spawn_poller(
+    ex: Shared,
+    every: Duration,
+    reports: kernel::cgroup_events::ReportWaker,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(CGROUP_POLL.min(every));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_read = tokio::time::Instant::now();
         loop {
-            tick.tick().await;
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = reports.wait() => {}
+            }
             let read = last_read.elapsed() >= every;
             let ex = ex.clone();
             let _ = tokio::task::spawn_blocking(move || {

@@ -114,7 +114,10 @@ mod tests {
         assert_eq!(w.counts[&key(6)], bios(9));
         // Nothing counted after the fold: no (removed) row is left.
         now.counts.insert(key(REMOVED_CGROUP), bios(100));
-        assert!(!kept.restored(&now).counts.contains_key(&key(REMOVED_CGROUP)));
+        assert!(!kept
+            .restored(&now)
+            .counts
+            .contains_key(&key(REMOVED_CGROUP)));
     }
 
     #[test]

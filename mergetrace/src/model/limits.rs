@@ -3,8 +3,8 @@
 //! binds). What each cgroup's files set is read in [`crate::sys::throttle`].
 use serde::Serialize;
 
-pub use crate::sys::throttle::{LimitKind, Limits};
 use crate::sys::cgroups::Hierarchy;
+pub use crate::sys::throttle::{LimitKind, Limits};
 
 /// One limit in force on a cgroup: its value and the cgroup that set it (itself or an ancestor).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -212,8 +212,6 @@ impl LimitSpan {
     }
 }
 
-
-
 /// Throttle limits that apply to a direction (`bio_data_dir`: discards count as writes).
 pub fn kinds_for(write: bool) -> [LimitKind; 2] {
     if write {

@@ -96,7 +96,11 @@ pub fn limits_over_time(track: &Track, window_secs: f64) -> Limits {
 
 /// An interval's limit that was in force in the last interval (`was`) and is not now: it was
 /// removed during this one, after some of its bios were charged under it (`used_pct` of it).
-pub fn removed_in_window(name: &'static str, was: &LimitSpan, used_pct: f64) -> (&'static str, LimitUse) {
+pub fn removed_in_window(
+    name: &'static str,
+    was: &LimitSpan,
+    used_pct: f64,
+) -> (&'static str, LimitUse) {
     let u = LimitUse {
         limit: was.limit,
         cgroup: was.cgroup.clone(),
@@ -113,7 +117,13 @@ fn changes_sentence(name: &str, u: &LimitUse) -> Option<String> {
     let changes = u.changes.as_ref()?;
     let mut values: Vec<String> = changes
         .iter()
-        .map(|c| format!("{} from {}", shown_limit(name, c.limit), fmt::clock(c.from_ns)))
+        .map(|c| {
+            format!(
+                "{} from {}",
+                shown_limit(name, c.limit),
+                fmt::clock(c.from_ns)
+            )
+        })
         .collect();
     if let (true, Some(last)) = (u.removed, changes.last()) {
         values.push(format!("none from {}", fmt::clock(last.to_ns)));
@@ -380,7 +390,11 @@ pub fn verdict(limits: &Limits, a: &Activity) -> Option<String> {
             }
         })
         .collect();
-    parts.extend(limits.iter().filter_map(|(name, u)| changes_sentence(name, u)));
+    parts.extend(
+        limits
+            .iter()
+            .filter_map(|(name, u)| changes_sentence(name, u)),
+    );
     if limits.is_empty() && a.throttled_bios > 0 {
         parts.push(format!(
             "{} bios waited in blk-throttle, but no limit is set now",

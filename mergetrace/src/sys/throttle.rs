@@ -173,7 +173,12 @@ pub fn chain(
     binding_path(hierarchy, path)
         .into_iter()
         .map(|p| {
-            let own = own_limits(hierarchy, &mount.join(p.trim_start_matches('/')), major, minor);
+            let own = own_limits(
+                hierarchy,
+                &mount.join(p.trim_start_matches('/')),
+                major,
+                minor,
+            );
             (p, own)
         })
         .collect()

@@ -170,6 +170,13 @@ impl Cgroup {
     pub fn set_write_iops(&self, dev: &BlockDev, iops: u64) {
         self.set_device_limit("blkio.throttle.write_iops_device", dev, iops)
     }
+    /// Removes the write IOPS limit (v1: 0; v2: `wiops=max`).
+    pub fn clear_write_iops(&self, dev: &BlockDev) {
+        match self.version() {
+            CgroupVersion::V1 => self.set_write_iops(dev, 0),
+            CgroupVersion::V2 => self.set_io_max(dev, "wiops=max"),
+        }
+    }
     pub fn set_read_iops(&self, dev: &BlockDev, iops: u64) {
         self.set_device_limit("blkio.throttle.read_iops_device", dev, iops)
     }
