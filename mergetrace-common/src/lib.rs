@@ -275,15 +275,28 @@ pub const MAX_DEVICES: usize = 16;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TracedDevices {
     pub devs: [u32; MAX_DEVICES],
-    /// Per disk, bits of [`iocost`]: io.cost is on for the disk (when the run started), and
-    /// how this kernel charges an empty bio.
-    pub iocost: [u32; MAX_DEVICES],
-    /// Per disk: non-zero where the disk is bio-based (no requests: zram, device-mapper, md).
-    pub bio_based: [u32; MAX_DEVICES],
     pub count: u32,
-    /// Non-zero where any traced disk has io.cost on: only then does a read's new request
-    /// need counting.
-    pub any_iocost: u32,
+}
+
+/// What the programs are told of one traced disk, by its slot (the `DISK_CONFIG` map), and
+/// may be told again during the run: user space writes it, the programs only read it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DiskConfig {
+    /// Bits of [`iocost`]: io.cost is on for the disk now, and how this kernel charges an
+    /// empty bio.
+    pub iocost: u32,
+    /// Non-zero where the disk is bio-based (no requests: zram, device-mapper, md).
+    pub bio_based: u32,
+}
+
+/// Bits of the `GATE` map's one value, written by user space.
+pub mod gate {
+    /// The programs run: from when every program of the run is attached and the rings are in
+    /// place to the run's end.
+    pub const OPEN: u32 = 1 << 0;
+    /// io.cost is on for a traced disk: a read's new request is then charged too.
+    pub const IOCOST: u32 = 1 << 1;
 }
 
 /// The `aux` bits of a [`kind::GETRQ`] event.
@@ -634,6 +647,7 @@ mod pod {
     unsafe impl aya::Pod for super::KernelOffsets {}
     unsafe impl aya::Pod for super::KernelSymbols {}
     unsafe impl aya::Pod for super::CountKey {}
+    unsafe impl aya::Pod for super::DiskConfig {}
     unsafe impl aya::Pod for super::Counters {}
     unsafe impl aya::Pod for super::UnplugKey {}
     unsafe impl aya::Pod for super::MeterUnits {}

@@ -7,16 +7,16 @@ use aya_ebpf::{
     EbpfContext,
 };
 use mergetrace_common::{
-    bio_aux, count::dir_of_op, flags, getrq_aux, iocost, kind, path, Event, NONE,
+    bio_aux, count::dir_of_op, flags, gate, getrq_aux, iocost, kind, path, Event, NONE,
 };
 
 use crate::{
     charge::{bps_charged, note_rules, rule_flags},
-    emit::{charges_per_request, emit, emit_charge, emitting, now_for},
+    emit::{charges_per_request, emit, emit_charge, emitting, now, now_for},
     maps::{frozen, off, CursorKey, IOCOST_CURSOR, SPLIT_PIECES},
     read::{
-        bio_disk, blkg_cgroup_id, disk_dev, elevator_is_kyber, forget, learn_queue, offsets_ready,
-        pending_add, read, read_probe, ready, traced, Disk,
+        bio_disk, blkg_cgroup_id, disk_config, disk_dev, elevator_is_kyber, forget, gate_bits,
+        learn_queue, offsets_ready, pending_add, read, read_probe, ready, traced, Disk,
     },
     request::Pending,
     throttle::{mark_released, note_queued, note_split},
@@ -61,11 +61,13 @@ pub fn bio_event(bio: u64, kind: u8) -> Option<(Event, Disk)> {
 #[inline(always)]
 fn bio_queue(bio: u64) {
     if let Some((mut ev, disk)) = bio_event(bio, kind::BIO_QUEUE) {
-        let bio_based = frozen!(TRACED.bio_based[(disk.slot & 15) as usize]) != 0;
+        let bio_based = disk_config(disk.slot).bio_based != 0;
         if charges_per_request() && !bio_based {
             note_queued(&mut ev, &disk);
             if ev.flags & flags::THROTTLE_RELEASED != 0 {
                 ev.aux |= bio_aux::RELEASE_ONLY;
+                // Not a charge: it joins no run, so it has its own time.
+                ev.ts_ns = now();
                 emit(&ev, disk.slot);
             }
             return;
@@ -277,7 +279,7 @@ fn bio_merge(ctx: &BtfTracePointContext, bio: u64, rq: u64, kind: u8) {
             merge_path_from_plug(ctx, bio, rq, kind == kind::BACK_MERGE)
         };
         mark_released(&mut ev, &disk);
-        charge_iocost(&mut ev, disk.slot);
+        charge_iocost(&mut ev, &disk);
         emit(&ev, disk.slot);
     }
 }
@@ -288,8 +290,8 @@ fn bio_merge(ctx: &BtfTracePointContext, bio: u64, rq: u64, kind: u8) {
 /// bios only where the kernel charges them. (The root cgroup is never charged: user space
 /// leaves it out.)
 #[inline(always)]
-fn charge_iocost(ev: &mut Event, disk: u32) {
-    let rule = frozen!(TRACED.iocost[(disk & 15) as usize]);
+fn charge_iocost(ev: &mut Event, disk: &Disk) {
+    let rule = disk_config(disk.slot).iocost;
     if rule & iocost::ENABLED == 0 || ev.op > 1 {
         return;
     }
@@ -358,11 +360,12 @@ fn wbt_class(bio: u64, op: u8) -> bool {
 /// A bio starts a new request. Its request's bios and merges are counted by the request
 /// programs; here what only the bio tells: a data-less flush write (completed without a
 /// write request), wbt's class, io.cost's charge. Counting, a read tells none of it unless
-/// io.cost is on: one load and out (a capture sends it: lineage links bios to requests).
+/// io.cost is on for a traced disk (the gate's bit): two loads and out (a capture sends it:
+/// lineage links bios to requests).
 #[inline(always)]
 fn getrq(bio: u64) {
-    // The gate is asked past the reads' early way out (in `bio_event`): that way out does
-    // nothing the gate guards against, and a read's new request costs one load less.
+    // Whether the gate is open is asked past the reads' early way out (in `bio_event`): that
+    // way out does nothing the gate guards against.
     if bio == 0 || !offsets_ready() {
         return;
     }
@@ -370,7 +373,7 @@ fn getrq(bio: u64) {
     // Only a full capture (lineage: which bio started which request) or io.cost needs a
     // read's new request.
     if dir_of_op(op) == mergetrace_common::count::dir::READ
-        && frozen!(TRACED.any_iocost) == 0
+        && gate_bits() & gate::IOCOST == 0
         && (!emitting() || frozen!(MODES.requests_only) != 0)
     {
         // Where a queue does not name its disk (up to 5.15), a plug flush is told by the
@@ -401,7 +404,7 @@ fn getrq(bio: u64) {
                 note_rules(&disk, ev.dev, rules);
             }
         }
-        charge_iocost(&mut ev, disk.slot);
+        charge_iocost(&mut ev, &disk);
         emit(&ev, disk.slot);
     }
 }

@@ -7,8 +7,8 @@ use aya_ebpf::{
 use mergetrace_common::{
     latency::{IssuedAt, LatencyHist, ISSUED_AT_ENTRIES},
     nested::CacheEntry,
-    CountKey, Counters, DeviceState, Event, KernelOffsets, KernelSymbols, MeterUnits, Modes,
-    SlotRef, Staged, TracedDevices, LOST_SLOTS, MAX_DEVICES, MAX_SLOTS, REMOVED_SLOTS,
+    CountKey, Counters, DeviceState, DiskConfig, Event, KernelOffsets, KernelSymbols, MeterUnits,
+    Modes, SlotRef, Staged, TracedDevices, LOST_SLOTS, MAX_DEVICES, MAX_SLOTS, REMOVED_SLOTS,
     UNPLUG_SLOTS,
 };
 
@@ -116,6 +116,11 @@ pub static CGROUP_EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 #[map]
 pub static DISKS: Array<DeviceState> = Array::with_max_entries(MAX_DEVICES as u32, 0);
 
+/// What user space tells the programs of each traced disk, by its slot (io.cost on or off,
+/// bio-based); it may change during the run.
+#[map]
+pub static DISK_CONFIG: Array<DiskConfig> = Array::with_max_entries(MAX_DEVICES as u32, 0);
+
 /// Per CPU, per event kind: events that could not be sent or counted.
 #[map]
 pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOST_SLOTS, 0);
@@ -213,8 +218,9 @@ pub struct CursorKey {
     pub dev: u64,
 }
 
-/// 1 while the programs run: from when user space has attached every program of the run and
-/// installed the rings, to the run's end (see `read::ready`); 0 before and after.
+/// Bits of `mergetrace_common::gate`: `OPEN` while the programs run, from when user space has
+/// attached every program of the run and installed the rings, to the run's end (see
+/// `read::ready`); `IOCOST` while io.cost is on for a traced disk.
 #[map]
 pub static GATE: Array<u32> = Array::with_max_entries(1, 0);
 

@@ -1,11 +1,11 @@
 //! Reading kernel memory with the running kernel's offsets, the traced-disk filter, and the
 //! values every event carries (disk, cgroup).
 use aya_ebpf::helpers::bpf_probe_read_kernel;
-use mergetrace_common::{DeviceState, MAX_DEVICES, NONE};
+use mergetrace_common::{gate, DeviceState, DiskConfig, MAX_DEVICES, NONE};
 
 use crate::request::Pending;
 
-use crate::maps::{frozen, off, DISKS, GATE, SCRATCH};
+use crate::maps::{frozen, off, DISKS, DISK_CONFIG, GATE, SCRATCH};
 
 /// Reads a `T` at `base + offset` of a BTF-typed kernel pointer (a tracepoint argument or a
 /// pointer field read from one): a plain load the verifier checks against BTF and guards
@@ -141,7 +141,19 @@ impl Drop for Scratch {
 /// issued whose completion program was not attached yet.
 #[inline(always)]
 pub fn ready() -> bool {
-    offsets_ready() && GATE.get(0).is_some_and(|open| *open != 0)
+    offsets_ready() && gate_bits() & gate::OPEN != 0
+}
+
+/// The gate's bits (`mergetrace_common::gate`).
+#[inline(always)]
+pub fn gate_bits() -> u32 {
+    GATE.get(0).copied().unwrap_or(0)
+}
+
+/// What user space says of the traced disk in `slot` now.
+#[inline(always)]
+pub fn disk_config(slot: u32) -> DiskConfig {
+    DISK_CONFIG.get(slot).copied().unwrap_or_default()
 }
 
 /// User space filled the offsets in (a constant of the loaded program): enough for a way out

@@ -276,3 +276,74 @@ fn limits_changed_mid_run_are_named_at_their_time() {
     );
     assert!(verdict.contains("wiops changed: "), "{ctx}: {verdict:?}");
 }
+
+/// Waits until the tracer has said `what` on standard error (a change it found); panics with
+/// its stderr after `TIMEOUT`.
+fn await_said(tracer: &Tracer, what: &str) {
+    const TIMEOUT: Duration = Duration::from_secs(30);
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while !tracer.stderr().contains(what) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the tracer did not say {what:?} within {TIMEOUT:?}; stderr:\n{}",
+            tracer.stderr()
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The scheduler, `nomerges` and wbt changed while the tracer runs: each change is said once,
+/// in the interval it was found in (its JSON `changes` and on standard error), and the
+/// counts of the writes after it follow it (no merge with nomerges=2, as diskstats says).
+#[test]
+fn queue_and_wbt_changes_are_said_when_they_happen() {
+    require_root();
+    let lo = TestDisk::new(SIZE);
+    lo.set_scheduler("none");
+    lo.set_nomerges(0);
+    udev_settle();
+    let wbt_on = std::fs::read_to_string(lo.queue("wbt_lat_usec"))
+        .is_ok_and(|t| t.trim().parse::<u64>().is_ok_and(|v| v > 0));
+    let tracer = Tracer::start(&["-d", lo.name.as_str(), "-i", "1s"]);
+    let name = lo.name.clone();
+    lo.set_scheduler("mq-deadline");
+    await_said(
+        &tracer,
+        &format!("{name}: scheduler changed from none to mq-deadline"),
+    );
+    lo.set_nomerges(2);
+    await_said(
+        &tracer,
+        &format!("{name}: nomerges changed from 0 to 2: no merges"),
+    );
+    let _wbt = wbt_on.then(|| lo.set_queue_attr_restored("wbt_lat_usec", "0"));
+    if wbt_on {
+        await_said(&tracer, &format!("{name}: wbt switched off"));
+    }
+    let cg = Cgroup::new();
+    let before = lo.diskstats();
+    Fio::sequential("after", &lo, "write", 16 << 20, 32)
+        .in_cgroup(&cg)
+        .run();
+    let d = lo.diskstats().since(&before);
+    let out = tracer.stop();
+    lo.set_nomerges(0);
+    let said: Vec<&str> = out
+        .intervals
+        .iter()
+        .flat_map(|i| i["changes"].as_array().into_iter().flatten())
+        .filter_map(|c| c.as_str())
+        .collect();
+    let expected = if wbt_on { 3 } else { 2 };
+    assert_eq!(said.len(), expected, "each change once: {said:?}");
+    let w = &out.cgroup_row(&lo, &cg.path()).expect("a row")["write"];
+    assert_eq!(u(w, "merged"), 0, "nomerges=2 merged: {w}");
+    assert_eq!(d.writes_merged, 0, "{d:?}");
+    assert_eq!(u(w, "requests"), d.writes, "{w}");
+    if wbt_on {
+        assert!(
+            w["meters"].get("wbt").is_none(),
+            "wbt is off, yet metered: {w}"
+        );
+    }
+}

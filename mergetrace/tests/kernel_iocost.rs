@@ -214,6 +214,72 @@ fn random_writes_pay_the_random_base() {
     on_v2_or_says_why(|| charged(2, true));
 }
 
+/// io.cost switched on while the tracer runs: the tracer says so, the programs charge from
+/// then on, and the whole run's charge is io.stat's `cost.usage` over the writes (within its
+/// rounding); then switched off, it says that too.
+#[test]
+fn switched_on_mid_run_is_charged_from_then_on() {
+    on_v2_or_says_why(|| {
+        require_root();
+        let lo = TestDisk::new(SIZE);
+        lo.set_scheduler("none");
+        lo.set_nomerges(0);
+        udev_settle();
+        let cg = Cgroup::new();
+        let tracer = Tracer::start(&["-d", lo.name.as_str(), "-i", "1s"]);
+        assert!(
+            !tracer.stderr().contains("io.cost is on"),
+            "{}",
+            tracer.stderr()
+        );
+        let on = IocostOn::new(&lo);
+        let said = format!("changed: {}: io.cost switched on", lo.name);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !tracer.stderr().contains(&said) {
+            assert!(
+                Instant::now() < deadline,
+                "not said: {said:?}; {}",
+                tracer.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let usage_before = cg.io_stat(&lo).get("cost.usage").copied().unwrap_or(0);
+        let started = Instant::now();
+        let before = lo.diskstats();
+        Fio::sequential("sequential", &lo, "write", 16 << 20, 32)
+            .in_cgroup(&cg)
+            .run();
+        one_write(&cg, &lo, SIZE - 4096);
+        std::thread::sleep(2 * PERIOD + Duration::from_millis(100));
+        let usage = cg.io_stat(&lo).get("cost.usage").copied().unwrap_or(0) - usage_before;
+        let periods = started.elapsed().as_secs_f64() / PERIOD.as_secs_f64();
+        let d = lo.diskstats().since(&before);
+        drop(on);
+        let off = format!("changed: {}: io.cost switched off", lo.name);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !tracer.stderr().contains(&off) {
+            assert!(
+                Instant::now() < deadline,
+                "not said: {off:?}; {}",
+                tracer.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let out = tracer.stop();
+        let c = &out.cgroup_row(&lo, &cg.path()).expect("a row")["write"]["meters"]["iocost"];
+        eprintln!("io.stat cost.usage +{usage} µs; diskstats {d:?}; mergetrace {c}");
+        assert_eq!(u(c, "requests"), d.writes, "{c}");
+        assert_eq!(u(c, "merged"), d.writes_merged, "{c}");
+        let ours = c["cost_us"].as_f64().unwrap();
+        let bound = periods.ceil() + 1.0;
+        let diff = ours - usage as f64;
+        assert!(
+            (0.0..bound).contains(&diff),
+            "mergetrace's io.cost charge {ours:.1} µs is {diff:.1} µs above io.stat's {usage}              µs (allowed: 0 to {bound:.0}); {c}"
+        );
+    });
+}
+
 /// Runs `test` on cgroup v2; on v1 checks what mergetrace says instead: `check` names io.cost
 /// as impossible here, and a live run has no io.cost meter.
 fn on_v2_or_says_why(test: impl FnOnce()) {

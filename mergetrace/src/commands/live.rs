@@ -8,6 +8,7 @@ use clap::Args;
 use mergetrace_common::Modes;
 use tokio::sync::Notify;
 
+use super::follow::Follow;
 use crate::{
     cli::{
         args::{NamesArg, RunArgs, SubtreeArg, TraceArgs},
@@ -82,22 +83,24 @@ pub async fn run(args: LiveArgs) -> Result<()> {
     }
     let quit = Arc::new(Notify::new());
     let mut view = view_for(&args, banner, &quit)?;
-    let iocost = session.iocost_models();
-    let wbt = session.wbt.clone();
+    let empty = Default::default();
     let opts = snapshot::Options {
         tier: tier.kind.name(),
         fentry: tier.kind == kernel::TierKind::Fentry,
         meter_units: &meter_units,
         subtree: subtree.as_deref(),
-        iocost: &iocost,
-        wbt: &wbt,
+        // Each interval prices with the disks' meters of its time (`Live::meters`).
+        iocost: &empty,
+        wbt: &Default::default(),
         wants: session.wants,
         per_bio: session.per_bio,
-        iolatency: &iolatency,
+        iolatency: &Default::default(),
         timeline: None,
     };
     stop.after(args.run.duration);
     let mut live = Live {
+        follow: Follow::new(&devices, iolatency),
+        iocost_seen: session.iocost_models(),
         session,
         devices,
         cgroups,
@@ -139,6 +142,11 @@ struct Live {
     /// Removed cgroups' rows, kept for the whole run once the kernel side folded them.
     kept: Kept,
     start: u64,
+    /// The disks' settings as last seen (meters switched on or off during the run).
+    follow: Follow,
+    /// io.cost's model of each disk it was on for at any time of the run: what the whole
+    /// run is priced with.
+    iocost_seen: std::collections::BTreeMap<u32, crate::model::iocost::Model>,
 }
 
 impl Live {
@@ -190,12 +198,9 @@ impl Live {
                 _ = reports.wait() => self.session.poll_cgroups(),
                 _ = ticker.tick() => {
                     let s = self.next_interval(opts)?;
+                    view.changed(&s.changes)?;
                     if view.wants_run_so_far() {
-                        let opts = snapshot::Options {
-                            timeline: Some(&self.timeline),
-                            ..*opts
-                        };
-                        let run = snapshot::build(&self.whole_run(), SnapshotKind::Total, &self.devices, &mut self.cgroups, &opts);
+                        let run = self.whole_run_snapshot(opts);
                         view.run_so_far(&run)?;
                     }
                     view.interval(&s)?;
@@ -208,24 +213,56 @@ impl Live {
     }
 
     /// The interval since the last one, judged knowing the intervals before it, and added to
-    /// the timeline.
+    /// the timeline; priced with the meters in force now, and saying what changed on the
+    /// disks since the last one.
     fn next_interval(&mut self, opts: &snapshot::Options<'_>) -> Result<snapshot::Snapshot> {
+        let changes = self
+            .follow
+            .check(&self.devices, &mut self.session, &self.cgroups);
         let now = self.totals()?;
         let interval = now.since(&self.previous);
         self.previous = now;
+        let iocost = self.session.iocost_models();
+        self.iocost_seen.extend(iocost.clone());
+        let wbt = self.session.wbt.clone();
         let opts = snapshot::Options {
             timeline: Some(&self.timeline),
+            iocost: &iocost,
+            wbt: &wbt,
+            iolatency: &self.follow.iolatency,
             ..*opts
         };
-        let s = snapshot::build(
+        let mut s = snapshot::build(
             &interval,
             SnapshotKind::Interval,
             &self.devices,
             &mut self.cgroups,
             &opts,
         );
+        s.changes = changes;
         self.timeline.observe(&s);
         Ok(s)
+    }
+
+    /// The whole run so far, judged over its intervals, priced with every meter that was in
+    /// force during it.
+    fn whole_run_snapshot(&mut self, opts: &snapshot::Options<'_>) -> snapshot::Snapshot {
+        let total = self.whole_run();
+        let wbt = self.session.wbt.clone();
+        let opts = snapshot::Options {
+            timeline: Some(&self.timeline),
+            iocost: &self.iocost_seen,
+            wbt: &wbt,
+            iolatency: &self.follow.iolatency,
+            ..*opts
+        };
+        snapshot::build(
+            &total,
+            SnapshotKind::Total,
+            &self.devices,
+            &mut self.cgroups,
+            &opts,
+        )
     }
 
     /// Detaches first so the counters stop moving, then shows the whole run.
@@ -238,18 +275,7 @@ impl Live {
         self.session.detach();
         // The interval in progress is not shown, but the whole run is judged over it too.
         self.next_interval(opts)?;
-        let total = self.whole_run();
-        let opts = snapshot::Options {
-            timeline: Some(&self.timeline),
-            ..*opts
-        };
-        let mut s = snapshot::build(
-            &total,
-            SnapshotKind::Total,
-            &self.devices,
-            &mut self.cgroups,
-            &opts,
-        );
+        let mut s = self.whole_run_snapshot(opts);
         s.program_stats = program_stats;
         s.unsaid = self.session.unsaid()?;
         view.total(&s)?;

@@ -4,6 +4,7 @@ pub mod check;
 pub mod demo;
 pub mod docs;
 pub mod export;
+pub mod follow;
 pub mod live;
 pub mod record;
 pub mod report;

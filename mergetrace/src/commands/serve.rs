@@ -19,6 +19,7 @@ use axum::{
 use mergetrace_common::Modes;
 use prometheus_client::encoding::prometheus_text;
 
+use super::follow::Follow;
 use crate::{
     cli::{
         args::{NamesArg, SubtreeArg, TraceArgs},
@@ -76,10 +77,10 @@ struct Exporter {
     meter_units: Vec<u64>,
     subtree: Option<String>,
     model: Model,
-    /// io.cost's model of the traced disks that have it on.
+    /// io.cost's model of the traced disks it was on for at any time.
     iocost: std::collections::BTreeMap<u32, crate::model::iocost::Model>,
-    /// io.latency's targets on the traced disks that have any.
-    iolatency: std::collections::BTreeMap<u32, crate::sys::iolatency::IoLatency>,
+    /// The disks' settings as last seen (meters switched on or off while serving).
+    follow: Follow,
 }
 
 impl Exporter {
@@ -99,6 +100,14 @@ impl Exporter {
     /// --label-stale-after at least) and removed cgroups are reclaimed however rarely
     /// Prometheus scrapes.
     fn update(&mut self) -> Result<()> {
+        for c in self
+            .follow
+            .check(&self.devices, &mut self.session, &self.names)
+        {
+            eprintln!("mergetrace: changed: {c}");
+        }
+        // A disk io.cost was on for keeps its model: its charges so far are priced with it.
+        self.iocost.extend(self.session.iocost_models());
         let mut total = self.session.read_totals()?;
         // After the read: every cgroup counted in it was born before its I/O was counted.
         self.learn_names();
@@ -113,7 +122,7 @@ impl Exporter {
             wbt: &self.session.wbt,
             wants: self.session.wants,
             per_bio: self.session.per_bio,
-            iolatency: &self.iolatency,
+            iolatency: &self.follow.iolatency,
             timeline: None,
         };
         let mut s = snapshot::build(
@@ -210,6 +219,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     }
     let tier = session.tier.kind;
     let iocost = session.iocost_models();
+    let follow = Follow::new(&targets.devices, iolatency);
     let exporter: Shared = Arc::new(Mutex::new(Exporter {
         session,
         names: targets.cgroups,
@@ -224,7 +234,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             args.label_stale_after,
         ),
         iocost,
-        iolatency,
+        follow,
     }));
     let reports = exporter
         .lock()

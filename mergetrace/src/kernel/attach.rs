@@ -17,7 +17,7 @@ use super::{
     btf::Btf,
     compat::{
         self,
-        hooks::{self, Attach, Hook, Program, Wants},
+        hooks::{self, Attach, Hook, Needs, Program, Wants},
         Kallsyms,
     },
     rings, Tier, TierChoice, TierKind,
@@ -150,9 +150,9 @@ impl Loaded {
         attach_loaded(&mut self.ebpf, &name, p.attach)
     }
 
-    /// The programs a run that wants `now` attaches later, when it wants `later` too (a
-    /// traced disk shows blk-throttle rules): the tracepoint tier's, and the fentry tier's
-    /// where `tier` is it. They are loaded here, at the start (the verifier takes its time),
+    /// The programs a run that wants `now` may attach later, when it wants more, up to
+    /// `later` (a traced disk shows blk-throttle rules, io.cost is switched on for one): the
+    /// tracepoint tier's, and the fentry tier's where `tier` is it. They are loaded here, at the start (the verifier takes its time),
     /// and listed in the order they are to attach: the hook table's, reversed, so that each
     /// program is there before those that run earlier in a bio's life (a bio seen entering
     /// is seen leaving).
@@ -171,7 +171,7 @@ impl Loaded {
                 && !p.needs.met(emit, now)
                 && self.btf.has_tracepoint(hook.name)
             {
-                programs.push((self.load_tracepoint(hook, p)?, p.attach));
+                programs.push((self.load_tracepoint(hook, p)?, p.attach, p.needs));
             }
         }
         if tier == TierKind::Fentry {
@@ -181,12 +181,12 @@ impl Loaded {
                 }
                 // A function the kernel lacks was noted when the tier was attached.
                 if let Ok(hook) = hooks::function_for(&self.btf, p.name) {
-                    programs.push((self.load_function(hook, p)?, p.attach));
+                    programs.push((self.load_function(hook, p)?, p.attach, p.needs));
                 }
             }
         }
         programs.reverse();
-        Ok(Deferred { programs })
+        Ok(Deferred { programs, emit })
     }
 
     /// The tracepoint tier: every program of its hooks this run needs. A tracepoint the
@@ -315,24 +315,27 @@ impl Loaded {
     }
 }
 
-/// Programs loaded at the start and attached later ([`Loaded::load_deferred`]).
+/// Programs loaded at the start and attached later ([`Loaded::load_deferred`]), when the run
+/// comes to want them.
 pub struct Deferred {
-    /// Their names in the object, in the order they attach.
-    programs: Vec<(String, Attach)>,
+    /// Their names in the object, in the order they attach, with what they need.
+    programs: Vec<(String, Attach, Needs)>,
+    emit: bool,
 }
 
 impl Deferred {
-    /// Attaches them all; the gate is open already, so each counts from its attach.
-    pub fn attach(self, ebpf: &mut Ebpf) -> Result<()> {
-        for (name, how) in self.programs {
+    /// Attaches those a run that wants `wants` needs and that are not attached yet; the gate
+    /// is open already, so each counts from its attach.
+    pub fn attach_wanted(&mut self, ebpf: &mut Ebpf, wants: Wants) -> Result<()> {
+        let (now, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.programs)
+            .into_iter()
+            .partition(|(_, _, needs)| needs.met(self.emit, wants));
+        self.programs = later;
+        for (name, how, _) in now {
             attach_loaded(ebpf, &name, how)
                 .with_context(|| format!("cannot attach program {name}"))?;
         }
         Ok(())
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.programs.is_empty()
     }
 }
 
@@ -416,17 +419,13 @@ fn ms(t: std::time::Instant) -> u128 {
     t.elapsed().as_millis()
 }
 
-/// Lets the programs start, all at one moment: every one of the run is attached and the rings
-/// are installed (the programs do nothing before; `read::ready` in the eBPF crate).
-pub(super) fn open_gate(ebpf: &mut Ebpf) -> Result<()> {
-    set_gate(ebpf, 1).context("cannot start the programs (GATE map)")
-}
-
-/// `GATE` = `open`: 1, the programs run; 0, they return at once.
-pub(super) fn set_gate(ebpf: &mut Ebpf, open: u32) -> Result<()> {
+/// Sets the `GATE` map's bits (`mergetrace_common::gate`). The programs run while `OPEN` is
+/// set: from when every one of the run is attached and the rings are installed (they do
+/// nothing before; `read::ready` in the eBPF crate), to the run's end: all at one moment.
+pub(super) fn set_gate(ebpf: &mut Ebpf, bits: u32) -> Result<()> {
     let mut gate: Array<_, u32> =
         Array::try_from(ebpf.map_mut("GATE").context("GATE map missing")?)?;
-    Ok(gate.set(0, open, 0)?)
+    Ok(gate.set(0, bits, 0)?)
 }
 
 /// Whether this kernel lets mergetrace attach fentry programs: loads the object as a counting

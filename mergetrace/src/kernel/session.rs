@@ -10,8 +10,8 @@ use aya::{
     Ebpf,
 };
 use mergetrace_common::{
-    latency::LatencyHist, unplug_slot, Counters, MeterUnits, Modes, TracedDevices, UnplugKey,
-    LOST_SLOTS, MAX_DEVICES, UNPLUG_MAX_DEPTH,
+    gate, latency::LatencyHist, unplug_slot, Counters, DiskConfig, MeterUnits, Modes,
+    TracedDevices, UnplugKey, LOST_SLOTS, MAX_DEVICES, UNPLUG_MAX_DEPTH,
 };
 
 use super::{
@@ -65,19 +65,14 @@ pub struct Options {
 /// What a run wants beside its per-request counting (see [`Want`]): what its flags ask for,
 /// and what the traced disks need — where blk-throttle has `rules` on one, which bios waited
 /// and how long (their charges are counted per request in every run); where one is
-/// bio-based, each bio (no request carries them); each bio merge where io.cost is on. The
+/// bio-based, each bio (no request carries them); each bio merge where `iocost` is on for
+/// one. The
 /// merge-path oracle (`MERGETRACE_MERGE_PATH_FROM_STACK`) wants each bio and each merge.
-fn run_wants(
-    devices: &[Device],
-    asked: Wants,
-    iocost: &BTreeMap<u32, crate::sys::iocost::Iocost>,
-    modes: Modes,
-    rules: bool,
-) -> Wants {
+fn run_wants(devices: &[Device], asked: Wants, iocost: bool, modes: Modes, rules: bool) -> Wants {
     let oracle = modes.merge_path_from_stack != 0;
     Wants {
         bios: asked.bios || rules || oracle || devices.iter().any(|d| d.bio_based),
-        bio_merges: asked.bio_merges || oracle || !iocost.is_empty(),
+        bio_merges: asked.bio_merges || oracle || iocost,
         throttle: asked.throttle || rules,
         ..asked
     }
@@ -120,8 +115,13 @@ pub struct Session {
     pub wbt: BTreeMap<u32, crate::sys::wbt::Wbt>,
     /// `--latency`'s issue entries, for the requests left unfinished at the end.
     issue_entries: Option<IssueEntries>,
-    /// Programs loaded to attach once a traced disk shows blk-throttle rules, until then.
-    deferred: Option<Deferred>,
+    /// Programs loaded to attach when the run comes to want them (rules seen on a traced
+    /// disk, io.cost switched on for one).
+    deferred: Deferred,
+    /// What the programs are told of each traced disk, by slot (`DISK_CONFIG`).
+    config: Vec<DiskConfig>,
+    /// The gate's bits (`mergetrace_common::gate`).
+    gate: u32,
     /// The runs the kernel skipped, by program, as [`Session::detach`] found them.
     skipped: BTreeMap<String, u64>,
     /// Held while BPF run-time statistics are on (closing it turns them off).
@@ -160,16 +160,21 @@ impl Session {
         };
         let mut iocost = BTreeMap::new();
         let mut wbt = BTreeMap::new();
+        let mut config = Vec::with_capacity(devices.len());
         for (slot, d) in devices.iter().enumerate() {
             if let Some(w) = crate::sys::wbt::of(d) {
                 wbt.insert(d.dev().0, w);
             }
             traced.devs[slot] = d.dev().0;
-            traced.bio_based[slot] = d.bio_based as u32;
-            if let Some(c) = crate::sys::iocost::of(d) {
-                traced.iocost[slot] = c.rule_bits();
-                iocost.insert(d.dev().0, c);
+            let mut c = DiskConfig {
+                bio_based: d.bio_based as u32,
+                ..DiskConfig::default()
+            };
+            if let Some(ioc) = crate::sys::iocost::of(d) {
+                c.iocost = ioc.rule_bits();
+                iocost.insert(d.dev().0, ioc);
             }
+            config.push(c);
         }
         let mut modes = opts.modes;
         // A testing knob: tell each bio merge's path from the kernel stack, per bio (the
@@ -183,12 +188,12 @@ impl Session {
             .and_then(|v| v.parse::<u32>().ok())
             .map_or(0, |s| s.saturating_add(1));
         let rules = crate::sys::throttle::rules_on(devices);
-        let wants = run_wants(devices, opts.wants, &iocost, modes, rules);
-        // What the run will want once a traced disk shows blk-throttle rules.
-        let later = run_wants(devices, opts.wants, &iocost, modes, true);
+        let wants = run_wants(devices, opts.wants, !iocost.is_empty(), modes, rules);
+        // What the run may want later: when a traced disk shows blk-throttle rules, or io.cost
+        // is switched on for one.
+        let later = run_wants(devices, opts.wants, true, modes, true);
         // Latency histograms are counted, not sent: a capture has the events for them.
         modes.latency = (wants.latency && modes.aggregate != 0) as u32;
-        traced.any_iocost = !iocost.is_empty() as u32;
         modes.cgroup_hierarchy = std::fs::read_to_string("/proc/cgroups")
             .ok()
             .and_then(|t| crate::sys::cgroups::io_hierarchy_id(&t))
@@ -260,9 +265,9 @@ impl Session {
         } else {
             None
         };
-        if !opts.hooks_only {
-            attach::open_gate(&mut ebpf)?;
-        }
+        write_disk_config(&mut ebpf, &config)?;
+        let gate = gate_of(&config, !opts.hooks_only);
+        attach::set_gate(&mut ebpf, gate).context("cannot start the programs (GATE map)")?;
         Ok(Session {
             ebpf: Some(ebpf),
             tier,
@@ -283,7 +288,9 @@ impl Session {
             iocost,
             wbt,
             issue_entries,
-            deferred: (!deferred.is_empty()).then_some(deferred),
+            deferred,
+            config,
+            gate,
             skipped: BTreeMap::new(),
             _stats: stats,
         })
@@ -397,15 +404,57 @@ impl Session {
     /// (which bios waited, and how long), if they are not attached yet. A failure is a note:
     /// the charges go on being counted, per request.
     fn attach_deferred(&mut self) {
-        let (Some(ebpf), Some(deferred)) = (self.ebpf.as_mut(), self.deferred.take()) else {
-            return;
-        };
-        match deferred.attach(ebpf) {
-            Ok(()) => self.wants.throttle = true,
-            Err(e) => self.notes.push(format!(
+        if let Err(e) = self.want(|w| w.throttle = true) {
+            self.notes.push(format!(
                 "blk-throttle rules appeared, but which bios waited cannot be told: {e:#}"
-            )),
+            ));
         }
+    }
+
+    /// The run wants more from now on (`more` sets it): the deferred programs that need it
+    /// are attached.
+    fn want(&mut self, more: impl FnOnce(&mut Wants)) -> Result<()> {
+        let mut wants = self.wants;
+        more(&mut wants);
+        if wants == self.wants {
+            return Ok(());
+        }
+        let Some(ebpf) = self.ebpf.as_mut() else {
+            return Ok(());
+        };
+        self.deferred.attach_wanted(ebpf, wants)?;
+        self.wants = wants;
+        Ok(())
+    }
+
+    /// io.cost switched on (`Some`, with its settings) or off for the traced disk `dev` during
+    /// the run: the programs charge its bios from now on, or stop.
+    pub fn set_iocost(
+        &mut self,
+        dev: u32,
+        iocost: Option<crate::sys::iocost::Iocost>,
+    ) -> Result<()> {
+        let Some(slot) = self.devs.iter().position(|d| *d == dev) else {
+            return Ok(());
+        };
+        if iocost.is_some() {
+            self.want(|w| w.bio_merges = true)?;
+        }
+        self.config[slot].iocost = iocost.as_ref().map_or(0, |c| c.rule_bits());
+        match iocost {
+            Some(c) => {
+                self.iocost.insert(dev, c);
+            }
+            None => {
+                self.iocost.remove(&dev);
+            }
+        }
+        let Some(ebpf) = self.ebpf.as_mut() else {
+            return Ok(());
+        };
+        write_disk_config(ebpf, &self.config)?;
+        self.gate = gate_of(&self.config, self.gate & gate::OPEN != 0);
+        attach::set_gate(ebpf, self.gate).context("cannot tell the programs of io.cost (GATE)")
     }
 
     /// Whether the programs that tell which bios waited in blk-throttle are attached (from the
@@ -503,6 +552,28 @@ impl Session {
             unfinished_requests,
         })
     }
+}
+
+/// Tells the programs what `config` says of each traced disk, by slot.
+fn write_disk_config(ebpf: &mut Ebpf, config: &[DiskConfig]) -> Result<()> {
+    let mut map: Array<_, DiskConfig> = Array::try_from(
+        ebpf.map_mut("DISK_CONFIG")
+            .context("DISK_CONFIG map missing")?,
+    )?;
+    for (slot, c) in config.iter().enumerate() {
+        map.set(slot as u32, *c, 0)
+            .context("cannot write the DISK_CONFIG map")?;
+    }
+    Ok(())
+}
+
+/// The gate's bits for disks configured as `config`, open or not.
+fn gate_of(config: &[DiskConfig], open: bool) -> u32 {
+    let mut bits = if open { gate::OPEN } else { 0 };
+    if config.iter().any(|c| c.iocost != 0) {
+        bits |= gate::IOCOST;
+    }
+    bits
 }
 
 /// A real-time kernel (PREEMPT_RT) may preempt a tracepoint's programs.

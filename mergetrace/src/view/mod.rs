@@ -24,8 +24,16 @@ pub trait View {
     fn run_so_far(&mut self, _s: &Snapshot) -> Result<()> {
         Ok(())
     }
-    /// One interval's numbers.
+    /// One interval's numbers (its `changes` with it).
     fn interval(&mut self, s: &Snapshot) -> Result<()>;
+    /// What changed on the traced disks, as it is found (before the interval that shows it):
+    /// on standard error, where the banner is, unless the view shows it itself.
+    fn changed(&mut self, lines: &[String]) -> Result<()> {
+        for l in lines {
+            eprintln!("mergetrace: changed: {l}");
+        }
+        Ok(())
+    }
     /// The whole run, once, at the end.
     fn total(&mut self, s: &Snapshot) -> Result<()>;
 }

@@ -22,6 +22,9 @@ impl<W: Write> TextView<W> {
             "--- {title} {secs:.1}s, {} tier, lost events: {}",
             s.tier, s.lost_events
         )?;
+        for c in &s.changes {
+            writeln!(self.out, "changed: {c}")?;
+        }
         write!(self.out, "{}", table::render_text(&table::rows(s)))?;
         for r in table::remarks(s) {
             writeln!(self.out, "{r}")?;

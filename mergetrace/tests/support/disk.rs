@@ -47,7 +47,7 @@ impl BlockDev {
         PathBuf::from(format!("/sys/block/{}", self.name))
     }
 
-    pub(super) fn queue(&self, attr: &str) -> PathBuf {
+    pub fn queue(&self, attr: &str) -> PathBuf {
         self.sysfs().join("queue").join(attr)
     }
 

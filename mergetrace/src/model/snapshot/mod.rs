@@ -125,6 +125,10 @@ pub struct Snapshot {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub lost_by_kind: BTreeMap<&'static str, u64>,
     pub devices: Vec<DeviceSnapshot>,
+    /// What changed on the traced disks in the interval (a meter switched on or off, the
+    /// scheduler, `nomerges`), one line each, with its time.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub changes: Vec<String>,
     /// `--stats`: what each eBPF program cost (kernel BPF stats), in the total object.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub program_stats: Vec<ProgramStat>,
@@ -227,6 +231,7 @@ pub fn build(
             .iter()
             .map(|d| device_snapshot(window, d, lookup, opts, secs, kind))
             .collect(),
+        changes: Vec::new(),
         program_stats: Vec::new(),
         unsaid: Unsaid::default(),
     }

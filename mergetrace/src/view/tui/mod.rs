@@ -149,6 +149,14 @@ impl View for TuiView {
         Ok(())
     }
 
+    fn changed(&mut self, lines: &[String]) -> Result<()> {
+        // A change to the disks' settings stays in the banner for the rest of the run.
+        let mut sc = lock(&self.screen);
+        sc.banner
+            .extend(lines.iter().map(|c| format!("changed: {c}")));
+        Ok(())
+    }
+
     fn interval(&mut self, s: &Snapshot) -> Result<()> {
         let mut sc = lock(&self.screen);
         sc.interval = Some(s.clone());
