@@ -428,4 +428,44 @@ mod tests {
         assert_eq!(rfc3339(1_735_689_599), "2024-12-31T23:59:59Z");
         assert_eq!(rfc3339(4_107_542_400), "2100-03-01T00:00:00Z");
     }
+
+    /// An archive reads back; built again it is the same bytes; the check sees another
+    /// binary, another version and a changed blob.
+    #[test]
+    fn archive_reads_back_and_changes_are_seen() {
+        let dir = std::env::temp_dir().join(format!("mt-oci-test-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let bin = dir.join("mergetrace");
+        fs::write(&bin, b"\x7fELF, as far as this test cares").unwrap();
+        let about = About {
+            version: "9.9.9",
+            license: "MIT",
+            description: "a test",
+        };
+        let archive = build(&bin, &dir, &about).unwrap();
+        check(&archive, &bin, "9.9.9").unwrap();
+        let first = fs::read(&archive).unwrap();
+        build(&bin, &dir, &about).unwrap();
+        assert!(
+            fs::read(&archive).unwrap() == first,
+            "built twice, not the same bytes"
+        );
+
+        let other = dir.join("other");
+        fs::write(&other, b"another binary").unwrap();
+        let err = check(&archive, &other, "9.9.9").unwrap_err().to_string();
+        assert!(err.contains("differs from the tarball's binary"), "{err}");
+        let err = format!("{:#}", check(&archive, &bin, "1.0.0").unwrap_err());
+        assert!(err.contains("names the image"), "{err}");
+
+        // "amd64" in the config blob made "amd65": the blob no longer hashes to its name.
+        let at = first.windows(5).position(|w| w == b"amd64").unwrap();
+        let mut changed = first.clone();
+        changed[at + 4] = b'5';
+        fs::write(&archive, changed).unwrap();
+        let err = check(&archive, &bin, "9.9.9").unwrap_err().to_string();
+        assert!(err.contains("does not hash to its name"), "{err}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
 }
