@@ -8,13 +8,22 @@
 //! diskstats, then polls the API until Prometheus has stored a scrape that started after that
 //! read (`timestamp(up)`), and evaluates PromQL at those scrapes' own timestamps (`@`).
 //!
+//! The second test evaluates deploy/grafana-dashboard.json against that Prometheus: every
+//! template variable's query and every panel's target, interpolated as Grafana does
+//! (`dashboard`), over a run that exercises every panel (two cgroups, one under a write IOPS
+//! limit that binds, one reading and writing under a bandwidth limit that does not; merging
+//! writes). Each must return series whose labels fill its legend and include the cgroups it is
+//! about; a target that returns nothing fails, naming its panel.
+//!
 //! Needs root, BPF, loop devices, cgroup v1 blkio or v2 io, fio and prometheus
 //! (scripts/setup --test installs it). Missing any of them is a FAILURE, never a skip. Both
 //! servers are stopped by their pid, and the scratch directory removed, also on failure. Run:
 //!   cargo xtask test --test kernel_prometheus
+mod dashboard;
 mod support;
 
 use std::{
+    collections::{BTreeMap, BTreeSet},
     fs,
     io::{Read, Write},
     net::{SocketAddr, TcpStream},
@@ -366,4 +375,306 @@ fn prometheus_deltas_match_diskstats() {
         Some(0),
         "mergetrace serve: exit status {status}; stderr:\n{stderr}"
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// The Grafana dashboard
+
+/// The run's two cgroups, as a target's series must show them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Role {
+    /// Writes under a write IOPS limit that binds: charged, throttled, delayed.
+    Limited,
+    /// Writes and reads under a read bandwidth limit far above what it reads.
+    Free,
+}
+
+/// The value a target's series must hold: each required cgroup has a series (of one of its
+/// directions) that holds it, or, for a target without a cgroup label, every series does.
+#[derive(Clone, Copy, Debug)]
+enum Check {
+    /// A number above 0 (a rate of what the run did).
+    Positive,
+    /// A number (not NaN), e.g. a quantile or a mean.
+    Finite,
+    /// Exactly this (a gauge, or a count of things that did not happen).
+    Exactly(f64),
+}
+
+impl Check {
+    fn holds(self, v: f64) -> bool {
+        match self {
+            Check::Positive => v > 0.0,
+            Check::Finite => v.is_finite(),
+            Check::Exactly(x) => v == x,
+        }
+    }
+}
+
+/// One target's expectation: the cgroups its series must include (none for a target that
+/// aggregates the cgroup label away), and their values.
+struct Expect {
+    panel_id: u64,
+    ref_id: &'static str,
+    roles: &'static [Role],
+    check: Check,
+}
+
+const LIMIT_IOPS: u64 = 1000;
+const FREE_READ_BPS: u64 = 1 << 30;
+const BOTH: &[Role] = &[Role::Limited, Role::Free];
+
+/// Every target of the dashboard, by panel id and refId: a target missing here (a new panel)
+/// fails the test until its expectation is written.
+const EXPECT: &[Expect] = &[
+    // exporters: count by (tier, version)
+    expect(1, "A", &[], Check::Exactly(1.0)),
+    // lost events, folded cgroups: nothing lost or folded in this run
+    expect(2, "A", &[], Check::Exactly(0.0)),
+    expect(3, "A", &[], Check::Exactly(0.0)),
+    // bios/s and requests/s
+    expect(4, "A", BOTH, Check::Positive),
+    expect(4, "B", BOTH, Check::Positive),
+    // bios per request: the mean and the median
+    expect(5, "A", BOTH, Check::Positive),
+    expect(5, "B", BOTH, Check::Finite),
+    // merges by path
+    expect(6, "A", &[], Check::Finite),
+    // charged IOPS and its limit (the limited cgroup's, exactly)
+    expect(7, "A", BOTH, Check::Positive),
+    expect(7, "B", &[Role::Limited], Check::Exactly(LIMIT_IOPS as f64)),
+    // charged bytes and its limit (the free cgroup's, exactly)
+    expect(8, "A", BOTH, Check::Positive),
+    expect(8, "B", &[Role::Free], Check::Exactly(FREE_READ_BPS as f64)),
+    // throttled bios and their mean delay
+    expect(9, "A", &[Role::Limited], Check::Positive),
+    expect(9, "B", &[Role::Limited], Check::Finite),
+    // request sizes by bucket
+    expect(10, "A", &[], Check::Finite),
+    // lost events by kind: every kind, at 0
+    expect(11, "A", &[], Check::Exactly(0.0)),
+];
+
+const fn expect(
+    panel_id: u64,
+    ref_id: &'static str,
+    roles: &'static [Role],
+    check: Check,
+) -> Expect {
+    Expect {
+        panel_id,
+        ref_id,
+        roles,
+        check,
+    }
+}
+
+impl Prometheus {
+    /// The values of `label` on the series `selector` matches between `start` and `end`, as
+    /// Grafana 10 asks for a `label_values(SELECTOR, LABEL)` variable.
+    fn label_values(&self, label: &str, selector: &str, start: f64, end: f64) -> Vec<String> {
+        let path = format!(
+            "/api/v1/label/{label}/values?match[]={}&start={start:.3}&end={end:.3}",
+            percent_encode(selector)
+        );
+        let (code, body) =
+            get(self.addr, &path).unwrap_or_else(|| panic!("no answer from prometheus to {path}"));
+        let v: Value = serde_json::from_str(&body)
+            .unwrap_or_else(|e| panic!("prometheus answered {code} with no JSON ({e}): {body}"));
+        assert!(
+            code == 200 && v["status"] == "success",
+            "label values of {label} on {selector} failed ({code}): {body}"
+        );
+        v["data"]
+            .as_array()
+            .expect("a list of values")
+            .iter()
+            .map(|x| x.as_str().expect("a string value").to_string())
+            .collect()
+    }
+}
+
+/// Every query of deploy/grafana-dashboard.json against a Prometheus holding a run that
+/// exercises every panel; first with every variable on All, then with the run's own values
+/// selected (its device, its two cgroups).
+#[test]
+fn dashboard_queries_return_their_series() {
+    require_root();
+    require_prometheus();
+    let board = dashboard::load();
+    let variables = dashboard::variables(&board);
+    let targets = dashboard::targets(&board);
+    for t in &targets {
+        assert!(
+            EXPECT
+                .iter()
+                .any(|e| e.panel_id == t.panel_id && e.ref_id == t.ref_id),
+            "panel {} {:?} target {}: no expectation in EXPECT",
+            t.panel_id,
+            t.panel,
+            t.ref_id
+        );
+    }
+    assert_eq!(
+        EXPECT.len(),
+        targets.len(),
+        "EXPECT names targets the dashboard lacks"
+    );
+
+    let lo = scheduler_disk(SIZE, "mq-deadline");
+    lo.set_scheduler("mq-deadline");
+    lo.set_nomerges(0);
+    udev_settle();
+    let limited = Cgroup::new();
+    limited.set_write_iops(&lo, LIMIT_IOPS);
+    let free = Cgroup::new();
+    free.set_read_bps(&lo, FREE_READ_BPS);
+    let server = Server::start(&lo, &[]);
+    let prom = Prometheus::start(server.addr);
+
+    // Each cgroup's I/O twice: a little first, so that every series exists at the first
+    // scrape of the window (rate() sees increases between samples, not a series' birth), then
+    // the run the panels show.
+    let part = 2 << 20;
+    let runs = [
+        (&limited, "write", 0),
+        (&free, "write", part),
+        (&free, "read", part),
+    ];
+    for (cg, rw, offset) in runs {
+        Fio::sequential(&format!("dashboard-first-{rw}"), &lo, rw, 64 << 10, 16)
+            .offset(offset)
+            .in_cgroup(cg)
+            .run();
+    }
+    let t0 = prom.scrape_after(unix_now());
+    // The limited cgroup's 512 bios at 1,000 IOPS, 32 at a time: blk-throttle queues most.
+    for (cg, rw, offset) in runs {
+        Fio::sequential(&format!("dashboard-{rw}"), &lo, rw, part, 32)
+            .offset(offset)
+            .in_cgroup(cg)
+            .run();
+    }
+    let t1 = prom.scrape_after(unix_now());
+    let window = format!("{}ms", ((t1 - t0) * 1000.0).round() as u64 + 1);
+    let roles = [(Role::Limited, limited.path()), (Role::Free, free.path())];
+
+    // The variables, in order: each one's values, then the query of the next with it set.
+    let wanted: BTreeMap<&str, Vec<String>> = BTreeMap::from([
+        ("instance", vec![server.addr.to_string()]),
+        ("device", vec![lo.name.clone()]),
+        ("cgroup", vec![limited.path(), free.path()]),
+        ("direction", vec!["read".to_string(), "write".to_string()]),
+    ]);
+    let mut all = BTreeMap::new();
+    let mut mine = BTreeMap::new();
+    for var in &variables {
+        let want = wanted
+            .get(var.name.as_str())
+            .unwrap_or_else(|| panic!("variable {}: no values to select in this test", var.name));
+        for (values, sel) in [
+            (&mut all, dashboard::Selection::All),
+            (&mut mine, dashboard::Selection::Values(want.clone())),
+        ] {
+            let selector = dashboard::interpolate(&var.selector, values);
+            let found = prom.label_values(&var.label, &selector, t0, t1);
+            for w in want {
+                assert!(
+                    found.contains(w),
+                    "variable {}: label_values({selector}, {}) = {found:?}, without {w}",
+                    var.name,
+                    var.label
+                );
+            }
+            values.insert(var.name.clone(), dashboard::render(var, &sel));
+        }
+    }
+
+    for (pass, mut values) in [("All", all), ("the run's values", mine)] {
+        for range in ["__rate_interval", "__interval", "__range"] {
+            values.insert(range.to_string(), window.clone());
+        }
+        for t in &targets {
+            let e = EXPECT
+                .iter()
+                .find(|e| e.panel_id == t.panel_id && e.ref_id == t.ref_id)
+                .unwrap();
+            let expr = dashboard::interpolate(&t.expr, &values);
+            let what = format!(
+                "panel {} {:?} target {} ({pass}): {expr}",
+                t.panel_id, t.panel, t.ref_id
+            );
+            let series = prom.query(&expr, t1);
+            check_target(&what, t, e, &series, &roles, pass != "All");
+        }
+    }
+    eprintln!(
+        "kernel_prometheus: the dashboard's {} variables and {} targets returned their series, \
+         twice (All, and the run's values), over scrapes {t0:.3} → {t1:.3}",
+        variables.len(),
+        targets.len()
+    );
+    drop(prom);
+    let (status, stderr) = server.stop(libc::SIGTERM);
+    assert_eq!(status.code(), Some(0), "serve: {status}; stderr:\n{stderr}");
+}
+
+/// One target's result: not empty; every series carries the labels its legend names; the
+/// cgroups it is about are there with the values wanted; with the run's values selected, no
+/// other cgroup.
+fn check_target(
+    what: &str,
+    t: &dashboard::Target,
+    e: &Expect,
+    series: &[(Value, f64)],
+    roles: &[(Role, String)],
+    selected: bool,
+) {
+    assert!(!series.is_empty(), "{what} returned nothing");
+    let legend = dashboard::legend_labels(&t.legend);
+    for (labels, _) in series {
+        for l in &legend {
+            assert!(
+                labels[l.as_str()].is_string(),
+                "{what}: a series without the label {l} its legend shows: {labels}"
+            );
+        }
+    }
+    if e.roles.is_empty() {
+        for (labels, v) in series {
+            assert!(
+                e.check.holds(*v),
+                "{what}: {labels} = {v}, want {:?}",
+                e.check
+            );
+        }
+        return;
+    }
+    let cgroups: BTreeSet<&str> = series
+        .iter()
+        .filter_map(|(l, _)| l["cgroup"].as_str())
+        .collect();
+    for role in e.roles {
+        let path = &roles.iter().find(|(r, _)| r == role).unwrap().1;
+        let of_role: Vec<&(Value, f64)> = series
+            .iter()
+            .filter(|(l, _)| l["cgroup"] == path.as_str())
+            .collect();
+        // One series per direction where the query keeps it: the direction the cgroup did
+        // must hold the value.
+        assert!(
+            of_role.iter().any(|(_, v)| e.check.holds(*v)),
+            "{what}: the {role:?} cgroup {path} has {of_role:?}, want a series {:?}; cgroups: \
+             {cgroups:?}",
+            e.check
+        );
+    }
+    if selected {
+        for c in &cgroups {
+            assert!(
+                roles.iter().any(|(_, p)| p == c),
+                "{what}: cgroup {c} was not selected"
+            );
+        }
+    }
 }

@@ -1,10 +1,12 @@
 //! `cargo xtask dist`: what a machine without a toolchain installs. One statically linked
 //! binary (glibc's crt-static: no shared libraries, so one build runs on any x86-64 Linux with
 //! BTF), its man pages and shell completions (generated from the CLI by `mergetrace __docs`),
-//! a systemd unit for the exporter, as a tarball, a Debian package and an RPM package. Each
-//! artefact is checked before it is called done: the binary is static and runs, the pages and
-//! completions exist; the .rpm lists and unpacks the tarball's files; the .deb installs them
-//! into an empty root, where its binary runs and its unit verifies (see [`check_packages`]).
+//! a systemd unit for the exporter, as a tarball, a Debian package and an RPM package; and the
+//! binary alone as an OCI image archive ([`oci`]). Each artefact is checked before it is called
+//! done: the binary is static and runs, the pages and completions exist; the .rpm lists and
+//! unpacks the tarball's files; the .deb installs them into an empty root, where its binary
+//! runs and its unit verifies; the image's blobs match their digests and its one layer holds
+//! the tarball's binary (see [`check_packages`]).
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -15,11 +17,13 @@ use anyhow::{bail, ensure, Context, Result};
 
 use crate::{cargo, workspace_root};
 
+mod oci;
+
 const TARGET: &str = "x86_64-unknown-linux-gnu";
 
 #[derive(clap::Args, Debug)]
 pub struct DistArgs {
-    /// Where the tarball, the .deb and the .rpm go.
+    /// Where the tarball, the .deb, the .rpm and the OCI image archive go.
     #[arg(long, default_value = "target/dist")]
     out: PathBuf,
 }
@@ -92,18 +96,19 @@ pub fn run(args: &DistArgs) -> Result<()> {
         .arg("-C")
         .arg(&out)
         .arg(&name))?;
+    let license = workspace_field(&root, "license")?;
     let deb = debian_package(&stage, &files, &out, &version)?;
-    let rpm = rpm_package(
-        &stage,
-        &files,
-        &out,
-        &version,
-        &workspace_field(&root, "license")?,
-    )?;
-    check_packages(&files, (&tarball, &deb, &rpm), &out, &version)?;
-    eprintln!("dist: {}", tarball.display());
-    eprintln!("dist: {}", deb.display());
-    eprintln!("dist: {}", rpm.display());
+    let rpm = rpm_package(&stage, &files, &out, &version, &license)?;
+    let about = oci::About {
+        version: &version,
+        license: &license,
+        description: SUMMARY,
+    };
+    let image = oci::build(&stage.join("bin/mergetrace"), &out, &about)?;
+    check_packages(&files, [&tarball, &deb, &rpm, &image], &out, &version)?;
+    for artefact in [&tarball, &deb, &rpm, &image] {
+        eprintln!("dist: {}", artefact.display());
+    }
     Ok(())
 }
 
@@ -322,11 +327,12 @@ AutoReqProv: no
 /// in place when a check fails): the tarball unpacked; the .rpm listed with `rpm -qlp` and
 /// unpacked with `rpm2cpio | cpio -id`; the .deb installed with `dpkg --root` into an empty
 /// root (dpkg makes its database there), its status and files read back, its installed
-/// binary run and its installed unit verified there, then purged. Every file each package
-/// holds is compared, byte for byte, with the tarball's.
+/// binary run and its installed unit verified there, then purged; the OCI archive read back
+/// blob by blob ([`oci::check`]). Every file each package holds is compared, byte for byte,
+/// with the tarball's.
 fn check_packages(
     files: &[Placed],
-    (tarball, deb, rpm): (&Path, &Path, &Path),
+    [tarball, deb, rpm, image]: [&Path; 4],
     out: &Path,
     version: &str,
 ) -> Result<()> {
@@ -356,10 +362,12 @@ fn check_packages(
     check_rpm(rpm, files, &scratch.join("rpm"), version, &same_as_tarball)?;
     let root = scratch.join("deb-root");
     check_deb(deb, files, &root, version, &same_as_tarball)?;
+    oci::check(image, &unpacked.join("bin/mergetrace"), version)?;
     fs::remove_dir_all(&scratch)?;
     eprintln!(
         "dist: checked: the .rpm lists and unpacks {n} files, the .deb installs {n} files into \
-         an empty root (its binary runs, its unit verifies there) and purges cleanly; every \
+         an empty root (its binary runs, its unit verifies there) and purges cleanly, the OCI \
+         image's blobs match their digests and its one layer holds the binary alone; every \
          file is the tarball's",
         n = files.len()
     );
