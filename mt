@@ -2,7 +2,8 @@
 # mergetrace's front door. Installs what is missing (scripts/setup), builds, runs.
 #   ./mt setup                 install what building needs (scripts/setup)
 #   ./mt run [ARGS...]         build (release) and run mergetrace ARGS, as root (sudo if needed)
-#   ./mt test [ARGS...]        install test tools too, then `cargo xtask test ARGS` (as root)
+#   ./mt test [ARGS...]        install test tools too (and build the release once, for its
+#                              image), then `cargo xtask test ARGS` (as root)
 #   ./mt dist                  install the packaging tools too, then `cargo xtask dist`
 #   ./mt CMD [ARGS...]         anything else: `cargo xtask CMD ARGS`
 set -euo pipefail
@@ -11,7 +12,7 @@ root=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)
 export PATH="$HOME/.cargo/bin:$PATH"
 
 usage() {
-    sed -n '2,7s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
+    sed -n '2,8s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
 }
 
 in_root() { (cd "$root" && "$@"); }
@@ -40,6 +41,11 @@ case "$cmd" in
     test)
         shift
         "$root/scripts/setup" --test
+        # The image test (kernel_image) runs what `./mt dist` built: built first when missing.
+        if ! compgen -G "${CARGO_TARGET_DIR:-$root/target}/dist/mergetrace-*-oci.tar" >/dev/null; then
+            "$root/scripts/setup" --dist
+            in_root cargo xtask dist
+        fi
         in_root cargo xtask test "$@"
         ;;
     dist)
