@@ -126,6 +126,7 @@ pub mod kind {
             18 => "latency_map_full",
             19 => "throttle_dispatch_full",
             20 => "completion_unseen",
+            21 => "disk_slots_full",
             _ => "unknown",
         }
     }
@@ -266,16 +267,37 @@ impl Modes {
     };
 }
 
-/// How many disks one run can trace.
-pub const MAX_DEVICES: usize = 16;
+/// How many disks the frozen list holds ([`TracedDevices::devs`]): a run that names at most
+/// this many compares each event's disk with them (no map lookup); more, or disks found
+/// during the run, are looked up in the `DISK_SLOTS` map.
+pub const FROZEN_DISKS: usize = 16;
+
+/// The most disks a run can trace: each has a slot in the per-disk maps, sized at load.
+pub const MAX_DISKS: u32 = 1024;
+
+/// How the programs find a traced disk's slot ([`TracedDevices::lookup`]).
+pub mod lookup {
+    /// In the frozen list (`count` disks, at most [`super::FROZEN_DISKS`]).
+    pub const FROZEN: u32 = 0;
+    /// In the `DISK_SLOTS` map, which user space filled in.
+    pub const MAP: u32 = 1;
+    /// In the `DISK_SLOTS` map, where a disk not found yet takes a free slot at its first
+    /// event (every disk is traced; user space tells the programs which to ignore).
+    pub const EVERY_DISK: u32 = 2;
+}
 
 /// The traced disks, in the kernel's `dev_t` encoding, frozen at load: a disk's index here
 /// is its slot in the per-disk maps. Unused entries are 0 (no disk has dev_t 0).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TracedDevices {
-    pub devs: [u32; MAX_DEVICES],
+    /// With [`lookup::FROZEN`]: the disks, by slot.
+    pub devs: [u32; FROZEN_DISKS],
     pub count: u32,
+    /// One of [`lookup`].
+    pub lookup: u32,
+    /// Slots of the per-disk maps (a power of two with [`lookup::EVERY_DISK`]).
+    pub slots: u32,
 }
 
 /// What the programs are told of one traced disk, by its slot (the `DISK_CONFIG` map), and
@@ -288,6 +310,10 @@ pub struct DiskConfig {
     pub iocost: u32,
     /// Non-zero where the disk is bio-based (no requests: zram, device-mapper, md).
     pub bio_based: u32,
+    /// Non-zero where the run does not trace the disk (it took a slot at its first event, with
+    /// [`lookup::EVERY_DISK`], and is not one the user asked for).
+    pub ignored: u32,
+    pub _pad: u32,
 }
 
 /// Bits of the `GATE` map's one value, written by user space.
@@ -371,8 +397,8 @@ pub fn unplug_slot(device: u32, explicit: bool, depth: u32) -> u32 {
     (device * 2 + explicit as u32) * (UNPLUG_MAX_DEPTH + 1) + depth
 }
 
-/// Entries of `UNPLUGS`.
-pub const UNPLUG_SLOTS: u32 = MAX_DEVICES as u32 * 2 * (UNPLUG_MAX_DEPTH + 1);
+/// Entries of `UNPLUGS` per disk slot.
+pub const UNPLUG_SLOTS_PER_DISK: u32 = 2 * (UNPLUG_MAX_DEPTH + 1);
 
 /// Event flag bits. Append only.
 pub mod flags {
@@ -542,9 +568,9 @@ pub struct KernelSymbols {
 pub const MERGE_CALLERS: usize = 3;
 
 /// Per-CPU lost-event counter slots: one per event kind, then [`LOST_COUNTS_FULL`],
-/// [`LOST_CGROUP_NAMES`], [`LOST_LATENCY_FULL`], [`LOST_DISPATCH_FULL`] and
-/// [`LOST_COMPLETION_UNSEEN`].
-pub const LOST_SLOTS: u32 = kind::COUNT + 5;
+/// [`LOST_CGROUP_NAMES`], [`LOST_LATENCY_FULL`], [`LOST_DISPATCH_FULL`],
+/// [`LOST_COMPLETION_UNSEEN`] and [`LOST_DISKS_FULL`].
+pub const LOST_SLOTS: u32 = kind::COUNT + 6;
 /// Lost slot: an event could not be counted because the counters map was full.
 pub const LOST_COUNTS_FULL: u32 = kind::COUNT;
 /// Lost slot: a cgroup birth or removal could not be reported (its ring was full); user
@@ -565,14 +591,9 @@ pub const LOST_DISPATCH_FULL: u32 = kind::COUNT + 3;
 /// the same tracepoint recorded them.
 pub const LOST_COMPLETION_UNSEEN: u32 = kind::COUNT + 4;
 
-/// Counter slots after the first [`MAX_SLOTS`]: one per (disk slot, direction), where the
-/// keys of removed cgroups count once user space has reclaimed their own slots.
-pub const REMOVED_SLOTS: u32 = MAX_DEVICES as u32 * 4;
-
-/// The counter slot of removed cgroups on disk slot `disk`, direction `dir`.
-pub fn removed_slot(disk: u32, dir: u32) -> u32 {
-    MAX_SLOTS + disk * 4 + (dir & 3)
-}
+/// Lost slot: a disk's first event found no free slot in the per-disk maps (every disk
+/// traced, and more disks than slots): that disk's events are not counted.
+pub const LOST_DISKS_FULL: u32 = kind::COUNT + 5;
 
 /// The `cgroup_id` of the counters of removed cgroups, folded per disk and direction
 /// (no kernfs inode is this).

@@ -14,6 +14,7 @@
 //! the LRU map `ISSUED_AT`.
 use aya_ebpf::helpers::bpf_ktime_get_ns;
 use mergetrace_common::{
+    FROZEN_DISKS,
     latency::{
         lat_bucket, IssuedAt, LatencyHist, ISSUE_QUEUES, ISSUE_SLOTS_PER_DISK, ISSUE_TAGS, MERGED,
         SINGLE,
@@ -34,7 +35,8 @@ pub fn wanted() -> bool {
     frozen!(MODES.latency) != 0
 }
 
-/// The request's index in `ISSUE_SLOTS`, if its hardware queue and tag fit. Under a scheduler
+/// The request's index in `ISSUE_SLOTS`, if its disk is among the first
+/// [`mergetrace_common::FROZEN_DISKS`] slots and its hardware queue and tag fit. Under a scheduler
 /// its scheduler tag: it keeps it from allocation to end, through a requeue (which gives the
 /// driver tag back), so each request has one entry and each entry one request memory.
 #[inline(always)]
@@ -46,7 +48,8 @@ fn issue_index(rq: u64, disk: Disk) -> Option<u32> {
         read(rq, off!(rq_tag))
     };
     let queue: u32 = read(read::<u64>(rq, off!(rq_mq_hctx)), off!(hctx_queue_num));
-    if tag < 0 || tag as u32 >= ISSUE_TAGS || queue >= ISSUE_QUEUES {
+    // The first disks' requests have array entries; those of more disks go to the hash map.
+    if tag < 0 || tag as u32 >= ISSUE_TAGS || queue >= ISSUE_QUEUES || disk.slot >= FROZEN_DISKS as u32 {
         return None;
     }
     Some(disk.slot * ISSUE_SLOTS_PER_DISK + queue * ISSUE_TAGS + tag as u32)

@@ -8,8 +8,7 @@ use mergetrace_common::{
     latency::{IssuedAt, LatencyHist, ISSUED_AT_ENTRIES},
     nested::CacheEntry,
     CountKey, Counters, DeviceState, DiskConfig, Event, KernelOffsets, KernelSymbols, MeterUnits,
-    Modes, SlotRef, Staged, TracedDevices, LOST_SLOTS, MAX_DEVICES, MAX_SLOTS, REMOVED_SLOTS,
-    UNPLUG_SLOTS,
+    Modes, SlotRef, Staged, TracedDevices, LOST_SLOTS, MAX_SLOTS,
 };
 
 use crate::throttle::Dispatching;
@@ -64,7 +63,7 @@ pub static COUNTS: PerCpuHashMap<CountKey, Counters> =
 /// first `MAX_SLOTS`, one slot per (disk, direction) where keys of removed cgroups count.
 #[map]
 pub static COUNTERS: PerCpuArray<Counters> =
-    PerCpuArray::with_max_entries(MAX_SLOTS + REMOVED_SLOTS, 0);
+    PerCpuArray::with_max_entries(MAX_SLOTS, 0);
 
 /// A key's slot in `COUNTERS`, written by user space: the keys with a slot of their own, and
 /// at most as many of removed cgroups pointed at their disk's removed slot.
@@ -73,7 +72,7 @@ pub static SLOT_OF: HashMap<CountKey, SlotRef> = HashMap::with_max_entries(2 * M
 
 /// Each slot's generation, written by user space (bumped when the slot changes hands).
 #[map]
-pub static SLOT_GEN: Array<u32> = Array::with_max_entries(MAX_SLOTS + REMOVED_SLOTS, 0);
+pub static SLOT_GEN: Array<u32> = Array::with_max_entries(MAX_SLOTS, 0);
 
 /// Per CPU, per direction: the last key counted (`CountKey::words`) and its slot
 /// (`SlotRef::word`), so that a run of events of one cgroup (the usual case) finds its
@@ -84,7 +83,7 @@ pub static SLOT_CACHE: PerCpuArray<CacheEntry<2, 1>> = PerCpuArray::with_max_ent
 /// Per CPU: plug flushes per (disk slot, explicit, depth) (`mergetrace_common::unplug_slot`),
 /// when `MODES.aggregate` is set.
 #[map]
-pub static UNPLUGS: PerCpuArray<u64> = PerCpuArray::with_max_entries(UNPLUG_SLOTS, 0);
+pub static UNPLUGS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 /// A zeroed `Counters` to insert from (too big for the BPF stack).
 #[map]
@@ -112,14 +111,31 @@ pub static STAGED_SINCE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 pub static CGROUP_EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 
-/// What the programs keep per traced disk, by its slot in `TRACED`.
+/// What the programs keep per traced disk, by its slot (`TRACED`'s list or `DISK_SLOTS`).
+/// User space sizes the per-disk maps to the run's slots (`TracedDevices::slots`).
 #[map]
-pub static DISKS: Array<DeviceState> = Array::with_max_entries(MAX_DEVICES as u32, 0);
+pub static DISKS: Array<DeviceState> = Array::with_max_entries(1, 0);
 
 /// What user space tells the programs of each traced disk, by its slot (io.cost on or off,
-/// bio-based); it may change during the run.
+/// bio-based, ignored); it may change during the run.
 #[map]
-pub static DISK_CONFIG: Array<DiskConfig> = Array::with_max_entries(MAX_DEVICES as u32, 0);
+pub static DISK_CONFIG: Array<DiskConfig> = Array::with_max_entries(1, 0);
+
+/// A traced disk's slot by its `dev_t`, where the frozen list does not hold them
+/// (`TracedDevices::lookup`): filled in by user space, and with `lookup::EVERY_DISK` by a disk's
+/// first event ([`SLOT_OWNERS`]).
+#[map]
+pub static DISK_SLOTS: HashMap<u32, u32> = HashMap::with_max_entries(1, 0);
+
+/// Each slot's disk (`dev_t`): inserting a slot here (`BPF_NOEXIST`) is how a disk's first
+/// event takes a free one, one CPU at a time; user space reads new disks from it.
+#[map]
+pub static SLOT_OWNERS: HashMap<u32, u32> = HashMap::with_max_entries(1, 0);
+
+/// Per CPU: the last disk looked up in `DISK_SLOTS` (`dev_t << 32 | slot + 1`; I/O mostly goes
+/// to one disk at a time: one array load instead of a hash lookup).
+#[map]
+pub static DISK_CACHE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 /// Per CPU, per event kind: events that could not be sent or counted.
 #[map]

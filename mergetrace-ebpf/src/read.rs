@@ -1,11 +1,17 @@
 //! Reading kernel memory with the running kernel's offsets, the traced-disk filter, and the
 //! values every event carries (disk, cgroup).
 use aya_ebpf::helpers::bpf_probe_read_kernel;
-use mergetrace_common::{gate, DeviceState, DiskConfig, MAX_DEVICES, NONE};
+use aya_ebpf::bindings::BPF_NOEXIST;
+use mergetrace_common::{
+    gate, lookup, DeviceState, DiskConfig, FROZEN_DISKS, LOST_DISKS_FULL, NONE,
+};
 
 use crate::request::Pending;
 
-use crate::maps::{frozen, off, DISKS, DISK_CONFIG, GATE, SCRATCH};
+use crate::{
+    emit::count_lost,
+    maps::{frozen, off, DISKS, DISK_CACHE, DISK_CONFIG, DISK_SLOTS, GATE, SCRATCH, SLOT_OWNERS},
+};
 
 /// Reads a `T` at `base + offset` of a BTF-typed kernel pointer (a tracepoint argument or a
 /// pointer field read from one): a plain load the verifier checks against BTF and guards
@@ -194,22 +200,28 @@ pub fn rq_disk(rq: u64, q: u64) -> u64 {
 }
 
 /// The traced disk whose request queue is `q` (a plug flush names only the queue): its
-/// `q->disk` where the queue has one, else the queue the disk's bios were seen with.
+/// `q->disk` where the queue has one, else the queue the disk's bios were seen with (up to
+/// 5.15: among the first [`FROZEN_DISKS`] slots).
 #[inline(always)]
 pub fn queue_disk(q: u64) -> Option<(u32, Disk)> {
     if off!(q_disk) != NONE {
         let dev = disk_dev(read(q, off!(q_disk)));
         return Some((dev, traced(dev)?));
     }
-    let count = frozen!(TRACED.count);
+    let slots = frozen!(TRACED.slots);
     let mut i = 0u32;
-    while (i as usize) < MAX_DEVICES {
-        if i >= count {
+    while (i as usize) < FROZEN_DISKS {
+        if i >= slots {
             return None;
         }
         let state = DISKS.get_ptr_mut(i)?;
         if q != 0 && unsafe { (*state).queue } == q {
-            return Some((frozen!(TRACED.devs[i as usize]), Disk { slot: i, state }));
+            let dev = if frozen!(TRACED.lookup) == lookup::FROZEN {
+                frozen!(TRACED.devs[i as usize])
+            } else {
+                unsafe { SLOT_OWNERS.get(&i) }.copied()?
+            };
+            return Some((dev, Disk { slot: i, state }));
         }
         i += 1;
     }
@@ -233,22 +245,77 @@ pub struct Disk {
     pub state: *mut DeviceState,
 }
 
-/// The traced disk `dev` (`None` if it is not traced): compared with the frozen list, so a
-/// run that traces one disk pays one comparison, no map lookup.
+/// The traced disk `dev` (`None` if it is not traced). A run of at most [`FROZEN_DISKS`]
+/// named disks compares it with the frozen list (one comparison for one disk, no map lookup);
+/// others find its slot in `DISK_SLOTS`, through this CPU's last answer first.
 #[inline(always)]
 pub fn traced(dev: u32) -> Option<Disk> {
-    let count = frozen!(TRACED.count);
-    let mut i = 0u32;
-    while (i as usize) < MAX_DEVICES {
-        if i >= count {
-            return None;
+    if frozen!(TRACED.lookup) == lookup::FROZEN {
+        let count = frozen!(TRACED.count);
+        let mut i = 0u32;
+        while (i as usize) < FROZEN_DISKS {
+            if i >= count {
+                return None;
+            }
+            if frozen!(TRACED.devs[i as usize]) == dev {
+                let state = DISKS.get_ptr_mut(i)?;
+                return Some(Disk { slot: i, state });
+            }
+            i += 1;
         }
-        if frozen!(TRACED.devs[i as usize]) == dev {
-            let state = DISKS.get_ptr_mut(i)?;
-            return Some(Disk { slot: i, state });
-        }
-        i += 1;
+        return None;
     }
+    let slot = disk_slot(dev)?;
+    if disk_config(slot).ignored != 0 {
+        return None;
+    }
+    let state = DISKS.get_ptr_mut(slot)?;
+    Some(Disk { slot, state })
+}
+
+/// `dev`'s slot in the per-disk maps where the frozen list does not hold them: this CPU's
+/// last answer, `DISK_SLOTS`, or (every disk traced) a free slot taken now.
+#[inline(always)]
+fn disk_slot(dev: u32) -> Option<u32> {
+    let cache = DISK_CACHE.get_ptr_mut(0)?;
+    // One word, read and written whole: a program interrupting this one on the CPU cannot
+    // leave one disk paired with another's slot.
+    let word = unsafe { core::ptr::read_volatile(cache) };
+    if word >> 32 == dev as u64 && word as u32 != 0 {
+        return Some(word as u32 - 1);
+    }
+    let slot = match unsafe { DISK_SLOTS.get(&dev) } {
+        Some(s) => *s,
+        None if frozen!(TRACED.lookup) == lookup::EVERY_DISK => take_slot(dev)?,
+        None => return None,
+    };
+    unsafe { core::ptr::write_volatile(cache, (dev as u64) << 32 | (slot + 1) as u64) };
+    Some(slot)
+}
+
+/// How many slots a new disk tries, from the one its number hashes to.
+const SLOT_PROBES: u32 = 8;
+
+/// Gives `dev`, seen for the first time, a free slot: the first of a few it hashes to that no
+/// disk owns (`SLOT_OWNERS`, inserted only if absent: one CPU wins a slot). Another CPU may
+/// have given `dev` a slot meanwhile: then that one, and this one is given back. None, counted
+/// lost, when every slot it tries is taken.
+#[inline(always)]
+fn take_slot(dev: u32) -> Option<u32> {
+    let mask = frozen!(TRACED.slots).wrapping_sub(1);
+    let start = dev.wrapping_mul(0x9e37_79b9) >> 16;
+    for i in 0..SLOT_PROBES {
+        let slot = (start + i) & mask;
+        if SLOT_OWNERS.insert(&slot, &dev, BPF_NOEXIST as u64).is_err() {
+            continue;
+        }
+        if DISK_SLOTS.insert(&dev, &slot, BPF_NOEXIST as u64).is_ok() {
+            return Some(slot);
+        }
+        let _ = SLOT_OWNERS.remove(&slot);
+        return unsafe { DISK_SLOTS.get(&dev) }.copied();
+    }
+    count_lost(LOST_DISKS_FULL);
     None
 }
 

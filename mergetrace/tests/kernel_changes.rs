@@ -347,3 +347,87 @@ fn queue_and_wbt_changes_are_said_when_they_happen() {
         );
     }
 }
+
+/// Disks named by a pattern: those that match when the tracer starts, and one made after it
+/// (traced from its first bio), each counted exactly, as diskstats says; a disk that does not
+/// match is left out.
+#[test]
+fn a_pattern_traces_the_disks_that_match_now_and_later() {
+    require_root();
+    let before = LoopDevice::disposable(SIZE);
+    let pattern = "loop5[0-9][0-9]";
+    assert!(
+        glob_match(pattern, &before.name),
+        "{} does not match {pattern}",
+        before.name
+    );
+    let tracer = Tracer::start(&["-d", pattern, "-i", "1s"]);
+    let later = LoopDevice::disposable(SIZE);
+    let other = LoopDevice::new(SIZE);
+    let cg = Cgroup::new();
+    let mut written = Vec::new();
+    for lo in [&before, &later, &other] {
+        let d0 = lo.diskstats();
+        Fio::sequential("pattern", lo, "write", 16 << 20, 32)
+            .in_cgroup(&cg)
+            .run();
+        written.push(lo.diskstats().since(&d0));
+    }
+    // Long enough for the new disk to be found (a poll of the slot it took).
+    thread::sleep(Duration::from_secs(2));
+    let out = tracer.stop();
+    for (lo, d) in [(&before, &written[0]), (&later, &written[1])] {
+        let w = &out.device_total(lo)["write"];
+        assert_eq!(u(w, "requests"), d.writes, "{}: {w}", lo.name);
+        assert_eq!(u(w, "merged"), d.writes_merged, "{}: {w}", lo.name);
+        assert_eq!(u(w, "bios"), 4096, "{}: {w}", lo.name);
+    }
+    let names: Vec<&str> = out.total["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|d| d["device"].as_str())
+        .collect();
+    assert!(!names.contains(&other.name.as_str()), "{names:?}");
+    assert!(
+        out.stderr
+            .contains(&format!("{}: a new disk, traced from its first bio", later.name)),
+        "{}",
+        out.stderr
+    );
+}
+
+/// Whether `name` matches a shell pattern of the kind `-d` takes (`*`, `?`, `[0-9]`).
+fn glob_match(pattern: &str, name: &str) -> bool {
+    glob::Pattern::new(pattern).unwrap().matches(name)
+}
+
+/// 64 disks at once, named one by one: every disk's writes counted exactly.
+#[test]
+fn sixty_four_disks_at_once_are_each_counted() {
+    require_root();
+    let disks: Vec<LoopDevice> = (0..64).map(|_| LoopDevice::new(8 << 20)).collect();
+    let mut args: Vec<String> = vec!["-i".into(), "1s".into()];
+    for lo in &disks {
+        args.push("-d".into());
+        args.push(lo.name.clone());
+    }
+    let tracer = Tracer::start(&args);
+    let cg = Cgroup::new();
+    let mut written = Vec::new();
+    for lo in &disks {
+        let d0 = lo.diskstats();
+        Fio::sequential("many", lo, "write", 1 << 20, 32)
+            .in_cgroup(&cg)
+            .run();
+        written.push(lo.diskstats().since(&d0));
+    }
+    let out = tracer.stop();
+    assert_eq!(out.lost_events(), 0);
+    for (lo, d) in disks.iter().zip(&written) {
+        let w = &out.device_total(lo)["write"];
+        assert_eq!(u(w, "requests"), d.writes, "{}: {w}", lo.name);
+        assert_eq!(u(w, "merged"), d.writes_merged, "{}: {w}", lo.name);
+        assert_eq!(u(w, "bios"), 256, "{}: {w}", lo.name);
+    }
+}

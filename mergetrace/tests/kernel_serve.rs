@@ -358,6 +358,60 @@ fn a_limit_set_after_serve_started_is_exported_from_its_first_bio() {
     stop_and_check_detached(server, libc::SIGTERM);
 }
 
+/// `serve --all-disks`: a disk made while serving (a new loop device, as a pod's volume is
+/// attached) is exported from its first bio: its series appear and equal /proc/diskstats.
+#[test]
+fn a_disk_attached_while_serving_is_exported_from_its_first_bio() {
+    require_root();
+    let first = LoopDevice::new(SIZE);
+    let server = Server::start(&first, &["--all-disks"]);
+    let lo = LoopDevice::disposable(SIZE);
+    lo.set_scheduler("none");
+    let d0 = lo.diskstats();
+    let cg = Cgroup::new();
+    let report = Fio::sequential("new-disk", &lo, "write", SIZE, 32)
+        .in_cgroup(&cg)
+        .run();
+    let d = lo.diskstats().since(&d0);
+    // The new disk is found within a poll of the slot it took.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let after = loop {
+        let m = server.scrape();
+        if m.has("mergetrace_requests_total", &[("device", lo.name.as_str())]) {
+            break m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no series of {} in:\n{}\nstderr:\n{}",
+            lo.name,
+            m.text,
+            server.stderr()
+        );
+        thread::sleep(Duration::from_millis(200));
+    };
+    let path = cg.path();
+    let mine = [
+        ("device", lo.name.as_str()),
+        ("cgroup", path.as_str()),
+        ("direction", "write"),
+    ];
+    let ios = fio_total_ios(&report, "write");
+    let dev = [("device", lo.name.as_str()), ("direction", "write")];
+    assert_eq!(after.count("mergetrace_bios_total", &mine), ios, "{d:?}");
+    assert_eq!(after.count("mergetrace_requests_total", &dev), d.writes, "{d:?}");
+    let merged: u64 = MERGE_PATHS
+        .iter()
+        .map(|p| after.count("mergetrace_merged_total", &[dev[0], dev[1], ("path", p)]))
+        .sum();
+    assert_eq!(merged, d.writes_merged, "{d:?}");
+    assert!(
+        server.stderr().contains(&format!("{}: a new disk, traced from its first bio", lo.name)),
+        "{}",
+        server.stderr()
+    );
+    stop_and_check_detached(server, libc::SIGTERM);
+}
+
 /// The exposition: every family with its TYPE, once; the info line.
 fn check_exposition(after: &Metrics) {
     for (family, ty) in FAMILIES {

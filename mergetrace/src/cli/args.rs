@@ -10,10 +10,14 @@ use crate::kernel::TierChoice;
 /// What to trace and how to count it (live, record, serve).
 #[derive(Args, Debug, Clone)]
 pub struct TraceArgs {
-    /// Block device to trace: a name (vda), /dev/NAME or MAJ:MIN. Repeatable. A partition
-    /// maps to its disk.
-    #[arg(short = 'd', long = "device", required = true, value_name = "DEV")]
+    /// Block device to trace: a name (vda), /dev/NAME or MAJ:MIN, or a pattern of disk names
+    /// ('nvme*', 'vd?': disks that appear during the run and match are traced too, from
+    /// their first bio). Repeatable. A partition maps to its disk.
+    #[arg(short = 'd', long = "device", required_unless_present = "all_disks", value_name = "DEV")]
     pub devices: Vec<String>,
+    /// Trace every disk, those that appear during the run too (from their first bio).
+    #[arg(long)]
+    pub all_disks: bool,
     /// Which probes to use: fentry where the kernel allows it (auto), or force one tier.
     #[arg(long, value_enum, default_value = "auto")]
     pub tier: TierChoice,
@@ -73,6 +77,7 @@ impl TraceArgs {
                 ..Default::default()
             },
             hooks_only: false,
+            every_disk: false,
         }
     }
 }

@@ -4,13 +4,13 @@
 //! its bios from then on), the views price each interval with what was in force, and each
 //! change is said once, with the time it was found ("loop0: io.cost switched on (…) by
 //! 12:03:04"): at most an interval after it happened.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::{
     fmt, kernel,
     sys::{
         cgroups::Cgroups,
-        device::Device,
+        device::{self, Device, Selection},
         iocost::Iocost,
         iolatency::{self, IoLatency},
         queue::QueueSettings,
@@ -18,35 +18,54 @@ use crate::{
     },
 };
 
-/// The settings of the traced disks as the run last saw them.
+/// The traced disks and their settings as the run last saw them.
 pub struct Follow {
+    /// Which disks that appear during the run are traced (`-d` patterns, `--all-disks`).
+    selection: Selection,
     /// Scheduler and `nomerges`, by `dev_t`.
     queue: BTreeMap<u32, (Option<String>, u8)>,
     /// io.latency's targets, by `dev_t` (the disks that have any).
     pub iolatency: BTreeMap<u32, IoLatency>,
+    /// Traced disks that went away (their totals stay).
+    gone: BTreeSet<u32>,
 }
 
 impl Follow {
     /// What the run found at its start (the session has io.cost's and wbt's).
-    pub fn new(devices: &[Device], iolatency: BTreeMap<u32, IoLatency>) -> Follow {
+    pub fn new(
+        devices: &[Device],
+        selection: Selection,
+        iolatency: BTreeMap<u32, IoLatency>,
+    ) -> Follow {
         Follow {
+            selection,
             queue: devices.iter().map(|d| (d.dev().0, queue_of(d))).collect(),
             iolatency,
+            gone: BTreeSet::new(),
         }
     }
 
-    /// Reads the settings again: the session is told what changed, and the changes come
-    /// back, one line each, as people read them.
+    /// Reads the disks and their settings again: a disk that appeared and is selected joins
+    /// `devices` (counted from its first bio: it took a slot then), one that went away keeps
+    /// its totals; the session is told what changed, and the changes come back, one line
+    /// each, as people read them.
     pub fn check(
         &mut self,
-        devices: &[Device],
+        devices: &mut Vec<Device>,
         session: &mut kernel::Session,
         cgroups: &Cgroups,
     ) -> Vec<String> {
         let at = fmt::clock(kernel::monotonic_ns());
-        let mut said = Vec::new();
-        for d in devices {
+        let mut said = self.new_disks(devices, session, &at);
+        for d in devices.iter() {
             let dev = d.dev().0;
+            if !d.sys_dir().exists() {
+                if self.gone.insert(dev) {
+                    said.push(format!("{}: the disk went away by {at}; its totals stay", d.name));
+                }
+                continue;
+            }
+            self.gone.remove(&dev);
             let iocost = crate::sys::iocost::of(d);
             if let Some(line) = iocost_change(session.iocost.get(&dev), iocost.as_ref()) {
                 match session.set_iocost(dev, iocost) {
@@ -72,7 +91,7 @@ impl Follow {
         }
         let targets = iolatency::targets_on(devices, cgroups);
         if targets != self.iolatency {
-            for d in devices {
+            for d in devices.iter() {
                 let (was, now) = (self.iolatency.get(&d.dev().0), targets.get(&d.dev().0));
                 if was != now {
                     let line = match now {
@@ -83,6 +102,45 @@ impl Follow {
                 }
             }
             self.iolatency = targets;
+        }
+        said
+    }
+}
+
+impl Follow {
+    /// The disks that took a slot since the last look: traced if selected (said), else
+    /// ignored from now on.
+    fn new_disks(
+        &mut self,
+        devices: &mut Vec<Device>,
+        session: &mut kernel::Session,
+        at: &str,
+    ) -> Vec<String> {
+        let mut said = Vec::new();
+        let new = match session.new_disks() {
+            Ok(new) => new,
+            Err(e) => return vec![format!("cannot read the disks found: {e:#}")],
+        };
+        for dev in new {
+            let disk = device::of_dev(dev).filter(|d| self.selection.wants(d));
+            let told = match &disk {
+                Some(d) if !devices.iter().any(|o| o.dev() == d.dev()) => session.trace_disk(d),
+                Some(_) => Ok(()),
+                None => session.ignore_disk(dev),
+            };
+            if let Err(e) = told {
+                said.push(format!("cannot follow a new disk ({dev}): {e:#}"));
+                continue;
+            }
+            if let Some(d) = disk {
+                said.push(format!(
+                    "{} ({}): a new disk, traced from its first bio (found by {at})",
+                    d.name,
+                    d.dev()
+                ));
+                self.queue.insert(dev, queue_of(&d));
+                devices.push(d);
+            }
         }
         said
     }

@@ -55,6 +55,7 @@ pub async fn run(args: LiveArgs) -> Result<()> {
     let mut stop = Stop::on_signals()?;
     let Targets {
         devices,
+        selection,
         cgroups,
         subtree,
     } = Targets::resolve(&args.trace, &args.subtree, &args.names)?;
@@ -63,6 +64,7 @@ pub async fn run(args: LiveArgs) -> Result<()> {
         &devices,
         &kernel::Options {
             hooks_only: args.hooks_only,
+            every_disk: selection.follows_new_disks(),
             ..args
                 .trace
                 .kernel_options(Modes::COUNTING, args.run.ring_mib << 20, args.stats)
@@ -99,7 +101,7 @@ pub async fn run(args: LiveArgs) -> Result<()> {
     };
     stop.after(args.run.duration);
     let mut live = Live {
-        follow: Follow::new(&devices, iolatency),
+        follow: Follow::new(&devices, selection, iolatency),
         iocost_seen: session.iocost_models(),
         session,
         devices,
@@ -218,7 +220,7 @@ impl Live {
     fn next_interval(&mut self, opts: &snapshot::Options<'_>) -> Result<snapshot::Snapshot> {
         let changes = self
             .follow
-            .check(&self.devices, &mut self.session, &self.cgroups);
+            .check(&mut self.devices, &mut self.session, &self.cgroups);
         let now = self.totals()?;
         let interval = now.since(&self.previous);
         self.previous = now;

@@ -209,7 +209,9 @@ impl Recording {
 
 pub async fn run(args: RecordArgs) -> Result<()> {
     let mut stop = Stop::on_signals()?;
-    let devices = device::resolve_all(&args.trace.devices)?;
+    // A recording's disks are those named, or matching, when it starts (its header lists
+    // them).
+    let (devices, _) = device::Selection::resolve(&args.trace.devices, args.trace.all_disks)?;
     let mut cgroups = Cgroups::discover()?;
     // Fail on an unwritable or existing output before attaching anything.
     let probe_header = header("", &devices, &cgroups, &args.trace.meter_unit);

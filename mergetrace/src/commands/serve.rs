@@ -102,7 +102,7 @@ impl Exporter {
     fn update(&mut self) -> Result<()> {
         for c in self
             .follow
-            .check(&self.devices, &mut self.session, &self.names)
+            .check(&mut self.devices, &mut self.session, &self.names)
         {
             eprintln!("mergetrace: changed: {c}");
         }
@@ -210,7 +210,10 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     }
     let session = kernel::Session::start(
         &targets.devices,
-        &args.trace.kernel_options(Modes::COUNTING, 4096, false),
+        &kernel::Options {
+            every_disk: targets.selection.follows_new_disks(),
+            ..args.trace.kernel_options(Modes::COUNTING, 4096, false)
+        },
     )?;
     let start_ns = monotonic_ns();
     let iolatency = crate::sys::iolatency::targets_on(&targets.devices, &targets.cgroups);
@@ -219,7 +222,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     }
     let tier = session.tier.kind;
     let iocost = session.iocost_models();
-    let follow = Follow::new(&targets.devices, iolatency);
+    let follow = Follow::new(&targets.devices, targets.selection.clone(), iolatency);
     let exporter: Shared = Arc::new(Mutex::new(Exporter {
         session,
         names: targets.cgroups,

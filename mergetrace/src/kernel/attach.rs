@@ -10,7 +10,8 @@ use aya::{
 };
 use mergetrace_common::{
     latency::{ISSUED_AT_ENTRIES, ISSUE_SLOTS_PER_DISK},
-    KernelSymbols, MeterUnits, Modes, TracedDevices, MAX_SLOTS, REMOVED_SLOTS,
+    KernelSymbols, MeterUnits, Modes, TracedDevices, FROZEN_DISKS, MAX_SLOTS,
+    UNPLUG_SLOTS_PER_DISK,
 };
 
 use super::{
@@ -41,12 +42,14 @@ pub(super) struct Loaded {
     pub notes: Vec<String>,
 }
 
-/// `rings`: the event rings' plan where events are sent (`modes.emit`), else `None`.
+/// `rings`: the event rings' plan where events are sent (`modes.emit`), else `None`;
+/// `unplugs`: plug flushes are counted (`--plug-flushes`).
 pub(super) fn load_object(
     modes: Modes,
     rings: Option<&rings::Plan>,
     meter_units: &MeterUnits,
     traced: &TracedDevices,
+    unplugs: bool,
 ) -> Result<Loaded> {
     let btf = Btf::from_sys_fs()?;
     let kfuncs = compat::Kfuncs::of_kernel(&btf);
@@ -64,6 +67,7 @@ pub(super) fn load_object(
     };
     let aya_btf = aya::Btf::parse_file(Btf::kernel_path(), aya::Endianness::default())
         .context("cannot read the kernel's BTF")?;
+    let slots = traced.slots.max(1);
     // A ring per CPU where events are sent; else the array only has to exist.
     let (ring_slots, wake_bytes) = rings.map_or((1, 0), |p| (p.slots, p.wake_bytes()));
     // The latency maps get one entry each where no latency is counted: their memory only
@@ -82,12 +86,25 @@ pub(super) fn load_object(
         .override_global("TRACED", traced, true)
         .override_global("RING_WAKE_BYTES", &wake_bytes, true)
         .map_max_entries("EVENTS", ring_slots)
-        .map_max_entries("LATENCY", latency_map(MAX_SLOTS + REMOVED_SLOTS))
+        .map_max_entries("LATENCY", latency_map(MAX_SLOTS))
         .map_max_entries("LATENCY_HASHED", latency_map(MAX_SLOTS))
         .map_max_entries("ISSUED_AT", latency_map(ISSUED_AT_ENTRIES))
         .map_max_entries(
             "ISSUE_SLOTS",
-            latency_map(traced.count.max(1) * ISSUE_SLOTS_PER_DISK),
+            latency_map(slots.min(FROZEN_DISKS as u32) * ISSUE_SLOTS_PER_DISK),
+        )
+        // Per disk slot.
+        .map_max_entries("DISKS", slots)
+        .map_max_entries("DISK_CONFIG", slots)
+        .map_max_entries("DISK_SLOTS", slots)
+        .map_max_entries("SLOT_OWNERS", slots)
+        .map_max_entries(
+            "UNPLUGS",
+            if unplugs {
+                slots * UNPLUG_SLOTS_PER_DISK
+            } else {
+                1
+            },
         )
         .load(object.bytes())
         .context("cannot load mergetrace's eBPF object")?;
@@ -439,7 +456,7 @@ pub fn fentry_allowed(btf: &Btf) -> Result<Option<&'static str>, String> {
     let modes = Modes::COUNTING;
     let refused = |e: &anyhow::Error| errno(e) == Some(libc::EPERM);
     let traced = TracedDevices::default();
-    let mut loaded = match load_object(modes, None, &MeterUnits::default(), &traced) {
+    let mut loaded = match load_object(modes, None, &MeterUnits::default(), &traced, false) {
         Ok(l) => l,
         Err(e) if refused(&e) => return Ok(None),
         Err(e) => return Err(format!("{e:#}")),

@@ -10,8 +10,8 @@ use aya::{
     Ebpf,
 };
 use mergetrace_common::{
-    gate, latency::LatencyHist, unplug_slot, Counters, DiskConfig, MeterUnits, Modes,
-    TracedDevices, UnplugKey, LOST_SLOTS, MAX_DEVICES, UNPLUG_MAX_DEPTH,
+    gate, latency::LatencyHist, lookup, unplug_slot, Counters, DiskConfig, MeterUnits, Modes,
+    TracedDevices, UnplugKey, FROZEN_DISKS, LOST_SLOTS, MAX_DISKS, UNPLUG_MAX_DEPTH,
 };
 
 use super::{
@@ -60,6 +60,11 @@ pub struct Options {
     /// Attach the run's programs but leave the gate shut: each returns at its first check and
     /// nothing is counted. What the hooks alone cost (`--hooks-only`, the benchmark's floor).
     pub hooks_only: bool,
+    /// Every disk takes a slot at its first event, so that one that appears during the run is
+    /// counted from its first bio; the caller says which to trace ([`Session::new_disks`],
+    /// [`Session::ignore_disk`]). The disks present now and not traced are ignored from the
+    /// start.
+    pub every_disk: bool,
 }
 
 /// What a run wants beside its per-request counting (see [`Want`]): what its flags ask for,
@@ -107,8 +112,11 @@ pub struct Session {
     changes: Vec<CgroupChange>,
     /// Plug flushes by `mergetrace_common::unplug_slot`.
     unplugs: PerCpuArray<MapData, u64>,
-    /// The traced disks' `dev_t`s, by their slot in the programs' per-disk maps.
+    /// The disks' `dev_t`s, by their slot in the programs' per-disk maps (0: a free slot).
     devs: Vec<u32>,
+    /// Which disk owns each slot taken (`SLOT_OWNERS`): where disks found during the run are
+    /// read from.
+    slot_owners: Option<BpfHashMap<MapData, u32, u32>>,
     /// io.cost on the traced disks that had it on when the run started, by `dev_t`.
     pub iocost: BTreeMap<u32, crate::sys::iocost::Iocost>,
     /// wbt on the traced disks whose queue has it (on or off), by `dev_t`.
@@ -148,33 +156,18 @@ impl Session {
         } else {
             None
         };
-        if devices.len() > MAX_DEVICES {
-            bail!(
-                "mergetrace traces at most {MAX_DEVICES} disks at once ({} given): trace fewer with -d",
-                devices.len()
-            );
-        }
-        let mut traced = TracedDevices {
-            count: devices.len() as u32,
-            ..TracedDevices::default()
-        };
+        let disks = DiskPlan::new(devices, opts.every_disk)?;
         let mut iocost = BTreeMap::new();
         let mut wbt = BTreeMap::new();
-        let mut config = Vec::with_capacity(devices.len());
+        let mut config = disks.config.clone();
         for (slot, d) in devices.iter().enumerate() {
             if let Some(w) = crate::sys::wbt::of(d) {
                 wbt.insert(d.dev().0, w);
             }
-            traced.devs[slot] = d.dev().0;
-            let mut c = DiskConfig {
-                bio_based: d.bio_based as u32,
-                ..DiskConfig::default()
-            };
             if let Some(ioc) = crate::sys::iocost::of(d) {
-                c.iocost = ioc.rule_bits();
+                config[slot].iocost = ioc.rule_bits();
                 iocost.insert(d.dev().0, ioc);
             }
-            config.push(c);
         }
         let mut modes = opts.modes;
         // A testing knob: tell each bio merge's path from the kernel stack, per bio (the
@@ -206,7 +199,13 @@ impl Session {
         } else {
             None
         };
-        let mut loaded = load_object(modes, ring_plan.as_ref(), &opts.meter_units, &traced)?;
+        let mut loaded = load_object(
+            modes,
+            ring_plan.as_ref(),
+            &opts.meter_units,
+            &disks.traced,
+            wants.plug_flushes && modes.aggregate != 0,
+        )?;
         loaded.attach_tracepoints(opts.modes, wants)?;
         if opts.stats {
             loaded.attach_stats_floor()?;
@@ -237,7 +236,6 @@ impl Session {
             ebpf.take_map(name)
                 .with_context(|| format!("{name} map missing"))
         };
-        let devs: Vec<u32> = devices.iter().map(|d| d.dev().0).collect();
         let counters = Table::<Counters>::new(
             PerCpuHashMap::try_from(take("COUNTS")?)?,
             PerCpuArray::try_from(take("COUNTERS")?)?,
@@ -257,8 +255,8 @@ impl Session {
             latency,
             BpfHashMap::try_from(take("SLOT_OF")?)?,
             Array::try_from(take("SLOT_GEN")?)?,
-            devs.clone(),
         )?;
+        let slot_owners = disks.register(&mut ebpf)?;
         let cgroup_ring = RingBuf::try_from(take("CGROUP_EVENTS")?)?;
         let issue_entries = if modes.latency != 0 {
             Some(IssueEntries::take(&mut ebpf, devices)?)
@@ -284,7 +282,8 @@ impl Session {
             reclaim_after_ns: opts.reclaim_after.as_nanos() as u64,
             changes: Vec::new(),
             unplugs,
-            devs,
+            devs: disks.devs,
+            slot_owners,
             iocost,
             wbt,
             issue_entries,
@@ -326,7 +325,7 @@ impl Session {
         self.removed
             .retain(|id, t| counted.contains(id) || now.saturating_sub(*t) < grace);
         let mut unplugs = Vec::new();
-        for (slot, dev) in self.devs.iter().enumerate() {
+        for (slot, dev) in self.devs.iter().enumerate().filter(|(_, d)| **d != 0) {
             for explicit in [false, true] {
                 for depth in 0..=UNPLUG_MAX_DEPTH {
                     let i = unplug_slot(slot as u32, explicit, depth);
@@ -391,6 +390,52 @@ impl Session {
         if self.changes.len() > MAX_PENDING_CHANGES {
             self.changes.drain(..MAX_PENDING_CHANGES / 2);
         }
+    }
+
+    /// Disks that took a slot since the last call (`Options::every_disk`), by `dev_t`: each is
+    /// to be traced ([`Session::trace_disk`]) or ignored ([`Session::ignore_disk`]).
+    pub fn new_disks(&mut self) -> Result<Vec<u32>> {
+        let Some(owners) = &self.slot_owners else {
+            return Ok(Vec::new());
+        };
+        let mut new = Vec::new();
+        for item in owners.iter() {
+            let (slot, dev) = item.context("cannot read the SLOT_OWNERS map")?;
+            let Some(known) = self.devs.get_mut(slot as usize) else {
+                continue;
+            };
+            if *known == 0 {
+                *known = dev;
+                new.push(dev);
+            }
+        }
+        Ok(new)
+    }
+
+    /// From now on the programs count nothing of disk `dev` (it took a slot, and the run
+    /// does not trace it).
+    pub fn ignore_disk(&mut self, dev: u32) -> Result<()> {
+        self.configure(dev, |c| c.ignored = 1)
+    }
+
+    /// Disk `d`, found during the run, is traced: the programs are told what it is.
+    pub fn trace_disk(&mut self, d: &Device) -> Result<()> {
+        if let Some(w) = crate::sys::wbt::of(d) {
+            self.wbt.insert(d.dev().0, w);
+        }
+        self.configure(d.dev().0, |c| c.bio_based = d.bio_based as u32)
+    }
+
+    /// Changes what the programs are told of disk `dev` (nothing if it has no slot).
+    fn configure(&mut self, dev: u32, change: impl FnOnce(&mut DiskConfig)) -> Result<()> {
+        let Some(slot) = self.devs.iter().position(|d| *d == dev) else {
+            return Ok(());
+        };
+        change(&mut self.config[slot]);
+        let Some(ebpf) = self.ebpf.as_mut() else {
+            return Ok(());
+        };
+        write_disk_config(ebpf, &self.config)
     }
 
     /// A waker for the run's loop: ready when the programs reported something
@@ -551,6 +596,102 @@ impl Session {
             skipped_runs: self.skipped_runs(),
             unfinished_requests,
         })
+    }
+}
+
+/// The disks of a run and how the programs find them: the frozen list when it names at most
+/// [`FROZEN_DISKS`] (one comparison an event for one disk), else the `DISK_SLOTS` map, which
+/// user space fills in; with `every_disk`, also a slot for each disk at its first event, the
+/// disks present now and not traced ignored from the start.
+struct DiskPlan {
+    traced: TracedDevices,
+    /// `dev_t` by slot, 0 for a free one.
+    devs: Vec<u32>,
+    config: Vec<DiskConfig>,
+}
+
+impl DiskPlan {
+    fn new(devices: &[Device], every_disk: bool) -> Result<DiskPlan> {
+        let mut devs: Vec<u32> = devices.iter().map(|d| d.dev().0).collect();
+        let mut config: Vec<DiskConfig> = devices
+            .iter()
+            .map(|d| DiskConfig {
+                bio_based: d.bio_based as u32,
+                ..DiskConfig::default()
+            })
+            .collect();
+        if every_disk {
+            for other in crate::sys::device::all_disks() {
+                if !devs.contains(&other.dev().0) {
+                    devs.push(other.dev().0);
+                    config.push(DiskConfig {
+                        ignored: 1,
+                        ..DiskConfig::default()
+                    });
+                }
+            }
+        }
+        let lookup = if every_disk {
+            lookup::EVERY_DISK
+        } else if devs.len() > FROZEN_DISKS {
+            lookup::MAP
+        } else {
+            lookup::FROZEN
+        };
+        // Room for as many disks again to appear, where they may.
+        let slots = match lookup {
+            lookup::EVERY_DISK => (2 * devs.len()).max(256).next_power_of_two() as u32,
+            _ => devs.len().max(1) as u32,
+        };
+        if slots > MAX_DISKS {
+            bail!(
+                "mergetrace traces at most {MAX_DISKS} disks at once ({} here): name fewer with -d",
+                devs.len()
+            );
+        }
+        let mut traced = TracedDevices {
+            count: devices.len() as u32,
+            lookup,
+            slots,
+            ..TracedDevices::default()
+        };
+        if lookup == lookup::FROZEN {
+            traced.devs[..devs.len()].copy_from_slice(&devs);
+        }
+        devs.resize(slots as usize, 0);
+        config.resize(slots as usize, DiskConfig::default());
+        Ok(DiskPlan {
+            traced,
+            devs,
+            config,
+        })
+    }
+
+    /// Gives the disks their slots in `DISK_SLOTS` where the programs look there; returns the
+    /// map of slot owners where disks may appear.
+    fn register(&self, ebpf: &mut Ebpf) -> Result<Option<BpfHashMap<MapData, u32, u32>>> {
+        if self.traced.lookup == lookup::FROZEN {
+            return Ok(None);
+        }
+        let mut slots: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
+            ebpf.map_mut("DISK_SLOTS")
+                .context("DISK_SLOTS map missing")?,
+        )?;
+        for (slot, dev) in self.devs.iter().enumerate().filter(|(_, d)| **d != 0) {
+            slots
+                .insert(*dev, slot as u32, 0)
+                .context("cannot write the DISK_SLOTS map")?;
+        }
+        let mut owners: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
+            ebpf.take_map("SLOT_OWNERS")
+                .context("SLOT_OWNERS map missing")?,
+        )?;
+        for (slot, dev) in self.devs.iter().enumerate().filter(|(_, d)| **d != 0) {
+            owners
+                .insert(slot as u32, *dev, 0)
+                .context("cannot write the SLOT_OWNERS map")?;
+        }
+        Ok((self.traced.lookup == lookup::EVERY_DISK).then_some(owners))
     }
 }
 

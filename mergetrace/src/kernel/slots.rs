@@ -14,8 +14,9 @@
 //! Removed cgroups are reclaimed, so that the maps hold the living (plus those removed within
 //! the grace window), however many cgroups come and go. Reclaiming a key takes two reads, so
 //! that nothing is read while a program may still count into it:
-//! 1. its `SLOT_OF` entry is pointed at its disk's *removed* slot (`removed_slot`) and its own
-//!    slot's generation moves on: from then on the programs count it there;
+//! 1. its `SLOT_OF` entry is pointed at its disk's *removed* slot for the direction (a slot of
+//!    the same pool, taken the first time the disk and direction need one) and its own slot's
+//!    generation moves on: from then on the programs count it there;
 //! 2. at the next read its own slot and hash entries, idle since, are read a last time, added
 //!    to the disk's removed counters, zeroed / deleted, and its `SLOT_OF` entry goes (a late
 //!    event then starts a new hash entry, reclaimed the same way).
@@ -29,12 +30,7 @@ use aya::{
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues},
     Pod,
 };
-use mergetrace_common::{
-    latency::LatencyHist, removed_slot, CountKey, Counters, SlotRef, MAX_SLOTS, REMOVED_CGROUP,
-};
-
-/// The generation of the removed slots: fixed, they never change hands.
-const REMOVED_GEN: u32 = 1;
+use mergetrace_common::{latency::LatencyHist, CountKey, Counters, SlotRef, MAX_SLOTS, REMOVED_CGROUP};
 
 /// A value the programs keep per key, summed field by field.
 pub trait Tally: Pod + Default + PartialEq {
@@ -82,11 +78,12 @@ impl<T: Tally> Table<T> {
     }
 
     /// Every key's value so far: hashed, and for the keys with a slot its slot's and base;
-    /// then per disk and direction the removed keys' under [`REMOVED_CGROUP`]. Zeros left out.
+    /// then per disk and direction the removed keys' under [`REMOVED_CGROUP`] (`removed`: the
+    /// removed slot of each). Zeros left out.
     fn totals(
         &self,
         by_key: &HashMap<CountKey, SlotRef>,
-        devs: &[u32],
+        removed: &HashMap<(u32, u32), SlotRef>,
     ) -> Result<Vec<(CountKey, T)>> {
         let mut sum: HashMap<CountKey, T> = HashMap::new();
         for item in self.hashed.iter() {
@@ -101,19 +98,17 @@ impl<T: Tally> Table<T> {
                 v.add(b);
             }
         }
-        for (disk, dev) in devs.iter().enumerate() {
-            for dir in 0..4 {
-                let mut v = self.read_slot(removed_slot(disk as u32, dir))?;
-                if let Some(folded) = self.removed.get(&(*dev, dir)) {
-                    v.add(folded);
-                }
-                let key = CountKey {
-                    cgroup_id: REMOVED_CGROUP,
-                    dev: *dev,
-                    dir,
-                };
-                sum.insert(key, v);
+        for ((dev, dir), r) in removed {
+            let mut v = self.read_slot(r.slot)?;
+            if let Some(folded) = self.removed.get(&(*dev, *dir)) {
+                v.add(folded);
             }
+            let key = CountKey {
+                cgroup_id: REMOVED_CGROUP,
+                dev: *dev,
+                dir: *dir,
+            };
+            sum.insert(key, v);
         }
         Ok(sum
             .into_iter()
@@ -195,10 +190,11 @@ pub struct Slots {
     latency: Option<Table<LatencyHist>>,
     slot_of: BpfHashMap<MapData, CountKey, SlotRef>,
     generation: Array<MapData, u32>,
-    /// The traced disks' `dev_t`s, by disk slot.
-    devs: Vec<u32>,
     /// The keys with a slot, and the slot.
     by_key: HashMap<CountKey, SlotRef>,
+    /// The removed slot of each (disk, direction) that has needed one: where the keys of its
+    /// removed cgroups count. It never changes hands.
+    removed: HashMap<(u32, u32), SlotRef>,
     /// Slots not given yet, and each slot's generation.
     free: Vec<u32>,
     gens: Vec<u32>,
@@ -218,23 +214,15 @@ impl Slots {
         counters: Table<Counters>,
         latency: Option<Table<LatencyHist>>,
         slot_of: BpfHashMap<MapData, CountKey, SlotRef>,
-        mut generation: Array<MapData, u32>,
-        devs: Vec<u32>,
+        generation: Array<MapData, u32>,
     ) -> Result<Slots> {
-        for disk in 0..devs.len() as u32 {
-            for dir in 0..4 {
-                generation
-                    .set(removed_slot(disk, dir), REMOVED_GEN, 0)
-                    .context("cannot write the SLOT_GEN map")?;
-            }
-        }
         Ok(Slots {
             counters,
             latency,
             slot_of,
             generation,
-            devs,
             by_key: HashMap::new(),
+            removed: HashMap::new(),
             free: (0..MAX_SLOTS).rev().collect(),
             gens: vec![0; MAX_SLOTS as usize],
             draining: Vec::new(),
@@ -253,9 +241,9 @@ impl Slots {
         self.finish_draining()?;
         self.finish_moving();
         let t = Totals {
-            counts: self.counters.totals(&self.by_key, &self.devs)?,
+            counts: self.counters.totals(&self.by_key, &self.removed)?,
             latency: match &self.latency {
-                Some(l) => l.totals(&self.by_key, &self.devs)?,
+                Some(l) => l.totals(&self.by_key, &self.removed)?,
                 None => Vec::new(),
             },
         };
@@ -345,14 +333,27 @@ impl Slots {
         (self.by_key.len(), self.draining.len())
     }
 
+    /// The removed slot of (disk `dev`, `dir`), taken from the free ones the first time; None
+    /// while none is free.
+    fn removed_slot(&mut self, dev: u32, dir: u32) -> Result<Option<SlotRef>> {
+        if let Some(r) = self.removed.get(&(dev, dir)) {
+            return Ok(Some(*r));
+        }
+        let Some(slot) = self.free.pop() else {
+            return Ok(None);
+        };
+        let r = SlotRef {
+            slot,
+            gen: self.next_gen(slot)?,
+        };
+        self.removed.insert((dev, dir), r);
+        Ok(Some(r))
+    }
+
     /// Step 1 of reclaiming `key`: from now on it counts in its disk's removed slot.
     fn retire(&mut self, key: CountKey) -> Result<()> {
-        let Some(disk) = self.devs.iter().position(|d| *d == key.dev) else {
-            return Ok(());
-        };
-        let to = SlotRef {
-            slot: removed_slot(disk as u32, key.dir),
-            gen: REMOVED_GEN,
+        let Some(to) = self.removed_slot(key.dev, key.dir)? else {
+            return Ok(()); // no slot free: the next read tries again
         };
         if self.slot_of.insert(key, to, 0).is_err() {
             return Ok(()); // SLOT_OF is full: the next read tries again

@@ -44,7 +44,8 @@ impl IssueEntries {
         Ok(IssueEntries {
             slots: Array::try_from(take("ISSUE_SLOTS")?)?,
             hashed: BpfHashMap::try_from(take("ISSUED_AT")?)?,
-            disks: (devices.iter())
+            // Only the first disks' requests have array entries (the others', the hash map's).
+            disks: (devices.iter().take(mergetrace_common::FROZEN_DISKS))
                 .map(|d| (!d.bio_based).then(|| d.sys_dir()))
                 .collect(),
         })

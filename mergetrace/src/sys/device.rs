@@ -103,16 +103,75 @@ pub fn resolve_in(sysfs: &Path, spec: &str) -> Result<Device> {
     })
 }
 
-/// Resolves every spec, each disk once (two partitions of one disk trace it once).
-pub fn resolve_all(specs: &[String]) -> Result<Vec<Device>> {
-    let mut out: Vec<Device> = Vec::new();
-    for spec in specs {
-        let d = resolve(spec)?;
-        if !out.iter().any(|o| o.dev() == d.dev()) {
-            out.push(d);
+/// Every whole disk of the machine now (`/sys/block`), by name.
+pub fn all_disks() -> Vec<Device> {
+    disks_in(Path::new("/sys"))
+}
+
+fn disks_in(sysfs: &Path) -> Vec<Device> {
+    let Ok(entries) = std::fs::read_dir(sysfs.join("block")) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+        .iter()
+        .filter_map(|n| resolve_in(sysfs, n).ok())
+        .collect()
+}
+
+/// The disk of `dev_t` (the kernel's encoding), from sysfs; `None` once it is gone.
+pub fn of_dev(dev: u32) -> Option<Device> {
+    let d = Dev(dev);
+    resolve(&format!("{}:{}", d.major(), d.minor())).ok()
+}
+
+/// What `-d` names: disks, and patterns of disk names (`nvme*`, `vd?`, `loop[0-9]`: a disk
+/// that appears during the run and matches is traced too), or every disk (`--all-disks`).
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    patterns: Vec<glob::Pattern>,
+    every: bool,
+}
+
+impl Selection {
+    /// The disks `specs` name now (each once) and what they select from here on. A spec with
+    /// `*`, `?` or `[` is a pattern of whole-disk names; it may match none yet.
+    pub fn resolve(specs: &[String], every: bool) -> Result<(Vec<Device>, Selection)> {
+        let mut out: Vec<Device> = Vec::new();
+        let mut patterns = Vec::new();
+        let now = all_disks();
+        for spec in specs {
+            if spec.contains(['*', '?', '[']) {
+                let p = glob::Pattern::new(spec).map_err(|e| {
+                    anyhow::anyhow!("bad disk pattern '{spec}': {e} (e.g. -d 'nvme*', -d 'vd?')")
+                })?;
+                out.extend(now.iter().filter(|d| p.matches(&d.name)).cloned());
+                patterns.push(p);
+            } else {
+                out.push(resolve(spec)?);
+            }
         }
+        if every {
+            out.extend(now);
+        }
+        let mut seen = std::collections::HashSet::new();
+        out.retain(|d| seen.insert(d.dev()));
+        Ok((out, Selection { patterns, every }))
     }
-    Ok(out)
+
+    /// Whether disks that appear later can be selected (a pattern or every disk).
+    pub fn follows_new_disks(&self) -> bool {
+        self.every || !self.patterns.is_empty()
+    }
+
+    /// Whether a disk found during the run is selected.
+    pub fn wants(&self, d: &Device) -> bool {
+        self.every || self.patterns.iter().any(|p| p.matches(&d.name))
+    }
 }
 
 fn file_name(p: &Path) -> String {
@@ -150,6 +209,24 @@ mod tests {
             std::os::unix::fs::symlink(&dir, root.join("dev/block").join(mm)).unwrap();
         }
         t
+    }
+
+    #[test]
+    fn patterns_select_disks_now_and_later() {
+        let t = fake_sysfs();
+        let names: Vec<String> = disks_in(t.path()).into_iter().map(|d| d.name).collect();
+        assert_eq!(names, ["sdz", "zram9"]);
+        let p = glob::Pattern::new("zram*").unwrap();
+        let sel = Selection {
+            patterns: vec![p],
+            every: false,
+        };
+        let z = resolve_in(t.path(), "zram9").unwrap();
+        let sdz = resolve_in(t.path(), "sdz").unwrap();
+        assert!(sel.wants(&z) && !sel.wants(&sdz) && sel.follows_new_disks());
+        assert!(!Selection::default().follows_new_disks());
+        let e = Selection::resolve(&["sd[".to_string()], false).unwrap_err().to_string();
+        assert!(e.starts_with("bad disk pattern 'sd['"), "{e}");
     }
 
     #[test]

@@ -347,6 +347,7 @@ impl Lab {
                     ..Default::default()
                 },
                 hooks_only: false,
+                every_disk: false,
             },
         )
     }
