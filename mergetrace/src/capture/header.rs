@@ -156,6 +156,11 @@ pub struct RecordedCgroup {
     pub id: u64,
     /// Relative to the hierarchy's mount, "/" for the root.
     pub path: String,
+    /// Its readable name as the recording machine read it, with what the runtimes' files
+    /// there said (the container's name); absent for none of the known kinds, and in captures
+    /// before mergetrace 0.2 (a report reads those from the path).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<crate::sys::container::ReadableName>,
 }
 
 /// The limits one cgroup sets on one device; `None` = no limit ("max").
@@ -292,6 +297,17 @@ mod tests {
         h.cgroups.push(RecordedCgroup {
             id: u64::MAX,
             path: "/a/b".into(),
+            name: None,
+        });
+        // a name a runtime's files gave, as the recording machine read it
+        let path = format!("/libpod_parent/libpod-{}", "ad".repeat(32));
+        let mut name = crate::sys::container::readable(&path).unwrap();
+        name.container_name = Some("web".into());
+        name.refresh_short();
+        h.cgroups.push(RecordedCgroup {
+            id: 9,
+            path,
+            name: Some(name),
         });
         h.limits.push(RecordedLimits {
             cgroup: "/a".into(),

@@ -1,0 +1,162 @@
+//! Container and pod names from the runtimes' own files on this machine, to put beside what
+//! `sys::container` parsed from a cgroup path (docs/names.md has the table). Only files, never
+//! a socket or an API:
+//! - Docker: `/var/lib/docker/containers/<id>/config.v2.json`, its `"Name"` (`"/web"`).
+//! - podman (rootful and rootless): its store's records (`storage`).
+//! - Kubernetes: the annotations of the container's spec, as containerd or CRI-O wrote it
+//!   (`oci`), else the kubelet's log directories (`kubelet`).
+//! - containerd, CRI-O outside Kubernetes: their specs' annotations (`oci`).
+//! - A container whose cgroup path names no runtime (plain `runc run`, crun, `ctr run`):
+//!   found by the cgroup path in runc's or crun's state directory (`oci`).
+//! - LXC and systemd-nspawn name their cgroups after the container: nothing to read.
+//!
+//! A name found is kept for the cgroup's path while the cgroup table knows it, so a container
+//! keeps its name after it exited and its runtime removed its files. A lookup that finds
+//! nothing is not remembered: files that appear later are read then.
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+};
+
+use super::container::{self, Kind, ReadableName};
+
+mod kubelet;
+mod oci;
+mod storage;
+
+pub struct LocalNames {
+    /// `/` on the host; a scratch directory in tests.
+    root: PathBuf,
+    /// cgroup path → the name found for it.
+    found: HashMap<String, ReadableName>,
+    kubelet: kubelet::Kubelet,
+    storage: storage::Storage,
+    states: oci::RuntimeStates,
+}
+
+impl LocalNames {
+    /// `mount`: the io hierarchy's mount (runtimes write absolute cgroup paths).
+    pub fn new(root: impl Into<PathBuf>, mount: impl Into<PathBuf>) -> LocalNames {
+        LocalNames {
+            root: root.into(),
+            found: HashMap::new(),
+            kubelet: kubelet::Kubelet::default(),
+            storage: storage::Storage::default(),
+            states: oci::RuntimeStates::new(mount.into()),
+        }
+    }
+
+    /// The readable name of the cgroup at `path`: what the path says, with what this
+    /// machine's runtime files add.
+    pub fn name(&mut self, path: &str) -> Option<ReadableName> {
+        if let Some(n) = self.found.get(path) {
+            return Some(n.clone());
+        }
+        let parsed = container::readable(path);
+        let (mut n, added) = match parsed {
+            Some(n) if n.container_id.is_some() || n.kind == Kind::Kubernetes => {
+                let mut n = n;
+                let added = self.add_by_id(&mut n);
+                (n, added)
+            }
+            // their paths carry the name
+            Some(n) if matches!(n.kind, Kind::Lxc | Kind::Machine) => return Some(n),
+            other => match self.states.container_at(&self.root, path) {
+                Some((mut n, annotated)) => {
+                    annotated.fill(&mut n);
+                    if n.kind == Kind::Podman {
+                        self.add_by_id(&mut n);
+                    }
+                    (n, true)
+                }
+                None => return other,
+            },
+        };
+        n.refresh_short();
+        if added {
+            self.found.insert(path.to_string(), n.clone());
+        }
+        Some(n)
+    }
+
+    /// Forgets the name kept for `path` (the cgroup table let it go).
+    pub fn forget(&mut self, path: &str) {
+        self.found.remove(path);
+    }
+
+    /// Adds the names the runtime of `n`'s container (by its id) or pod keeps; whether any.
+    fn add_by_id(&mut self, n: &mut ReadableName) -> bool {
+        let root = self.root.clone();
+        let id = n.container_id.clone();
+        let id = id.as_deref();
+        let mut added = false;
+        match n.kind {
+            Kind::Docker => {
+                n.container_name = id.and_then(|id| docker_name(&root, id));
+                added = n.container_name.is_some();
+            }
+            Kind::Podman => {
+                if n.container_name.is_none() {
+                    n.container_name =
+                        id.and_then(|id| self.storage.podman_name(&root, id, n.user));
+                    added = n.container_name.is_some();
+                }
+            }
+            Kind::Containerd => {
+                if let Some(a) = id.and_then(|id| oci::containerd_bundle(&root, id)) {
+                    added = a.fill(n);
+                }
+            }
+            Kind::Crio => {
+                if let Some(a) = id.and_then(|id| self.storage.bundle(&root, id, None)) {
+                    added = a.fill(n);
+                }
+            }
+            Kind::Kubernetes => {
+                if let Some(id) = id {
+                    let bundle = match n.runtime.as_deref() {
+                        Some("crio") => self.storage.bundle(&root, id, None),
+                        Some("containerd") => oci::containerd_bundle(&root, id),
+                        _ => oci::containerd_bundle(&root, id)
+                            .or_else(|| self.storage.bundle(&root, id, None)),
+                    };
+                    if let Some(a) = bundle {
+                        added |= a.fill(n);
+                    }
+                    if n.container_name.is_none() {
+                        n.container_name = self.kubelet.container(&root, id);
+                        added |= n.container_name.is_some();
+                    }
+                }
+                if n.pod_name.is_none() {
+                    if let Some((ns, name)) = n
+                        .pod_uid
+                        .clone()
+                        .and_then(|uid| self.kubelet.pod(&root, &uid))
+                    {
+                        n.pod_namespace = Some(ns);
+                        n.pod_name = Some(name);
+                        added = true;
+                    }
+                }
+            }
+            _ => {}
+        }
+        added
+    }
+}
+
+fn docker_name(root: &Path, id: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Config {
+        #[serde(rename = "Name")]
+        name: String,
+    }
+    let file = root.join(format!("var/lib/docker/containers/{id}/config.v2.json"));
+    let c: Config = serde_json::from_slice(&std::fs::read(file).ok()?).ok()?;
+    let name = c.name.trim_start_matches('/');
+    (!name.is_empty()).then(|| name.to_string())
+}
+
+#[cfg(test)]
+mod tests;
