@@ -109,6 +109,26 @@ mod tests {
     use crate::model::limits::Limit;
 
     #[test]
+    fn capture_header_lookup_gives_the_names_the_recording_machine_read() {
+        let path = format!("/libpod_parent/libpod-{}", "ad".repeat(32));
+        let mut name = crate::sys::container::readable(&path).unwrap();
+        name.container_name = Some("web".into());
+        name.refresh_short();
+        let h = Header {
+            cgroups: vec![RecordedCgroup {
+                id: 7,
+                path: path.clone(),
+                name: Some(name),
+            }],
+            ..Header::default()
+        };
+        let mut l = HeaderLookup::new(&h);
+        let n = l.readable(&path).unwrap();
+        assert_eq!(n.short, "podman:web (adadadadadad)");
+        assert_eq!(n.container_name.as_deref(), Some("web"));
+    }
+
+    #[test]
     fn capture_header_lookup_names_and_inherited_limits() {
         let h = Header {
             cgroups: vec![RecordedCgroup {
@@ -138,6 +158,13 @@ mod tests {
         let mut l = HeaderLookup::new(&h);
         assert_eq!(l.cgroup_name(42).path, "/a/b");
         assert_eq!(l.readable("/a/b"), None);
+        // a path of no recorded name (an older capture): read from the path
+        let id = "ad".repeat(32);
+        let short = l
+            .readable(&format!("/libpod_parent/libpod-{id}"))
+            .unwrap()
+            .short;
+        assert_eq!(short, "podman:adadadadadad");
         assert_eq!(l.cgroup_name(0).path, "(none)");
         assert!(l.cgroup_name(43).gone);
         let dev = Device {

@@ -330,7 +330,8 @@ fn user_of(segs: &[&str]) -> Option<u32> {
 /// A machine systemd-machined registered (systemd src/machine/machine.c): the transient scope
 /// `machine-<escaped name>.scope` it makes for `systemd-nspawn` (and for VMs), or the unit
 /// `systemd-nspawn@<escaped name>.service` of `machinectl start` (nspawn's `--keep-unit`).
-/// Below it, nspawn keeps itself in `supervisor` and the container in `payload` (cgroup v2).
+/// Below it, nspawn keeps itself in `supervisor` and the container in `payload` (cgroup v2;
+/// systemd src/nspawn/nspawn-cgroup.c, `create_subcgroup`).
 fn machine(segs: &[&str], i: usize) -> Option<ReadableName> {
     let seg = segs[i];
     let escaped = seg

@@ -95,12 +95,9 @@ impl LocalNames {
                 n.container_name = id.and_then(|id| docker_name(&root, id));
                 added = n.container_name.is_some();
             }
-            Kind::Podman => {
-                if n.container_name.is_none() {
-                    n.container_name =
-                        id.and_then(|id| self.storage.podman_name(&root, id, n.user));
-                    added = n.container_name.is_some();
-                }
+            Kind::Podman if n.container_name.is_none() => {
+                n.container_name = id.and_then(|id| self.storage.podman_name(&root, id, n.user));
+                added = n.container_name.is_some();
             }
             Kind::Containerd => {
                 if let Some(a) = id.and_then(|id| oci::containerd_bundle(&root, id)) {

@@ -6,9 +6,8 @@
 //!   <id>/config.json` (containerd `runtime/v2/bundle.go`, `NewBundle`); the state dir is
 //!   `/run/containerd` (`/run/k3s/containerd` under k3s). Its CRI plugin annotates Kubernetes
 //!   containers with `io.kubernetes.cri.container-name`, `…sandbox-name`, `…sandbox-namespace`,
-//!   `…sandbox-uid` (containerd `pkg/cri/annotations/annotations.go`). Its `metadata.db` (bbolt)
-//!   is not read: no well-kept Rust reader of bbolt exists, and a running task's bundle says
-//!   what is needed.
+//!   `…sandbox-uid` (containerd `pkg/cri/annotations/annotations.go`). Its `metadata.db` (a
+//!   bbolt database it holds open) is not read: a running task's bundle says what is needed.
 //! - CRI-O writes the spec to the container's directories in containers/storage
 //!   (`<graphroot>/overlay-containers/<id>/userdata/config.json` and the same under the run
 //!   root; cri-o `server/container_create.go`), with the kubelet's labels as annotations:
