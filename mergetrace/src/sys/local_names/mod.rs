@@ -53,11 +53,15 @@ impl LocalNames {
             return Some(n.clone());
         }
         let parsed = container::readable(path);
-        let (mut n, added) = match parsed {
-            Some(n) if n.container_id.is_some() || n.kind == Kind::Kubernetes => {
-                let mut n = n;
-                let added = self.add_by_id(&mut n);
-                (n, added)
+        let (mut n, keep) = match parsed {
+            Some(mut n) if n.container_id.is_some() || n.kind == Kind::Kubernetes => {
+                self.add_by_id(&mut n);
+                // kept once the name that says which one it is was found
+                let named = match n.container_id {
+                    Some(_) => n.container_name.is_some(),
+                    None => n.pod_name.is_some(),
+                };
+                (n, named)
             }
             // their paths carry the name
             Some(n) if matches!(n.kind, Kind::Lxc | Kind::Machine) => return Some(n),
@@ -73,7 +77,7 @@ impl LocalNames {
             },
         };
         n.refresh_short();
-        if added {
+        if keep {
             self.found.insert(path.to_string(), n.clone());
         }
         Some(n)
@@ -84,62 +88,58 @@ impl LocalNames {
         self.found.remove(path);
     }
 
-    /// Adds the names the runtime of `n`'s container (by its id) or pod keeps; whether any.
-    fn add_by_id(&mut self, n: &mut ReadableName) -> bool {
+    /// Adds the names the runtime of `n`'s container (by its id) or the kubelet keep.
+    fn add_by_id(&mut self, n: &mut ReadableName) {
         let root = self.root.clone();
-        let id = n.container_id.clone();
-        let id = id.as_deref();
-        let mut added = false;
-        match n.kind {
-            Kind::Docker => {
-                n.container_name = id.and_then(|id| docker_name(&root, id));
-                added = n.container_name.is_some();
+        let Some(id) = n.container_id.clone() else {
+            // a pod's own cgroup
+            return self.add_pod(n);
+        };
+        let spec = match (n.kind, n.runtime.as_deref()) {
+            (Kind::Docker, _) => {
+                n.container_name = docker_name(&root, &id);
+                None
             }
-            Kind::Podman if n.container_name.is_none() => {
-                n.container_name = id.and_then(|id| self.storage.podman_name(&root, id, n.user));
-                added = n.container_name.is_some();
+            (Kind::Podman, _) if n.container_name.is_none() => {
+                n.container_name = self.storage.podman_name(&root, &id, n.user);
+                None
             }
-            Kind::Containerd => {
-                if let Some(a) = id.and_then(|id| oci::containerd_bundle(&root, id)) {
-                    added = a.fill(n);
-                }
+            (Kind::Containerd, _) | (Kind::Kubernetes, Some("containerd")) => {
+                oci::containerd_bundle(&root, &id)
             }
-            Kind::Crio => {
-                if let Some(a) = id.and_then(|id| self.storage.bundle(&root, id, None)) {
-                    added = a.fill(n);
-                }
+            (Kind::Crio, _) | (Kind::Kubernetes, Some("crio")) => {
+                self.storage.bundle(&root, &id, None)
             }
-            Kind::Kubernetes => {
-                if let Some(id) = id {
-                    let bundle = match n.runtime.as_deref() {
-                        Some("crio") => self.storage.bundle(&root, id, None),
-                        Some("containerd") => oci::containerd_bundle(&root, id),
-                        _ => oci::containerd_bundle(&root, id)
-                            .or_else(|| self.storage.bundle(&root, id, None)),
-                    };
-                    if let Some(a) = bundle {
-                        added |= a.fill(n);
-                    }
-                    if n.container_name.is_none() {
-                        n.container_name = self.kubelet.container(&root, id);
-                        added |= n.container_name.is_some();
-                    }
-                }
-                if n.pod_name.is_none() {
-                    if let Some((ns, name)) = n
-                        .pod_uid
-                        .clone()
-                        .and_then(|uid| self.kubelet.pod(&root, &uid))
-                    {
-                        n.pod_namespace = Some(ns);
-                        n.pod_name = Some(name);
-                        added = true;
-                    }
-                }
+            // the cgroupfs driver's bare id does not say whose it is
+            (Kind::Kubernetes, _) => {
+                oci::containerd_bundle(&root, &id).or_else(|| self.storage.bundle(&root, &id, None))
             }
-            _ => {}
+            _ => None,
+        };
+        if let Some(spec) = spec {
+            spec.fill(n);
         }
-        added
+        if n.kind == Kind::Kubernetes {
+            if n.container_name.is_none() {
+                n.container_name = self.kubelet.container(&root, &id);
+            }
+            self.add_pod(n);
+        }
+    }
+
+    /// A Kubernetes pod's names from the kubelet's log directories, where none came so far.
+    fn add_pod(&mut self, n: &mut ReadableName) {
+        if n.pod_name.is_some() {
+            return;
+        }
+        if let Some((ns, name)) = n
+            .pod_uid
+            .clone()
+            .and_then(|uid| self.kubelet.pod(&self.root, &uid))
+        {
+            n.pod_namespace = Some(ns);
+            n.pod_name = Some(name);
+        }
     }
 }
 

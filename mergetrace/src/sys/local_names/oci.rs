@@ -62,20 +62,17 @@ impl Annotated {
         }
     }
 
-    /// Adds its names where `n` has none; whether it added any.
-    pub fn fill(&self, n: &mut ReadableName) -> bool {
-        let mut added = false;
+    /// Adds its names where `n` has none.
+    pub fn fill(&self, n: &mut ReadableName) {
         for (to, from) in [
             (&mut n.container_name, &self.container_name),
             (&mut n.pod_name, &self.pod_name),
             (&mut n.pod_namespace, &self.pod_namespace),
         ] {
-            if to.is_none() && from.is_some() {
-                *to = from.clone();
-                added = true;
+            if to.is_none() {
+                to.clone_from(from);
             }
         }
-        added
     }
 }
 

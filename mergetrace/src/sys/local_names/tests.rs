@@ -331,6 +331,24 @@ fn names_outlive_the_files_until_forgotten_and_late_files_are_read() {
 }
 
 #[test]
+fn a_kubernetes_container_is_kept_only_once_its_own_name_is_found() {
+    let m = Machine::new();
+    m.write(&format!("var/log/pods/shop_cart_{UID}/app/0.log"), "");
+    let mut local = m.names(V1_MOUNT);
+    let path = format!("/kubepods/burstable/pod{UID}/{ID}");
+    // the pod is known, the container's log link not yet
+    assert_eq!(
+        short(&mut local, &path),
+        "k8s:burstable/pod shop/cart/ctr 3f2a9c1b7d4e"
+    );
+    m.write(&format!("var/log/containers/cart_shop_app-{ID}.log"), "");
+    assert_eq!(
+        short(&mut local, &path),
+        "k8s:burstable/pod shop/cart/ctr app"
+    );
+}
+
+#[test]
 fn lxc_and_nspawn_need_no_file() {
     let m = Machine::new();
     let mut local = m.names("/sys/fs/cgroup");
