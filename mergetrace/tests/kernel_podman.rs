@@ -2,9 +2,10 @@
 //! debootstrap, with a write IOPS limit on a loop device (`--device-write-iops`), the case of
 //! issue 43. Each order is checked: the tracer started first (the container and its limit
 //! appear during the run) and the container first. In both, the container's row is named by
-//! podman's name (JSON, `-c NAME`, a capture's report and its table), its bios are fio's
-//! writes and /proc/diskstats', and CHARGED is the container cgroup's own count
-//! (`blkio.throttle.io_serviced`, v2 `io.stat` wios). Exact counts only, never a time.
+//! podman's name (the live view's JSON, `-c NAME`, a capture's report and its table, the
+//! exporter's `name` label), its bios are fio's writes and /proc/diskstats', and CHARGED (live,
+//! `serve`) is the container cgroup's own count (`blkio.throttle.io_serviced`, v2 `io.stat`
+//! wios). Exact counts only, never a time.
 //!
 //! The container starts with fio held on its stdin (`read go`), so that a tracer with
 //! `-c NAME` can start once the name exists and before fio writes, and stays up after fio
@@ -27,7 +28,7 @@ use std::{
 };
 
 use serde_json::Value;
-use support::*;
+use support::{serve::*, *};
 
 const BS: u64 = 4096;
 /// 16 MiB of 4 KiB writes at 2,000 a second: about 2 s of fio.
@@ -327,6 +328,40 @@ fn io_cgroup_of(pid: u32) -> String {
         .unwrap_or_else(|| panic!("no io cgroup in /proc/{pid}/cgroup:\n{text}"))
 }
 
+/// One scrape of the exporter's /metrics.
+fn scrape(server: &Server) -> prometheus_parse::Scrape {
+    let (status, _, body) = http_get(server.addr, "/metrics");
+    assert_eq!(status, 200, "scrape failed: {body}\n{}", server.stderr());
+    prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string())))
+        .unwrap_or_else(|e| panic!("the exposition does not parse ({e}):\n{body}"))
+}
+
+/// The one sample of `metric` whose labels include `labels`.
+fn sample<'a>(
+    m: &'a prometheus_parse::Scrape,
+    metric: &str,
+    labels: &[(&str, &str)],
+) -> &'a prometheus_parse::Sample {
+    let mut found = m
+        .samples
+        .iter()
+        .filter(|s| s.metric == metric && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)));
+    let one = found
+        .next()
+        .unwrap_or_else(|| panic!("no {metric} {labels:?} in the scrape"));
+    assert!(found.next().is_none(), "several {metric} {labels:?}");
+    one
+}
+
+fn number(v: &prometheus_parse::Value) -> f64 {
+    match v {
+        prometheus_parse::Value::Counter(x)
+        | prometheus_parse::Value::Gauge(x)
+        | prometheus_parse::Value::Untyped(x) => *x,
+        other => panic!("not a number: {other:?}"),
+    }
+}
+
 /// Which starts first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Order {
@@ -352,13 +387,15 @@ fn run(order: Order) {
     udev_settle();
     let dir = tempfile::tempdir().unwrap();
     let cap = dir.path().join("run.mtr");
+    // The live view's JSON, a recording and the exporter, started together.
     let start_tracers = |lo: &LoopDevice| {
         let tracer = Tracer::on(lo);
         let rec = Recorder::start(lo, &cap, test_tier().as_deref());
-        (tracer, rec)
+        let server = Server::start(lo, &[]);
+        (tracer, rec, server)
     };
     let disk_before = diskstats(&lo.name);
-    let ((tracer, rec), mut ctr) = match order {
+    let ((tracer, rec, server), mut ctr) = match order {
         Order::TracerFirst => {
             let tracers = start_tracers(&lo);
             (tracers, Container::start(&lo))
@@ -373,6 +410,9 @@ fn run(order: Order) {
     let fio = ctr.run_fio();
     assert_eq!(fio_total_ios(&fio, "write"), IOS, "fio's writes");
     let serviced = ctr.io_serviced_writes(&lo);
+    let metrics = scrape(&server);
+    let (status, serve_err) = server.stop(libc::SIGTERM);
+    assert!(status.success(), "serve: {status}: {serve_err}");
     let (out, named) = (tracer.stop(), by_name.stop());
     let rec_err = rec.stop();
     let disk = diskstats(&lo.name).since(&disk_before);
@@ -455,12 +495,33 @@ fn run(order: Order) {
         ctr.short()
     );
 
+    // The exporter's series of the container carry its name.
+    let series = [
+        ("device", lo.name.as_str()),
+        ("cgroup", ctr.cgroup.as_str()),
+        ("direction", "write"),
+    ];
+    let bios = sample(&metrics, "mergetrace_bios_total", &series);
+    let short = ctr.short();
+    assert_eq!(
+        bios.labels.get("name"),
+        Some(short.as_str()),
+        "{ctx}: {bios:?}"
+    );
+    assert_eq!(number(&bios.value), IOS as f64, "{ctx}: {bios:?}");
+
     // CHARGED is what blk-throttle charged the container: every bio, whichever started first
-    // (issue 43: limits that appear after the tracer started).
+    // (issue 43: limits that appear after the tracer started), in the live view and `serve`.
     assert_eq!(
         u(w, "charged_ios"),
         serviced,
         "{ctx}: CHARGED vs io_serviced; {w}"
+    );
+    let charged = sample(&metrics, "mergetrace_throttle_charged_ios_total", &series);
+    assert_eq!(
+        number(&charged.value),
+        serviced as f64,
+        "{ctx}: serve's CHARGED; {charged:?}"
     );
     assert!(
         u(&w["throttled"], "bios") > 0,
