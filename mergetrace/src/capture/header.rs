@@ -159,8 +159,20 @@ pub struct RecordedCgroup {
     /// Its readable name as the recording machine read it, with what the runtimes' files
     /// there said (the container's name); absent for none of the known kinds, and in captures
     /// before mergetrace 0.2 (a report reads those from the path).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "name_if_known"
+    )]
     pub name: Option<crate::sys::container::ReadableName>,
+}
+
+/// A recorded name this build cannot read (a newer writer's kind) is no name: the report
+/// reads it from the path, and the rest of the header still reads.
+fn name_if_known<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<crate::sys::container::ReadableName>, D::Error> {
+    let v = serde_json::Value::deserialize(d)?;
+    Ok(serde_json::from_value(v).ok())
 }
 
 /// The limits one cgroup sets on one device; `None` = no limit ("max").
@@ -324,6 +336,12 @@ mod tests {
         let mut plain = back.clone();
         plain.extra.clear();
         assert_eq!(plain, h);
+        // A name of a kind this build does not know is no name; the header still reads.
+        let future: Header = serde_json::from_str(
+            r#"{"cgroups":[{"id":3,"path":"/x","name":{"kind":"wasm","short":"wasm:x"}}]}"#,
+        )
+        .unwrap();
+        assert_eq!((future.cgroups[0].id, &future.cgroups[0].name), (3, &None));
         // An old writer's header without most fields still reads.
         let old: Header = serde_json::from_str(r#"{"format_version":1,"tier":"fentry"}"#).unwrap();
         assert_eq!(old.tier, "fentry");

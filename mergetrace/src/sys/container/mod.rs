@@ -29,7 +29,6 @@ pub enum Kind {
 /// unknown. Captures record it as the run saw it (`capture::RecordedCgroup::name`).
 #[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
 pub struct ReadableName {
     pub kind: Kind,
     /// The short form the tables show (`docker:3f2a9c1b7d4e`, `svc:nginx`).
@@ -42,7 +41,7 @@ pub struct ReadableName {
     pub runtime: Option<String>,
     /// The runtime's monitor process (CRI-O's and podman's conmon, LXC's monitor,
     /// systemd-nspawn's supervisor), not the container itself.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub conmon: bool,
     /// Kubernetes QoS class: guaranteed, burstable or besteffort.
     pub qos: Option<String>,
@@ -58,13 +57,6 @@ pub struct ReadableName {
     pub unit: Option<String>,
     /// systemd, rootless podman: the user whose `user-UID.slice` holds the cgroup.
     pub user: Option<u32>,
-}
-
-impl Default for ReadableName {
-    /// Only for reading a recorded name whose `kind` this build does not know.
-    fn default() -> ReadableName {
-        ReadableName::new(Kind::Slice)
-    }
 }
 
 impl ReadableName {
