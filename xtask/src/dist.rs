@@ -87,6 +87,9 @@ pub fn run(args: &DistArgs) -> Result<()> {
     let unit = share.join("systemd/mergetrace-serve.service");
     fs::write(&unit, SERVICE)?;
     fs::copy(root.join("README.md"), stage.join("README.md"))?;
+    for license in LICENSES {
+        fs::copy(root.join(license), stage.join(license))?;
+    }
     let files = layout(&stage)?;
 
     let tarball = out.join(format!("{name}.tar.gz"));
@@ -98,7 +101,7 @@ pub fn run(args: &DistArgs) -> Result<()> {
         .arg(&name))?;
     let license = workspace_field(&root, "license")?;
     let deb = debian_package(&stage, &files, &out, &version)?;
-    let rpm = rpm_package(&stage, &files, &out, &version, &license)?;
+    let rpm = rpm_package(&stage, &files, &out, &version, &package_license(&root)?)?;
     let about = oci::About {
         version: &version,
         license: &license,
@@ -127,6 +130,25 @@ fn workspace_field(root: &Path, key: &str) -> Result<String> {
         .and_then(|v| v.strip_suffix('"'))
         .map(str::to_string)
         .with_context(|| format!("no {key} in the workspace's Cargo.toml"))
+}
+
+/// The license texts, at the top of the tarball and in the packages' doc directory: the binary
+/// is MIT OR Apache-2.0 and embeds the eBPF object, which is GPL-2.0 (README, "License").
+const LICENSES: [&str; 3] = ["LICENSE-MIT", "LICENSE-APACHE", "LICENSE-GPL2"];
+
+/// The packages' license: the workspace's (user space) and the eBPF crate's (the object the
+/// binary embeds), as one SPDX expression.
+fn package_license(root: &Path) -> Result<String> {
+    let ebpf = fs::read_to_string(root.join("mergetrace-ebpf/Cargo.toml"))?;
+    let ebpf = ebpf
+        .lines()
+        .find_map(|l| l.strip_prefix("license = \""))
+        .and_then(|v| v.strip_suffix('"'))
+        .context("no license in mergetrace-ebpf's Cargo.toml")?;
+    Ok(format!(
+        "({}) AND {ebpf}",
+        workspace_field(root, "license")?
+    ))
 }
 
 /// `cargo build --release` with glibc linked in statically.
@@ -215,6 +237,12 @@ fn layout(stage: &Path) -> Result<Vec<Placed>> {
         rpm: "usr/lib/systemd/system/mergetrace-serve.service".into(),
         ..both("share/systemd/mergetrace-serve.service", "")
     });
+    for license in LICENSES {
+        files.push(both(
+            license,
+            &format!("usr/share/doc/mergetrace/{license}"),
+        ));
+    }
     for f in &files {
         ensure!(
             stage.join(&f.staged).is_file(),
