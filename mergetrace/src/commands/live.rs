@@ -1,6 +1,7 @@
 //! The live run: attach with in-kernel counting, read the counters every interval, show, stop
 //! cleanly, show the whole run. No event crosses to user space here: the programs count in
-//! per-CPU maps with the same rule the offline aggregator uses.
+//! per-CPU maps with the same rule the offline aggregator uses. Once attached, it keeps only the
+//! privileges reading the counters needs ([`kernel::least_privilege`]).
 use std::{io::IsTerminal, sync::Arc, time::Duration};
 
 use anyhow::Result;
@@ -79,6 +80,10 @@ pub async fn run(args: LiveArgs) -> Result<()> {
             "mergetrace: --hooks-only: the programs are attached but return at once; nothing is counted"
         );
     }
+    // Attached, the maps open (and --stats' statistics on): from here on only what reading
+    // them needs. Quiet, unlike serve's line: the view's output is the user's.
+    let dropped = kernel::least_privilege::drop_after_attach(None)?;
+    log::info!("{dropped}");
     let quit = Arc::new(Notify::new());
     let mut view = view_for(&args, banner, &quit)?;
     let iocost = session.iocost_models();

@@ -1,9 +1,12 @@
 //! `mergetrace serve`: the fleet view. Counts in the kernel like the live view and, on every
 //! scrape of `/metrics`, renders the running totals through [`crate::view::prometheus`]'s model
-//! (bounded, monotonic). Binds before loading the programs; stops cleanly on SIGTERM/SIGINT.
+//! (bounded, monotonic). Binds before loading the programs; drops the privileges it no longer
+//! needs once they are attached ([`kernel::least_privilege`]); serves over TLS with basic auth
+//! when a `--web.config.file` says so ([`crate::web`]); stops cleanly on SIGTERM/SIGINT.
 use std::{
     collections::HashSet,
     net::SocketAddr,
+    path::PathBuf,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -25,10 +28,11 @@ use crate::{
         stop::Stop,
         targets::Targets,
     },
-    kernel::{self, monotonic_ns},
+    kernel::{self, least_privilege, monotonic_ns},
     model::snapshot::{self, SnapshotKind},
     sys::{cgroups::Cgroups, device::Device},
     view::{banner, prometheus::Model},
+    web::{auth, listener::TlsListener, Web},
 };
 
 /// How long in-flight responses may take after SIGTERM/SIGINT before the server closes them.
@@ -60,6 +64,16 @@ pub struct ServeArgs {
     /// counter slot and series, and reclaims removed ones, however rarely Prometheus scrapes.
     #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = crate::cli::args::parse_duration)]
     pub read_every: Duration,
+    /// TLS, client certificates, basic auth (bcrypt hashes) and response headers from a
+    /// Prometheus exporter-toolkit web configuration file (YAML, as node_exporter's). Checked
+    /// at start; read again on SIGHUP and when it or a file it names changes (a file that does
+    /// not check keeps the previous one in force).
+    #[arg(long = "web.config.file", value_name = "FILE")]
+    pub web_config_file: Option<PathBuf>,
+    /// Once the programs are attached, run as this user (NAME, UID, NAME:GROUP or UID:GID),
+    /// keeping CAP_DAC_READ_SEARCH besides the capabilities serving needs.
+    #[arg(long, value_name = "USER")]
+    pub user: Option<String>,
 }
 
 /// How often the cgroup births and removals are read between reads of the counters, so
@@ -177,9 +191,10 @@ async fn index() -> &'static str {
     "mergetrace exporter: metrics at /metrics\n"
 }
 
-/// The one-line warning for an address other than loopback, if any.
-pub fn exposure_warning(addr: &SocketAddr) -> Option<String> {
-    (!addr.ip().is_loopback()).then(|| {
+/// The one-line warning for an address other than loopback, if any, when clients need not
+/// authenticate (a password or a verified certificate).
+pub fn exposure_warning(addr: &SocketAddr, authenticates: bool) -> Option<String> {
+    (!addr.ip().is_loopback() && !authenticates).then(|| {
         format!(
             "mergetrace: warning: listening on {addr}, which is not a loopback address: anyone who can reach it can read device names and cgroup paths"
         )
@@ -190,13 +205,24 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     // A signal during start-up stops the server cleanly too: it is then served for no time,
     // and the programs are detached as usual.
     let mut stop = Stop::on_signals()?;
+    // What can be refused without the kernel is refused first.
+    let web = match &args.web_config_file {
+        Some(path) => Some(Arc::new(Web::load(path)?)),
+        None => None,
+    };
+    let user = args
+        .user
+        .as_deref()
+        .map(least_privilege::User::resolve)
+        .transpose()?;
     let targets = Targets::resolve(&args.trace, &args.subtree, &args.names)?;
     // Bind before loading the programs: a taken port fails at once, not after verification.
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
-    if let Some(w) = exposure_warning(&addr) {
+    let authenticates = web.as_ref().is_some_and(|w| w.current().authenticates());
+    if let Some(w) = exposure_warning(&addr, authenticates) {
         eprintln!("{w}");
     }
     let session = kernel::Session::start(
@@ -208,6 +234,9 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     for line in banner::lines(&targets.devices, &session, &targets.cgroups, &iolatency) {
         eprintln!("mergetrace: {line}");
     }
+    // Attached, the maps open: from here on only what reading them needs.
+    let dropped = least_privilege::drop_after_attach(user)?;
+    eprintln!("mergetrace: {dropped}");
     let tier = session.tier.kind;
     let iocost = session.iocost_models();
     let exporter: Shared = Arc::new(Mutex::new(Exporter {
@@ -227,10 +256,28 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         iolatency,
     }));
     let poller = spawn_poller(exporter.clone(), args.read_every);
-    let app = Router::new()
+    let mut app = Router::new()
         .route("/metrics", get(metrics))
         .route("/", get(index))
         .with_state(exporter.clone());
+    let mut reloader = None;
+    let mut scheme = "http";
+    if let Some(web) = &web {
+        let config = web.current();
+        eprintln!(
+            "mergetrace: web config {}: {}",
+            web.path().display(),
+            config.summary()
+        );
+        if config.tls.is_some() {
+            scheme = "https";
+        }
+        app = app.layer(axum::middleware::from_fn_with_state(
+            auth::Guard::new(web.clone()),
+            auth::guard,
+        ));
+        reloader = Some(web.spawn_reloader()?);
+    }
 
     let stopping = Arc::new(tokio::sync::Notify::new());
     let shutdown = {
@@ -240,7 +287,38 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             stopping.notify_one();
         }
     };
-    eprintln!("mergetrace: serving http://{addr}/metrics");
+    eprintln!("mergetrace: serving {scheme}://{addr}/metrics");
+    match &web {
+        Some(web) if scheme == "https" => {
+            let tls = TlsListener::new(listener, web.clone());
+            serve_until_stopped(tls, app, shutdown, &stopping).await?
+        }
+        _ => serve_until_stopped(listener, app, shutdown, &stopping).await?,
+    }
+    // No scrape runs any more (or it finishes with the lock held): detach the programs.
+    poller.abort();
+    if let Some(r) = reloader {
+        r.abort();
+    }
+    let mut ex = exporter.lock().unwrap_or_else(|p| p.into_inner());
+    ex.session.detach();
+    super::warn_skipped_runs(&ex.session.unsaid()?);
+    eprintln!("mergetrace: stopped; programs detached");
+    Ok(())
+}
+
+/// Serves until `shutdown` resolves, then lets in-flight responses finish for at most
+/// [`SHUTDOWN_GRACE`] after the signal (`stopping`).
+async fn serve_until_stopped<L>(
+    listener: L,
+    app: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    stopping: &tokio::sync::Notify,
+) -> Result<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
     let server = axum::serve(listener, app).with_graceful_shutdown(shutdown);
     let server = std::future::IntoFuture::into_future(server);
     tokio::pin!(server);
@@ -253,12 +331,6 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             eprintln!("mergetrace: connections still open {SHUTDOWN_GRACE:?} after the signal: closing them");
         }
     }
-    // No scrape runs any more (or it finishes with the lock held): detach the programs.
-    poller.abort();
-    let mut ex = exporter.lock().unwrap_or_else(|p| p.into_inner());
-    ex.session.detach();
-    super::warn_skipped_runs(&ex.session.unsaid()?);
-    eprintln!("mergetrace: stopped; programs detached");
     Ok(())
 }
 
@@ -301,11 +373,13 @@ mod tests {
 
     #[test]
     fn loopback_is_quiet_anything_else_warns() {
-        assert!(exposure_warning(&"127.0.0.1:9435".parse().unwrap()).is_none());
-        assert!(exposure_warning(&"[::1]:9435".parse().unwrap()).is_none());
-        let w = exposure_warning(&"0.0.0.0:9435".parse().unwrap()).unwrap();
+        assert!(exposure_warning(&"127.0.0.1:9435".parse().unwrap(), false).is_none());
+        assert!(exposure_warning(&"[::1]:9435".parse().unwrap(), false).is_none());
+        let w = exposure_warning(&"0.0.0.0:9435".parse().unwrap(), false).unwrap();
         assert!(w.starts_with("mergetrace: warning:") && !w.contains('\n'));
-        assert!(exposure_warning(&"10.1.2.3:9435".parse().unwrap()).is_some());
+        assert!(exposure_warning(&"10.1.2.3:9435".parse().unwrap(), false).is_some());
+        // Clients that must authenticate read nothing by merely reaching the port.
+        assert!(exposure_warning(&"10.1.2.3:9435".parse().unwrap(), true).is_none());
     }
 
     #[test]
