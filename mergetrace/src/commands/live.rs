@@ -71,6 +71,11 @@ pub async fn run(args: LiveArgs) -> Result<()> {
     let tier = session.tier.clone();
     let iolatency = iolatency::targets_on(&devices, &cgroups);
     let banner = banner::lines(&devices, &session, &cgroups, &iolatency);
+    // Attached, the maps open (and --stats' statistics on): from here on only what reading
+    // them needs, before the banner says the run has started. Quiet, unlike serve's line:
+    // the view's output is the user's.
+    let dropped = kernel::least_privilege::drop_after_attach(None)?;
+    log::info!("{dropped}");
     // The first line on stderr says the probes are attached (scripts and tests wait for it).
     for line in &banner {
         eprintln!("mergetrace: {line}");
@@ -80,10 +85,6 @@ pub async fn run(args: LiveArgs) -> Result<()> {
             "mergetrace: --hooks-only: the programs are attached but return at once; nothing is counted"
         );
     }
-    // Attached, the maps open (and --stats' statistics on): from here on only what reading
-    // them needs. Quiet, unlike serve's line: the view's output is the user's.
-    let dropped = kernel::least_privilege::drop_after_attach(None)?;
-    log::info!("{dropped}");
     let quit = Arc::new(Notify::new());
     let mut view = view_for(&args, banner, &quit)?;
     let iocost = session.iocost_models();

@@ -48,12 +48,13 @@ pub const KEPT: &[(Cap, &str)] = &[
     ),
 ];
 
-/// Kept as well with `--user`, for files a user other than root could not read.
+/// Kept as well when the process runs as a user other than root (`--user`, or started so,
+/// e.g. by a systemd unit with `DynamicUser=yes`), for files only root may read.
 pub const KEPT_AS_USER: &[(Cap, &str)] = &[(
     Cap::DAC_READ_SEARCH,
-    "with --user: reading what only root may read, such as Docker's container names \
-     (/var/lib/docker/containers/*/config.v2.json, mode 0600) and the web config's key file \
-     on a reload",
+    "as a user other than root: reading what only root may read, such as Docker's container \
+     names (/var/lib/docker/containers/*/config.v2.json, mode 0600) and the web config's key \
+     file on a reload",
 )];
 
 /// Where a kernel has no CAP_BPF or CAP_PERFMON in the process's permitted set but
@@ -178,17 +179,19 @@ struct Plan {
     ids: Option<(u32, u32)>,
 }
 
-/// Keeps [`KEPT`] (and [`KEPT_AS_USER`] with a user) of what the process is permitted, drops
-/// the rest in every thread, switches to `user` if given, sets no_new_privs. Call it once
-/// the programs are attached and the maps open.
+/// Keeps [`KEPT`] (and [`KEPT_AS_USER`] as a user other than root) of what the process is
+/// permitted, drops the rest in every thread, switches to `user` if given, sets
+/// no_new_privs. Call it once the programs are attached and the maps open.
 pub fn drop_after_attach(user: Option<User>) -> Result<Dropped> {
     let permitted = CapState::get_current()
         .map_err(|e| anyhow!("cannot read this process's capabilities: {e}"))?
         .permitted;
     let mut keep = CapSet::empty();
-    let wanted = KEPT
-        .iter()
-        .chain(if user.is_some() { KEPT_AS_USER } else { &[] });
+    // SAFETY: geteuid cannot fail.
+    let not_root = user
+        .as_ref()
+        .map_or(unsafe { libc::geteuid() } != 0, |u| u.uid != 0);
+    let wanted = KEPT.iter().chain(if not_root { KEPT_AS_USER } else { &[] });
     for (cap, _) in wanted {
         if permitted.has(*cap) {
             keep.add(*cap);
