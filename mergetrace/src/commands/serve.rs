@@ -32,7 +32,7 @@ use crate::{
     model::snapshot::{self, SnapshotKind},
     sys::{cgroups::Cgroups, device::Device},
     view::{banner, prometheus::Model},
-    web::{auth, listener::TlsListener, Web},
+    web::{auth, config::WebConfig, listener::TlsListener, Web},
 };
 
 /// How long in-flight responses may take after SIGTERM/SIGINT before the server closes them.
@@ -191,14 +191,22 @@ async fn index() -> &'static str {
     "mergetrace exporter: metrics at /metrics\n"
 }
 
-/// The one-line warning for an address other than loopback, if any, when clients need not
-/// authenticate (a password or a verified certificate).
-pub fn exposure_warning(addr: &SocketAddr, authenticates: bool) -> Option<String> {
-    (!addr.ip().is_loopback() && !authenticates).then(|| {
-        format!(
+/// The one-line warning for an address other than loopback, if any: when clients need not
+/// authenticate (a password or a verified certificate), or when their passwords would cross
+/// the network in clear.
+pub fn exposure_warning(addr: &SocketAddr, web: Option<&WebConfig>) -> Option<String> {
+    if addr.ip().is_loopback() {
+        return None;
+    }
+    match web {
+        Some(c) if c.authenticates() && c.tls.is_none() => Some(format!(
+            "mergetrace: warning: listening on {addr} without TLS: basic auth passwords cross the network in clear (add a tls_server_config to the web config)"
+        )),
+        Some(c) if c.authenticates() => None,
+        _ => Some(format!(
             "mergetrace: warning: listening on {addr}, which is not a loopback address: anyone who can reach it can read device names and cgroup paths"
-        )
-    })
+        )),
+    }
 }
 
 pub async fn run(args: ServeArgs) -> Result<()> {
@@ -221,8 +229,8 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
-    let authenticates = web.as_ref().is_some_and(|w| w.current().authenticates());
-    if let Some(w) = exposure_warning(&addr, authenticates) {
+    let config = web.as_ref().map(|w| w.current());
+    if let Some(w) = exposure_warning(&addr, config.as_deref()) {
         eprintln!("{w}");
     }
     let session = kernel::Session::start(
@@ -261,17 +269,12 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         .route("/", get(index))
         .with_state(exporter.clone());
     let mut reloader = None;
-    let mut scheme = "http";
     if let Some(web) = &web {
-        let config = web.current();
         eprintln!(
             "mergetrace: web config {}: {}",
             web.path().display(),
-            config.summary()
+            web.current().summary()
         );
-        if config.tls.is_some() {
-            scheme = "https";
-        }
         app = app.layer(axum::middleware::from_fn_with_state(
             auth::Guard::new(web.clone()),
             auth::guard,
@@ -287,13 +290,16 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             stopping.notify_one();
         }
     };
+    // TLS is on or off for the life of the process: a reload cannot change it.
+    let tls = web.filter(|w| w.current().tls.is_some());
+    let scheme = if tls.is_some() { "https" } else { "http" };
     eprintln!("mergetrace: serving {scheme}://{addr}/metrics");
-    match &web {
-        Some(web) if scheme == "https" => {
-            let tls = TlsListener::new(listener, web.clone());
-            serve_until_stopped(tls, app, shutdown, &stopping).await?
+    match tls {
+        Some(web) => {
+            let listener = TlsListener::new(listener, web);
+            serve_until_stopped(listener, app, shutdown, &stopping).await?
         }
-        _ => serve_until_stopped(listener, app, shutdown, &stopping).await?,
+        None => serve_until_stopped(listener, app, shutdown, &stopping).await?,
     }
     // No scrape runs any more (or it finishes with the lock held): detach the programs.
     poller.abort();
@@ -373,13 +379,31 @@ mod tests {
 
     #[test]
     fn loopback_is_quiet_anything_else_warns() {
-        assert!(exposure_warning(&"127.0.0.1:9435".parse().unwrap(), false).is_none());
-        assert!(exposure_warning(&"[::1]:9435".parse().unwrap(), false).is_none());
-        let w = exposure_warning(&"0.0.0.0:9435".parse().unwrap(), false).unwrap();
+        use crate::testing::tls::{bcrypt_hash, TestPki};
+        let at = |a: &str| a.parse::<SocketAddr>().unwrap();
+        assert!(exposure_warning(&at("127.0.0.1:9435"), None).is_none());
+        assert!(exposure_warning(&at("[::1]:9435"), None).is_none());
+        let w = exposure_warning(&at("0.0.0.0:9435"), None).unwrap();
         assert!(w.starts_with("mergetrace: warning:") && !w.contains('\n'));
-        assert!(exposure_warning(&"10.1.2.3:9435".parse().unwrap(), false).is_some());
-        // Clients that must authenticate read nothing by merely reaching the port.
-        assert!(exposure_warning(&"10.1.2.3:9435".parse().unwrap(), true).is_none());
+        assert!(w.contains("anyone who can reach it"), "{w}");
+        assert!(exposure_warning(&at("10.1.2.3:9435"), None).is_some());
+        // Clients that must authenticate read nothing by merely reaching the port; a
+        // password without TLS is in clear on the network.
+        let pki = TestPki::new();
+        let web = |text: &str| WebConfig::parse(text, pki.path()).unwrap();
+        let tls = "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n";
+        let users = format!("basic_auth_users:\n  p: {}\n", bcrypt_hash("x"));
+        let verified = format!(
+            "{tls}  client_ca_file: ca.pem\n  client_auth_type: RequireAndVerifyClientCert\n"
+        );
+        assert!(
+            exposure_warning(&at("10.1.2.3:9435"), Some(&web(&format!("{tls}{users}")))).is_none()
+        );
+        assert!(exposure_warning(&at("10.1.2.3:9435"), Some(&web(&verified))).is_none());
+        let w = exposure_warning(&at("10.1.2.3:9435"), Some(&web(tls))).unwrap();
+        assert!(w.contains("anyone who can reach it"), "{w}");
+        let w = exposure_warning(&at("10.1.2.3:9435"), Some(&web(&users))).unwrap();
+        assert!(w.contains("without TLS"), "{w}");
     }
 
     #[test]

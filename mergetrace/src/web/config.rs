@@ -23,7 +23,10 @@ use super::tls_config::{Tls, TlsSpec};
 
 /// The file as written. Unknown fields are refused (the toolkit reads it strictly too).
 #[derive(Deserialize, Default, Debug)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping of tls_server_config, http_server_config, basic_auth_users, rate_limit"
+)]
 struct Spec {
     #[serde(default)]
     tls_server_config: Option<TlsSpec>,
@@ -36,7 +39,7 @@ struct Spec {
 }
 
 #[derive(Deserialize, Default, Debug)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a mapping of http2, headers")]
 struct HttpSpec {
     /// Accepted for the file's sake: mergetrace answers HTTP/1.1 only (ALPN `http/1.1`), which
     /// every Prometheus speaks.
@@ -48,7 +51,7 @@ struct HttpSpec {
 }
 
 #[derive(Deserialize, Default, Debug)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a mapping of interval, burst")]
 struct RateLimitSpec {
     #[serde(default)]
     interval: Option<String>,

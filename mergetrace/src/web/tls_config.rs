@@ -25,7 +25,10 @@ use serde::Deserialize;
 /// `tls_server_config` as written (the toolkit's field names). Empty strings count as unset,
 /// as in the toolkit.
 #[derive(Deserialize, Default, Debug)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping of cert_file, key_file, client_ca_file, client_auth_type, … (the exporter-toolkit's fields)"
+)]
 pub struct TlsSpec {
     #[serde(default)]
     cert: Option<String>,
