@@ -28,30 +28,48 @@ pub struct DistArgs {
     out: PathBuf,
 }
 
-/// The unit `serve` runs under: the exporter on loopback, restarted if it stops.
+/// The unit `serve` runs under: the exporter on loopback, restarted if it stops, as a user of
+/// its own with the capabilities loading needs and no other (docs/serve-security.md).
 const SERVICE: &str = "[Unit]
 Description=mergetrace Prometheus exporter (per-cgroup bios, merges and requests)
 Documentation=man:mergetrace-serve(1)
 After=local-fs.target
 
 [Service]
-# Trace every disk given here; see `mergetrace serve --help` for the flags.
+# Trace every disk given here; see `mergetrace serve --help` for the flags. TLS and basic
+# auth: add --web.config.file /etc/mergetrace/web-config.yml (the Prometheus
+# exporter-toolkit's format), reread when it changes or on
+# `systemctl kill --signal=HUP mergetrace-serve`.
 Environment=MERGETRACE_ARGS=\"-d vda\"
 ExecStart=/usr/bin/mergetrace serve $MERGETRACE_ARGS
 Restart=on-failure
-# Loading eBPF programs needs CAP_BPF and CAP_PERFMON (or root); reading cgroups and sysfs
-# needs nothing more.
-AmbientCapabilities=CAP_BPF CAP_PERFMON CAP_SYS_RESOURCE
-CapabilityBoundingSet=CAP_BPF CAP_PERFMON CAP_SYS_RESOURCE CAP_SYS_ADMIN
+# Never root: a user systemd makes for the service, with only these capabilities. Loading
+# and attaching the programs needs CAP_BPF and CAP_PERFMON, reading kallsyms' addresses (the
+# merge paths) CAP_SYSLOG, reading root's files (container names, the web config's key)
+# CAP_DAC_READ_SEARCH. Once attached, serve keeps CAP_BPF, CAP_PERFMON and
+# CAP_DAC_READ_SEARCH only, and sets no_new_privs itself too.
+DynamicUser=yes
+AmbientCapabilities=CAP_BPF CAP_PERFMON CAP_SYSLOG CAP_DAC_READ_SEARCH
+CapabilityBoundingSet=CAP_BPF CAP_PERFMON CAP_SYSLOG CAP_DAC_READ_SEARCH
 NoNewPrivileges=yes
-# It only reads: the file system, /sys and /proc stay read-only or hidden.
+# Kernels before 5.11 charge BPF maps to the locked-memory limit.
+LimitMEMLOCK=infinity
+# It only reads: the file system, /sys, /proc/sys and the cgroups stay read-only.
 ProtectSystem=strict
 ProtectHome=yes
 PrivateTmp=yes
 ProtectKernelModules=yes
+ProtectKernelTunables=yes
 ProtectControlGroups=yes
+ProtectClock=yes
+ProtectHostname=yes
 RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX
+RestrictNamespaces=yes
+RestrictRealtime=yes
+RestrictSUIDSGID=yes
 LockPersonality=yes
+MemoryDenyWriteExecute=yes
+SystemCallArchitectures=native
 
 [Install]
 WantedBy=multi-user.target
