@@ -10,6 +10,8 @@
 //! - [`capture`]: the capture file format; [`offline`]: a capture read back (loading, names,
 //!   request lineage, distributions);
 //! - [`view`]: how results are shown — terminal UI, text, NDJSON, HTML, Prometheus, exports;
+//! - [`web`]: `serve`'s HTTP hardened as the Prometheus exporter-toolkit's: TLS, basic auth
+//!   and headers from a `--web.config.file`, reloaded on SIGHUP;
 //! - [`commands`]: one module per subcommand, built from the above; [`cli`]: the flags they
 //!   share; [`fmt`]: how numbers read to people. The binary (main.rs) only parses and
 //!   dispatches.
@@ -24,3 +26,4 @@ pub mod sys;
 #[cfg(test)]
 mod testing;
 pub mod view;
+pub mod web;

@@ -33,8 +33,9 @@ enum Command {
     /// (for blkparse, btt), CSV or JSON lines.
     Export(commands::export::ExportArgs),
     /// A merge checklist for one device, without tracing: scheduler and what nomerges
-    /// does here, merge rate and request size since boot, merge ceilings, throttled cgroups,
-    /// and which tier mergetrace can run.
+    /// does here, merge rate and request size per operation (since the disk was added, and
+    /// over a short sample), merge ceilings, throttled cgroups, and which tier mergetrace can
+    /// run.
     Check(commands::check::CheckArgs),
     /// A merging lab, built in: a loop device in /dev/shm, a built-in workload, tables of
     /// what nomerges, batching and a throttle limit do, and a self-check against /proc/diskstats. Needs root; cleans up after itself.

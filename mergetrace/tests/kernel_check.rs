@@ -249,7 +249,9 @@ fn check_throttle_and_tier(v: &Value, dev: &BlockDev, ctx: &str) {
 #[test]
 fn diskstats_arithmetic_matches_the_kernel_counters() {
     require_root();
-    let dev = LoopDevice::new(32 << 20);
+    // A loop device made for this test: its counters start at zero (a reused one's hold its
+    // earlier users' I/O, which check must say, and does: the "counters" finding).
+    let dev = LoopDevice::disposable(32 << 20);
     set_queue(&dev, "none", 0);
     // 1 MiB of 4 KiB direct writes, one at a time (dd), then a buffered 1 MiB read back.
     run_cmd(Command::new("dd").args([
@@ -276,37 +278,196 @@ fn diskstats_arithmetic_matches_the_kernel_counters() {
         dev.name
     );
     let (writes, wmerged, wsectors) = (after.writes, after.writes_merged, after.sectors_written);
-    assert!(
-        writes + wmerged >= 256,
-        "dd's 256 writes are not in diskstats: {after:?}"
+    assert_eq!(
+        writes + wmerged,
+        256,
+        "dd's 256 writes are all the device wrote since it was added: {after:?}"
     );
     assert_eq!(v["diskstats"]["writes"], writes);
     assert_eq!(v["diskstats"]["writes_merged"], wmerged);
     assert_eq!(v["diskstats"]["write_sectors"], wsectors);
     let w = finding(&v, "write merges");
     let rate = 100.0 * wmerged as f64 / (writes + wmerged) as f64;
-    assert!(w.starts_with("write merge rate since boot ("), "{w}");
-    assert!(
-        w.contains(&format!(
-            ": {rate:.1} % ({} of {} write bios merged into {} device requests",
+    // Nothing wrote to the device during check's sample.
+    let last = format!("last {:.1} s", v["sample"]["seconds"].as_f64().unwrap());
+    assert_eq!(
+        w,
+        format!(
+            "write merge rate since {} was added: {rate:.1} % ({} of {} write bios merged into \
+             {} device requests); {last}: no writes; diskstats' merged also counts \
+             request-request merges",
+            dev.name,
             thousands(wmerged),
             thousands(writes + wmerged),
             thousands(writes)
-        )),
-        "{w}"
+        )
     );
     assert!(lever(&v, "write merges")
         .unwrap()
         .contains("submit in batches"));
     let s = finding(&v, "write request size");
-    assert!(
-        s.starts_with(&format!(
-            "average write request reaching the device: {:.2} KiB ({} sectors over {} requests; merging can build up to 512 KiB)",
+    assert_eq!(
+        s,
+        format!(
+            "average write request reaching the device since {} was added: {:.2} KiB ({} sectors \
+             over {} requests); merging can build up to 512 KiB",
+            dev.name,
             wsectors as f64 / writes as f64 / 2.0,
             thousands(wsectors),
             thousands(writes)
+        )
+    );
+    assert!(
+        finding(&v, "counters").contains("not from when its file was attached"),
+        "{v:#}"
+    );
+}
+
+/// Discards have diskstats fields of their own and are reported apart; write-zeroes requests
+/// are counted as writes there, which check says, and their size shows in the write average.
+#[test]
+fn discards_apart_and_write_zeroes_named() {
+    require_root();
+    let dev = LoopDevice::disposable(128 << 20);
+    workloads::require_write_zeroes(&dev);
+    // 64 MiB of write-zeroes (fallocate --punch-hole: REQ_OP_WRITE_ZEROES, never zero pages),
+    // 8 data writes of 4 KiB, then one 8 MiB discard elsewhere.
+    workloads::write_zeroes(&dev, None, 64 << 20);
+    run_cmd(Command::new("dd").args([
+        "if=/dev/zero",
+        &format!("of={}", dev.path.display()),
+        "bs=4k",
+        "count=8",
+        "oflag=direct",
+        "seek=20480",
+        "status=none",
+    ]));
+    workloads::blkdiscard(&dev, None, 96 << 20, 8 << 20);
+    let v = check_json(&dev);
+    let d = dev.diskstats();
+    assert_eq!(v["diskstats"]["discards"], d.discards, "{v:#}");
+    assert_eq!(v["diskstats"]["discard_sectors"], d.sectors_discarded);
+    assert_eq!(d.sectors_discarded, (8 << 20) / 512, "{d:?}");
+    // The discard lines carry the kernel's discard counters, the write lines its write ones
+    // (write-zeroes included: 64 MiB + 32 KiB of sectors).
+    let dbios = d.discards + d.discards_merged;
+    assert_eq!(
+        finding(&v, "discard merges"),
+        format!(
+            "discard merge rate since {} was added: {:.1} % ({} of {} discard bio{} merged into \
+             {} device request{}); last {:.1} s: no discards; diskstats' merged also counts \
+             request-request merges",
+            dev.name,
+            100.0 * d.discards_merged as f64 / dbios as f64,
+            thousands(d.discards_merged),
+            thousands(dbios),
+            if dbios == 1 { "" } else { "s" },
+            thousands(d.discards),
+            if d.discards == 1 { "" } else { "s" },
+            v["sample"]["seconds"].as_f64().unwrap(),
+        )
+    );
+    let ds = finding(&v, "discard request size");
+    assert!(
+        ds.contains(&format!(
+            "({} sectors over {} request",
+            thousands(d.sectors_discarded),
+            thousands(d.discards)
         )),
-        "{s}"
+        "{ds}"
+    );
+    assert_eq!(d.sectors_written, (64 << 20) / 512 + 64, "{d:?}");
+    let ws = finding(&v, "write request size");
+    assert!(
+        ws.contains(&format!(
+            "({} sectors over {} request",
+            thousands(d.sectors_written),
+            thousands(d.writes)
+        )),
+        "{ws}"
+    );
+    // A write-zeroes request is as large as write_zeroes_max_bytes lets it be, so the 64 MiB
+    // lift the write average above max_sectors_kb, which no data write exceeds: check says why.
+    let max_sectors_kb: u64 = dev.queue_attr("max_sectors_kb").parse().unwrap();
+    assert!(
+        d.sectors_written > max_sectors_kb * 2 * d.writes,
+        "64 MiB of write-zeroes and 8 writes: an average of {} sectors, not above \
+         max_sectors_kb {max_sectors_kb}; {d:?}",
+        d.sectors_written / d.writes
+    );
+    assert!(
+        ws.ends_with(&format!(
+            "this average is above max_sectors_kb ({}), the most a data write carries: \
+             write-zeroes requests, counted as writes, are in it (write-zeroes, below)",
+            kib(max_sectors_kb)
+        )),
+        "{ws}"
+    );
+    let note = finding(&v, "write-zeroes");
+    assert!(
+        note.starts_with(&format!(
+            "{} takes write-zeroes requests of up to ",
+            dev.name
+        )) && note
+            .contains("; /proc/diskstats counts them as writes and has no field of their own"),
+        "{note}"
+    );
+}
+
+/// The sample is what the device does now: its counts grow between check's two reads, inside
+/// what the kernel counted around the whole run of check.
+#[test]
+fn the_sample_is_what_the_device_does_now() {
+    require_root();
+    let dev = LoopDevice::disposable(64 << 20);
+    set_queue(&dev, "none", 0);
+    // 4 KiB sequential writes submitted 32 at a time, until killed: they merge.
+    let writer = Fio::sequential("now", &dev, "write", 64 << 20, 32)
+        .opt("time_based", "1")
+        .opt("runtime", "600")
+        .spawn();
+    let started = dev.diskstats();
+    while dev.diskstats().writes == started.writes {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let before = dev.diskstats();
+    let (stdout, _) = succeeded(
+        mergetrace(&["check", "-d", &dev.name, "--json", "--sample", "2s"]),
+        "check --sample 2s",
+    );
+    let after = dev.diskstats();
+    writer.kill();
+    let v: Value = serde_json::from_str(stdout.trim()).unwrap();
+    let s = &v["sample"]["diskstats"];
+    let n = |key: &str| s[key].as_u64().unwrap();
+    let around = after.since(&before);
+    let (writes, merged) = (n("writes"), n("writes_merged"));
+    assert!(
+        writes > 0 && writes <= around.writes && merged <= around.writes_merged,
+        "the sample ({writes} writes, {merged} merged) lies within what the kernel counted \
+         around check ({around:?})"
+    );
+    assert!(n("reads") <= around.reads && n("write_sectors") <= around.sectors_written);
+    let seconds = v["sample"]["seconds"].as_f64().unwrap();
+    let bios = writes + merged;
+    let w = finding(&v, "write merges");
+    assert!(
+        w.contains(&format!(
+            "device requests); last {seconds:.1} s: {:.1} % ({} of {} bios, {} bios/s); \
+             diskstats'",
+            100.0 * merged as f64 / bios as f64,
+            thousands(merged),
+            thousands(bios),
+            thousands((bios as f64 / seconds).round() as u64)
+        )),
+        "{w}"
+    );
+    assert!(
+        finding(&v, "write request size").contains(&format!(
+            "requests); last {seconds:.1} s: {:.2} KiB; merging",
+            n("write_sectors") as f64 / writes as f64 / 2.0
+        )),
+        "{v:#}"
     );
 }
 

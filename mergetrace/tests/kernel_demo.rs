@@ -2,12 +2,24 @@
 //! device and its own self-check (every count equal to /proc/diskstats and blk-throttle's
 //! counter, and under io.cost every charge equal to io.stat's `cost.usage`) passes. The io.cost
 //! arm runs where cgroup v2 has io.cost (the lab's guests: `./mt lab --kernel 6.12 --test
-//! kernel_demo`); elsewhere the demo must say in one line why it is skipped.
+//! kernel_demo`); elsewhere the demo must say in one line why it is skipped. The demo also
+//! passes while another process reads its scratch disk, as udev's blkid does a new disk.
 mod support;
 
-use std::{fs, process::Command};
+use std::{
+    fs,
+    path::PathBuf,
+    process::{Command, Stdio},
+    sync::Mutex,
+    time::Duration,
+};
 
-use support::{cgroup_hierarchy, mergetrace_bin, require_root, CgroupVersion};
+use support::{
+    cgroup_hierarchy, mergetrace_bin, require_root, unique_name, CgroupVersion, Spawned,
+};
+
+/// One demo at a time: the first test predicts which loop device the demo gets.
+static ONE_DEMO: Mutex<()> = Mutex::new(());
 
 /// The queue settings the demo changes, of /sys/block/NAME/queue.
 fn queue_settings(name: &str) -> Vec<String> {
@@ -53,6 +65,7 @@ impl Drop for PutBack {
 #[test]
 fn quick_demo_runs_the_merging_lab_and_checks_itself() {
     require_root();
+    let _one = ONE_DEMO.lock().unwrap_or_else(|p| p.into_inner());
     // The loop device the demo will get (tests of this binary run alone): left by an earlier
     // user with other settings, which the demo must neither depend on nor change.
     let next = String::from_utf8_lossy(&Command::new("losetup").arg("-f").output().unwrap().stdout)
@@ -173,6 +186,108 @@ fn quick_demo_runs_the_merging_lab_and_checks_itself() {
             before,
             "the demo did not put {next}'s queue settings back"
         );
+    }
+}
+
+/// Another process reads the demo's scratch disk the whole time (4 KiB O_DIRECT reads, 64 at a
+/// time, in a loop until the disk goes away), in its own cgroup: the demo's self-check counts
+/// only its own cgroups' I/O and the disk's write counters, so it still passes exactly.
+#[test]
+fn the_demo_passes_while_another_process_reads_its_disk() {
+    require_root();
+    let _one = ONE_DEMO.lock().unwrap_or_else(|p| p.into_inner());
+    let out = Scratch::new("demo.out");
+    let passes = Scratch::new("reads.out");
+    let demo = Command::new(mergetrace_bin())
+        .args(["demo", "--quick"])
+        .stdout(fs::File::create(&out.0).unwrap())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cannot run mergetrace demo");
+    let (mut demo, lines) = Spawned::new(demo);
+    // "mergetrace demo: scratch disk loop3 (7:3) on /dev/shm/mergetrace-demo-PID.img"
+    let disk = loop {
+        let line = lines
+            .recv_timeout(Duration::from_secs(300))
+            .unwrap_or_else(|e| panic!("the demo named no scratch disk ({e}): {}", demo.stderr()));
+        if let Some(rest) = line.strip_prefix("mergetrace demo: scratch disk ") {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    let path = format!("/dev/{disk}");
+    // Each pass is one dd; the loop ends when dd fails (the disk detached). Each pass adds a
+    // line to a file, so the test knows the reads ran.
+    let reader = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "while dd if={path} of=/dev/null bs=4k count=64 iflag=direct status=none; do echo .; done"
+        ))
+        .stdout(fs::File::create(&passes.0).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("cannot start the reader");
+    let reader_pid = reader.id();
+    let mut reader = KillOnDrop(reader);
+    let status = demo
+        .wait_exit(Duration::from_secs(900))
+        .unwrap_or_else(|| panic!("the demo did not finish: {}", demo.stderr()));
+    // The disk is gone, so the loop has ended or ends at its next dd; stop it by its pid.
+    unsafe {
+        libc::kill(reader_pid as libc::pid_t, libc::SIGKILL);
+    }
+    let _ = reader.0.wait();
+    // `losetup -d` of a disk still open (a dd of the reader's) only marks it to be freed at the
+    // last close: wait until it is, so the next demo's `losetup -f` finds what the first test
+    // predicts.
+    let backing = format!("/sys/block/{disk}/loop/backing_file");
+    for _ in 0..500 {
+        if !std::path::Path::new(&backing).exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let passes = fs::read_to_string(&passes.0).unwrap().lines().count();
+    let stdout = fs::read_to_string(&out.0).unwrap();
+    let stderr = demo.stderr();
+    assert!(
+        status.success() || only_unseen_completions(&stderr),
+        "the demo failed while another process read {disk}: {status}\n{stdout}\n{stderr}"
+    );
+    assert!(
+        passes >= 10,
+        "the reader read {disk} only {passes} times (64 reads each) during the demo"
+    );
+    if status.success() {
+        assert!(!stderr.contains("MISMATCH"), "{stderr}");
+        assert!(
+            stdout.contains("self-check: all ") && !stdout.contains('≠'),
+            "{stdout}"
+        );
+    }
+}
+
+/// A file in /dev/shm for one test, removed at its end.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(what: &str) -> Scratch {
+        Scratch(PathBuf::from(format!("/dev/shm/{}-{what}", unique_name())))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
+/// A child killed (by its pid) when the test ends, also on a panic.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 

@@ -2,7 +2,9 @@
 //! with a config of its own (scrape every 1 s) and a scratch storage directory, scrapes the
 //! exporter tracing a loop device while fio writes to it. The counter deltas that PromQL
 //! computes over the run, over Prometheus's HTTP API, must equal the /proc/diskstats deltas
-//! of the run (requests, merges, sectors) and fio's I/O count (bios), exactly.
+//! of the run (requests, merges, sectors) and fio's I/O count (bios), exactly. Twice: over
+//! plain HTTP, and over TLS with a client certificate and basic auth (`--web.config.file`,
+//! a test CA made at test time), as a fleet runs it.
 //!
 //! The two samples the deltas are taken between are not found by sleeping: the test reads
 //! diskstats, then polls the API until Prometheus has stored a scrape that started after that
@@ -71,7 +73,9 @@ fn require_prometheus() {
 }
 
 impl Prometheus {
-    fn start(target: SocketAddr) -> Prometheus {
+    /// Scrapes `target` every second; `job` is more of the job's YAML (scheme, tls_config,
+    /// basic_auth), each line indented by four spaces.
+    fn start(target: SocketAddr, job: &str) -> Prometheus {
         require_prometheus();
         let dir = tempfile::Builder::new()
             .prefix("mt-test-prometheus-")
@@ -82,7 +86,7 @@ impl Prometheus {
             &config,
             format!(
                 "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n\
-                 scrape_configs:\n  - job_name: mergetrace\n    static_configs:\n      \
+                 scrape_configs:\n  - job_name: mergetrace\n{job}    static_configs:\n      \
                  - targets: ['{target}']\n"
             ),
         )
@@ -247,6 +251,44 @@ fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
 /// cgroup of their own; Prometheus's deltas over the run against diskstats and fio.
 #[test]
 fn prometheus_deltas_match_diskstats() {
+    deltas_match_diskstats(&[], "", "http");
+}
+
+/// The same over TLS, with the client certificate the server requires and verifies and a
+/// basic-auth password checked against its bcrypt hash, while serve runs as nobody with its
+/// privileges dropped.
+#[test]
+fn prometheus_deltas_match_diskstats_over_tls_with_basic_auth() {
+    let pki = support::tls::TestPki::new();
+    let config = pki.path().join("web.yml");
+    fs::write(
+        &config,
+        format!(
+            "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  \
+             client_ca_file: ca.pem\n  client_auth_type: RequireAndVerifyClientCert\n\
+             basic_auth_users:\n  prometheus: {}\n",
+            support::tls::bcrypt_hash("scrape me")
+        ),
+    )
+    .unwrap();
+    let job = format!(
+        "    scheme: https\n    tls_config:\n      ca_file: {}\n      cert_file: {}\n      \
+         key_file: {}\n    basic_auth:\n      username: prometheus\n      password: scrape me\n",
+        pki.ca.display(),
+        pki.client_cert.display(),
+        pki.client_key.display()
+    );
+    let args = [
+        "--web.config.file",
+        config.to_str().unwrap(),
+        "--user",
+        "nobody",
+    ];
+    deltas_match_diskstats(&args, &job, "https");
+}
+
+/// serve with `serve_args` (its scheme `scheme`), Prometheus with the job's `job` lines.
+fn deltas_match_diskstats(serve_args: &[&str], job: &str, scheme: &str) {
     require_root();
     require_prometheus();
     let started = Instant::now();
@@ -256,8 +298,9 @@ fn prometheus_deltas_match_diskstats() {
     udev_settle();
     let cg = Cgroup::new();
 
-    let server = Server::start(&lo, &[]);
-    let prom = Prometheus::start(server.addr);
+    let server = Server::start(&lo, serve_args);
+    assert_eq!(server.scheme, scheme);
+    let prom = Prometheus::start(server.addr, job);
 
     let d0 = lo.diskstats();
     let t0 = prom.scrape_after(unix_now());
@@ -350,7 +393,7 @@ fn prometheus_deltas_match_diskstats() {
         "batches of 32 merge, or this compares nothing: {d:?}"
     );
     eprintln!(
-        "kernel_prometheus: {dev}: prometheus (scrapes {t0:.3} → {t1:.3}, {samples} stored) \
+        "kernel_prometheus: {dev} over {scheme}: prometheus (scrapes {t0:.3} → {t1:.3}, {samples} stored) \
          requests {requests} = diskstats writes {}, merged {merged} = writes_merged {}, \
          sectors {} = sectors_written {}, bios {bios} = fio {ios} = writes + merged, reads \
          {read_requests} = {}; {:.1} s",

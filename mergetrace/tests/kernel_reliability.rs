@@ -369,7 +369,7 @@ fn live_view_started_and_stopped_under_load_loses_nothing() {
     disk.stop_load();
     let (lo, busy, counted) = (&disk.lo, &disk.busy, &disk.counted);
     // The only loss may be the kernel's own occasional completion it runs no program for
-    // (README: `completion_unseen`; 0 to 1 in a host run of this test, 1 to 107 in a 4 s bench
+    // (docs/reliability.md: `completion_unseen`; 0 to 1 in a host run of this test, 1 to 107 in a 4 s bench
     // arm). Programs attached one by one made thousands here (2,562 and 4,202 on the host,
     // 4,701 in the 5.10 guest): fewer than fio's 64 requests in flight tells the two apart.
     let unseen = out.completion_unseen();

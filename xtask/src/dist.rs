@@ -28,30 +28,48 @@ pub struct DistArgs {
     out: PathBuf,
 }
 
-/// The unit `serve` runs under: the exporter on loopback, restarted if it stops.
+/// The unit `serve` runs under: the exporter on loopback, restarted if it stops, as a user of
+/// its own with the capabilities loading needs and no other (docs/serve-security.md).
 const SERVICE: &str = "[Unit]
 Description=mergetrace Prometheus exporter (per-cgroup bios, merges and requests)
 Documentation=man:mergetrace-serve(1)
 After=local-fs.target
 
 [Service]
-# Trace every disk given here; see `mergetrace serve --help` for the flags.
+# Trace every disk given here; see `mergetrace serve --help` for the flags. TLS and basic
+# auth: add --web.config.file /etc/mergetrace/web-config.yml (the Prometheus
+# exporter-toolkit's format), reread when it changes or on
+# `systemctl kill --signal=HUP mergetrace-serve`.
 Environment=MERGETRACE_ARGS=\"-d vda\"
 ExecStart=/usr/bin/mergetrace serve $MERGETRACE_ARGS
 Restart=on-failure
-# Loading eBPF programs needs CAP_BPF and CAP_PERFMON (or root); reading cgroups and sysfs
-# needs nothing more.
-AmbientCapabilities=CAP_BPF CAP_PERFMON CAP_SYS_RESOURCE
-CapabilityBoundingSet=CAP_BPF CAP_PERFMON CAP_SYS_RESOURCE CAP_SYS_ADMIN
+# Never root: a user systemd makes for the service, with only these capabilities. Loading
+# and attaching the programs needs CAP_BPF and CAP_PERFMON, reading kallsyms' addresses (the
+# merge paths) CAP_SYSLOG, reading root's files (container names, the web config's key)
+# CAP_DAC_READ_SEARCH. Once attached, serve keeps CAP_BPF, CAP_PERFMON and
+# CAP_DAC_READ_SEARCH only, and sets no_new_privs itself too.
+DynamicUser=yes
+AmbientCapabilities=CAP_BPF CAP_PERFMON CAP_SYSLOG CAP_DAC_READ_SEARCH
+CapabilityBoundingSet=CAP_BPF CAP_PERFMON CAP_SYSLOG CAP_DAC_READ_SEARCH
 NoNewPrivileges=yes
-# It only reads: the file system, /sys and /proc stay read-only or hidden.
+# Kernels before 5.11 charge BPF maps to the locked-memory limit.
+LimitMEMLOCK=infinity
+# It only reads: the file system, /sys, /proc/sys and the cgroups stay read-only.
 ProtectSystem=strict
 ProtectHome=yes
 PrivateTmp=yes
 ProtectKernelModules=yes
+ProtectKernelTunables=yes
 ProtectControlGroups=yes
+ProtectClock=yes
+ProtectHostname=yes
 RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX
+RestrictNamespaces=yes
+RestrictRealtime=yes
+RestrictSUIDSGID=yes
 LockPersonality=yes
+MemoryDenyWriteExecute=yes
+SystemCallArchitectures=native
 
 [Install]
 WantedBy=multi-user.target
@@ -87,6 +105,9 @@ pub fn run(args: &DistArgs) -> Result<()> {
     let unit = share.join("systemd/mergetrace-serve.service");
     fs::write(&unit, SERVICE)?;
     fs::copy(root.join("README.md"), stage.join("README.md"))?;
+    for license in LICENSES {
+        fs::copy(root.join(license), stage.join(license))?;
+    }
     let files = layout(&stage)?;
 
     let tarball = out.join(format!("{name}.tar.gz"));
@@ -98,7 +119,7 @@ pub fn run(args: &DistArgs) -> Result<()> {
         .arg(&name))?;
     let license = workspace_field(&root, "license")?;
     let deb = debian_package(&stage, &files, &out, &version)?;
-    let rpm = rpm_package(&stage, &files, &out, &version, &license)?;
+    let rpm = rpm_package(&stage, &files, &out, &version, &package_license(&root)?)?;
     let about = oci::About {
         version: &version,
         license: &license,
@@ -127,6 +148,25 @@ fn workspace_field(root: &Path, key: &str) -> Result<String> {
         .and_then(|v| v.strip_suffix('"'))
         .map(str::to_string)
         .with_context(|| format!("no {key} in the workspace's Cargo.toml"))
+}
+
+/// The license texts, at the top of the tarball and in the packages' doc directory: the binary
+/// is MIT OR Apache-2.0 and embeds the eBPF object, which is GPL-2.0 (README, "License").
+const LICENSES: [&str; 3] = ["LICENSE-MIT", "LICENSE-APACHE", "LICENSE-GPL2"];
+
+/// The packages' license: the workspace's (user space) and the eBPF crate's (the object the
+/// binary embeds), as one SPDX expression.
+fn package_license(root: &Path) -> Result<String> {
+    let ebpf = fs::read_to_string(root.join("mergetrace-ebpf/Cargo.toml"))?;
+    let ebpf = ebpf
+        .lines()
+        .find_map(|l| l.strip_prefix("license = \""))
+        .and_then(|v| v.strip_suffix('"'))
+        .context("no license in mergetrace-ebpf's Cargo.toml")?;
+    Ok(format!(
+        "({}) AND {ebpf}",
+        workspace_field(root, "license")?
+    ))
 }
 
 /// `cargo build --release` with glibc linked in statically.
@@ -215,6 +255,12 @@ fn layout(stage: &Path) -> Result<Vec<Placed>> {
         rpm: "usr/lib/systemd/system/mergetrace-serve.service".into(),
         ..both("share/systemd/mergetrace-serve.service", "")
     });
+    for license in LICENSES {
+        files.push(both(
+            license,
+            &format!("usr/share/doc/mergetrace/{license}"),
+        ));
+    }
     for f in &files {
         ensure!(
             stage.join(&f.staged).is_file(),

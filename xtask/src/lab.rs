@@ -56,7 +56,7 @@ pub struct LabArgs {
     /// QEMU's TCG threading. `single` runs the guest's CPUs in turn on one host thread: the
     /// kernel's live text patching (fentry attach/detach, static keys) is then always seen
     /// whole by the other vCPU. `multi` (one host thread per vCPU) is faster but has crashed
-    /// guests mid-patch (README, "A hazard of the emulation").
+    /// guests mid-patch (docs/lab.md, "Emulation").
     #[arg(long, value_name = "MODE", default_value = "single", value_parser = ["single", "multi"])]
     tcg: String,
     /// Size of the scratch disk /dev/vdb in MiB (a fresh sparse file per run).

@@ -11,6 +11,9 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod dist;
+// Checked by its unit tests only: the links of README.md and docs/, and the README's limits.
+#[cfg(test)]
+mod doclinks;
 mod lab;
 
 #[derive(Parser, Debug)]

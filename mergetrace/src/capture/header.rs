@@ -156,6 +156,23 @@ pub struct RecordedCgroup {
     pub id: u64,
     /// Relative to the hierarchy's mount, "/" for the root.
     pub path: String,
+    /// Its readable name as the recording machine read it, with what the runtimes' files
+    /// there said (the container's name); absent for none of the known kinds, and in captures
+    /// before mergetrace 0.2 (a report reads those from the path).
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "name_if_known"
+    )]
+    pub name: Option<crate::sys::container::ReadableName>,
+}
+
+/// A recorded name this build cannot read (a newer writer's kind) is no name: the report
+/// reads it from the path, and the rest of the header still reads.
+fn name_if_known<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<crate::sys::container::ReadableName>, D::Error> {
+    let v = serde_json::Value::deserialize(d)?;
+    Ok(serde_json::from_value(v).ok())
 }
 
 /// The limits one cgroup sets on one device; `None` = no limit ("max").
@@ -292,6 +309,17 @@ mod tests {
         h.cgroups.push(RecordedCgroup {
             id: u64::MAX,
             path: "/a/b".into(),
+            name: None,
+        });
+        // a name a runtime's files gave, as the recording machine read it
+        let path = format!("/libpod_parent/libpod-{}", "ad".repeat(32));
+        let mut name = crate::sys::container::readable(&path).unwrap();
+        name.container_name = Some("web".into());
+        name.refresh_short();
+        h.cgroups.push(RecordedCgroup {
+            id: 9,
+            path,
+            name: Some(name),
         });
         h.limits.push(RecordedLimits {
             cgroup: "/a".into(),
@@ -308,6 +336,12 @@ mod tests {
         let mut plain = back.clone();
         plain.extra.clear();
         assert_eq!(plain, h);
+        // A name of a kind this build does not know is no name; the header still reads.
+        let future: Header = serde_json::from_str(
+            r#"{"cgroups":[{"id":3,"path":"/x","name":{"kind":"wasm","short":"wasm:x"}}]}"#,
+        )
+        .unwrap();
+        assert_eq!((future.cgroups[0].id, &future.cgroups[0].name), (3, &None));
         // An old writer's header without most fields still reads.
         let old: Header = serde_json::from_str(r#"{"format_version":1,"tier":"fentry"}"#).unwrap();
         assert_eq!(old.tier, "fentry");

@@ -7,6 +7,7 @@ use crate::{
     model::meter::SplitLimits,
     model::snapshot::Lookup,
     sys::cgroups::{CgroupName, Hierarchy},
+    sys::container::{self, ReadableName},
     sys::device::Device,
 };
 
@@ -15,6 +16,8 @@ use super::header::Header;
 pub struct HeaderLookup {
     hierarchy: Hierarchy,
     names: HashMap<u64, String>,
+    /// cgroup path → its readable name as the recording machine read it.
+    readable: HashMap<String, ReadableName>,
     /// (major, minor) → cgroup path → the limits it sets itself.
     own: HashMap<(u32, u32), HashMap<String, Limits>>,
     /// (major, minor) → the queue limits that split bios, at the start.
@@ -36,6 +39,11 @@ impl HeaderLookup {
                 Hierarchy::V2
             },
             names: h.cgroups.iter().map(|c| (c.id, c.path.clone())).collect(),
+            readable: h
+                .cgroups
+                .iter()
+                .filter_map(|c| Some((c.path.clone(), c.name.clone()?)))
+                .collect(),
             own,
             split_limits: h
                 .devices
@@ -47,6 +55,15 @@ impl HeaderLookup {
 }
 
 impl Lookup for HeaderLookup {
+    /// The name the recording machine read (its runtimes' files named the container), else
+    /// what the path says (captures before mergetrace 0.2).
+    fn readable(&mut self, path: &str) -> Option<ReadableName> {
+        self.readable
+            .get(path)
+            .cloned()
+            .or_else(|| container::readable(path))
+    }
+
     fn split_limits(&mut self, dev: &Device) -> SplitLimits {
         self.split_limits
             .get(&(dev.major, dev.minor))
@@ -92,11 +109,32 @@ mod tests {
     use crate::model::limits::Limit;
 
     #[test]
+    fn capture_header_lookup_gives_the_names_the_recording_machine_read() {
+        let path = format!("/libpod_parent/libpod-{}", "ad".repeat(32));
+        let mut name = crate::sys::container::readable(&path).unwrap();
+        name.container_name = Some("web".into());
+        name.refresh_short();
+        let h = Header {
+            cgroups: vec![RecordedCgroup {
+                id: 7,
+                path: path.clone(),
+                name: Some(name),
+            }],
+            ..Header::default()
+        };
+        let mut l = HeaderLookup::new(&h);
+        let n = l.readable(&path).unwrap();
+        assert_eq!(n.short, "podman:web (adadadadadad)");
+        assert_eq!(n.container_name.as_deref(), Some("web"));
+    }
+
+    #[test]
     fn capture_header_lookup_names_and_inherited_limits() {
         let h = Header {
             cgroups: vec![RecordedCgroup {
                 id: 42,
                 path: "/a/b".into(),
+                name: None,
             }],
             limits: vec![
                 RecordedLimits {
@@ -119,6 +157,14 @@ mod tests {
         };
         let mut l = HeaderLookup::new(&h);
         assert_eq!(l.cgroup_name(42).path, "/a/b");
+        assert_eq!(l.readable("/a/b"), None);
+        // a path of no recorded name (an older capture): read from the path
+        let id = "ad".repeat(32);
+        let short = l
+            .readable(&format!("/libpod_parent/libpod-{id}"))
+            .unwrap()
+            .short;
+        assert_eq!(short, "podman:adadadadadad");
         assert_eq!(l.cgroup_name(0).path, "(none)");
         assert!(l.cgroup_name(43).gone);
         let dev = Device {

@@ -108,16 +108,19 @@ pub const RING_MIB_MAX: u32 = 1024;
 #[derive(Args, Debug, Clone)]
 pub struct SubtreeArg {
     /// Only this cgroup and its descendants: a path relative to the cgroup mount (/mt), or a
-    /// container id prefix of at least 6 hex digits, or a systemd unit (nginx.service).
+    /// container id prefix of at least 6 hex digits, a container or pod name, or a systemd
+    /// unit (nginx.service).
     #[arg(short = 'c', long, value_name = "PATH")]
     pub cgroup: Option<String>,
 }
 
-/// How container cgroups are named (live, serve).
+/// How container cgroups are named (live, serve, record).
 #[derive(Args, Debug, Clone)]
 pub struct NamesArg {
-    /// Name containers from their paths alone: read no runtime state (Docker's
-    /// config.v2.json, the kubelet's /var/log/pods and /var/log/containers).
+    /// Name containers from their cgroup paths alone: read none of the container runtimes'
+    /// files (Docker's config.v2.json, podman's and CRI-O's containers/storage, containerd's
+    /// task bundles, runc's and crun's state, the kubelet's /var/log/pods and
+    /// /var/log/containers; docs/names.md).
     #[arg(long)]
     pub no_local_names: bool,
 }

@@ -1,6 +1,7 @@
 //! The live run: attach with in-kernel counting, read the counters every interval, show, stop
 //! cleanly, show the whole run. No event crosses to user space here: the programs count in
-//! per-CPU maps with the same rule the offline aggregator uses.
+//! per-CPU maps with the same rule the offline aggregator uses. Once attached, it keeps only the
+//! privileges reading the counters needs ([`kernel::least_privilege`]).
 use std::{io::IsTerminal, sync::Arc, time::Duration};
 
 use anyhow::Result;
@@ -74,6 +75,11 @@ pub async fn run(args: LiveArgs) -> Result<()> {
     let tier = session.tier.clone();
     let iolatency = iolatency::targets_on(&devices, &cgroups);
     let banner = banner::lines(&devices, &session, &cgroups, &iolatency);
+    // Attached, the maps open (and --stats' statistics on): from here on only what reading
+    // them needs, before the banner says the run has started. Quiet, unlike serve's line:
+    // the view's output is the user's.
+    let dropped = kernel::least_privilege::drop_after_attach(None)?;
+    log::info!("{dropped}");
     // The first line on stderr says the probes are attached (scripts and tests wait for it).
     for line in &banner {
         eprintln!("mergetrace: {line}");

@@ -18,7 +18,7 @@ use crate::{
         WriterOptions,
     },
     cli::{
-        args::{RunArgs, TraceArgs, RING_MIB_MAX},
+        args::{NamesArg, RunArgs, TraceArgs, RING_MIB_MAX},
         stop::Stop,
     },
     kernel::{self, collector},
@@ -55,14 +55,17 @@ pub struct RecordArgs {
     #[arg(long)]
     pub stats: bool,
     #[command(flatten)]
+    pub names: NamesArg,
+    #[command(flatten)]
     pub run: RunArgs,
 }
 
-/// The header: this host, the devices, every cgroup's id and path, the limits each sets.
+/// The header: this host, the devices, every cgroup's id, path and readable name, the limits
+/// each sets.
 fn header(
     tier: &str,
     devices: &[crate::sys::device::Device],
-    cgroups: &Cgroups,
+    cgroups: &mut Cgroups,
     meter_units: &[u64],
 ) -> Header {
     let mut h = Header::for_this_host(tier);
@@ -72,14 +75,15 @@ fn header(
         Hierarchy::V2 => "v2".into(),
     };
     h.cgroup_mount = cgroups.mount.display().to_string();
-    let mut all: Vec<(u64, &str)> = cgroups.all().collect();
+    let mut all: Vec<(u64, String)> = cgroups.all().map(|(id, p)| (id, p.to_string())).collect();
     all.sort();
     for (id, path) in all {
+        h.limits.extend(own_limits(cgroups, &path, devices));
         h.cgroups.push(RecordedCgroup {
             id,
-            path: path.to_string(),
+            name: cgroups.readable(&path),
+            path,
         });
-        h.limits.extend(own_limits(cgroups, path, devices));
     }
     h.meter_units = meter_units.to_vec();
     h
@@ -149,12 +153,13 @@ impl LateNames {
         cgroups.rescan();
         let pending = std::mem::take(&mut self.pending);
         for (id, tries) in pending {
-            if let Some(path) = cgroups.path_of(id) {
+            if let Some(path) = cgroups.path_of(id).map(str::to_string) {
+                late.limits.extend(own_limits(cgroups, &path, devices));
                 late.cgroups.push(RecordedCgroup {
                     id,
-                    path: path.to_string(),
+                    name: cgroups.readable(&path),
+                    path,
                 });
-                late.limits.extend(own_limits(cgroups, path, devices));
                 self.known.insert(id);
             } else if tries + 1 >= Self::TRIES {
                 self.known.insert(id); // gone before it could be named
@@ -213,8 +218,11 @@ pub async fn run(args: RecordArgs) -> Result<()> {
     // them).
     let (devices, _) = device::Selection::resolve(&args.trace.devices, args.trace.all_disks)?;
     let mut cgroups = Cgroups::discover()?;
+    if args.names.no_local_names {
+        cgroups = cgroups.without_local_names();
+    }
     // Fail on an unwritable or existing output before attaching anything.
-    let probe_header = header("", &devices, &cgroups, &args.trace.meter_unit);
+    let probe_header = header("", &devices, &mut cgroups, &args.trace.meter_unit);
     let mut opts = args
         .trace
         .kernel_options(Modes::EMITTING, args.run.ring_mib << 20, args.stats);

@@ -1,9 +1,12 @@
 //! `mergetrace serve`: the fleet view. Counts in the kernel like the live view and, on every
 //! scrape of `/metrics`, renders the running totals through [`crate::view::prometheus`]'s model
-//! (bounded, monotonic). Binds before loading the programs; stops cleanly on SIGTERM/SIGINT.
+//! (bounded, monotonic). Binds before loading the programs; drops the privileges it no longer
+//! needs once they are attached ([`kernel::least_privilege`]); serves over TLS with basic auth
+//! when a `--web.config.file` says so ([`crate::web`]); stops cleanly on SIGTERM/SIGINT.
 use std::{
     collections::HashSet,
     net::SocketAddr,
+    path::PathBuf,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -26,10 +29,11 @@ use crate::{
         stop::Stop,
         targets::Targets,
     },
-    kernel::{self, monotonic_ns},
+    kernel::{self, least_privilege, monotonic_ns},
     model::snapshot::{self, SnapshotKind},
     sys::{cgroups::Cgroups, device::Device},
     view::{banner, prometheus::Model},
+    web::{auth, config::WebConfig, listener::TlsListener, Web},
 };
 
 /// How long in-flight responses may take after SIGTERM/SIGINT before the server closes them.
@@ -61,6 +65,16 @@ pub struct ServeArgs {
     /// counter slot and series, and reclaims removed ones, however rarely Prometheus scrapes.
     #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = crate::cli::args::parse_duration)]
     pub read_every: Duration,
+    /// TLS, client certificates, basic auth (bcrypt hashes) and response headers from a
+    /// Prometheus exporter-toolkit web configuration file (YAML, as node_exporter's). Checked
+    /// at start; read again on SIGHUP and when it or a file it names changes (a file that does
+    /// not check keeps the previous one in force).
+    #[arg(long = "web.config.file", value_name = "FILE")]
+    pub web_config_file: Option<PathBuf>,
+    /// Once the programs are attached, run as this user (NAME, UID, NAME:GROUP or UID:GID),
+    /// keeping CAP_DAC_READ_SEARCH besides the capabilities serving needs.
+    #[arg(long, value_name = "USER")]
+    pub user: Option<String>,
 }
 
 /// How often the cgroup births and removals are read between reads of the counters, so
@@ -186,26 +200,46 @@ async fn index() -> &'static str {
     "mergetrace exporter: metrics at /metrics\n"
 }
 
-/// The one-line warning for an address other than loopback, if any.
-pub fn exposure_warning(addr: &SocketAddr) -> Option<String> {
-    (!addr.ip().is_loopback()).then(|| {
-        format!(
+/// The one-line warning for an address other than loopback, if any: when clients need not
+/// authenticate (a password or a verified certificate), or when their passwords would cross
+/// the network in clear.
+pub fn exposure_warning(addr: &SocketAddr, web: Option<&WebConfig>) -> Option<String> {
+    if addr.ip().is_loopback() {
+        return None;
+    }
+    match web {
+        Some(c) if c.authenticates() && c.tls.is_none() => Some(format!(
+            "mergetrace: warning: listening on {addr} without TLS: basic auth passwords cross the network in clear (add a tls_server_config to the web config)"
+        )),
+        Some(c) if c.authenticates() => None,
+        _ => Some(format!(
             "mergetrace: warning: listening on {addr}, which is not a loopback address: anyone who can reach it can read device names and cgroup paths"
-        )
-    })
+        )),
+    }
 }
 
 pub async fn run(args: ServeArgs) -> Result<()> {
     // A signal during start-up stops the server cleanly too: it is then served for no time,
     // and the programs are detached as usual.
     let mut stop = Stop::on_signals()?;
+    // What can be refused without the kernel is refused first.
+    let web = match &args.web_config_file {
+        Some(path) => Some(Arc::new(Web::load(path)?)),
+        None => None,
+    };
+    let user = args
+        .user
+        .as_deref()
+        .map(least_privilege::User::resolve)
+        .transpose()?;
     let targets = Targets::resolve(&args.trace, &args.subtree, &args.names)?;
     // Bind before loading the programs: a taken port fails at once, not after verification.
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
-    if let Some(w) = exposure_warning(&addr) {
+    let config = web.as_ref().map(|w| w.current());
+    if let Some(w) = exposure_warning(&addr, config.as_deref()) {
         eprintln!("{w}");
     }
     let session = kernel::Session::start(
@@ -220,6 +254,9 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     for line in banner::lines(&targets.devices, &session, &targets.cgroups, &iolatency) {
         eprintln!("mergetrace: {line}");
     }
+    // Attached, the maps open: from here on only what reading them needs.
+    let dropped = least_privilege::drop_after_attach(user)?;
+    eprintln!("mergetrace: {dropped}");
     let tier = session.tier.kind;
     let iocost = session.iocost_models();
     let follow = Follow::new(&targets.devices, targets.selection.clone(), iolatency);
@@ -245,10 +282,23 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         .session
         .report_waker()?;
     let poller = spawn_poller(exporter.clone(), args.read_every, reports);
-    let app = Router::new()
+    let mut app = Router::new()
         .route("/metrics", get(metrics))
         .route("/", get(index))
         .with_state(exporter.clone());
+    let mut reloader = None;
+    if let Some(web) = &web {
+        eprintln!(
+            "mergetrace: web config {}: {}",
+            web.path().display(),
+            web.current().summary()
+        );
+        app = app.layer(axum::middleware::from_fn_with_state(
+            auth::Guard::new(web.clone()),
+            auth::guard,
+        ));
+        reloader = Some(web.spawn_reloader()?);
+    }
 
     let stopping = Arc::new(tokio::sync::Notify::new());
     let shutdown = {
@@ -258,7 +308,41 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             stopping.notify_one();
         }
     };
-    eprintln!("mergetrace: serving http://{addr}/metrics");
+    // TLS is on or off for the life of the process: a reload cannot change it.
+    let tls = web.filter(|w| w.current().tls.is_some());
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    eprintln!("mergetrace: serving {scheme}://{addr}/metrics");
+    match tls {
+        Some(web) => {
+            let listener = TlsListener::new(listener, web);
+            serve_until_stopped(listener, app, shutdown, &stopping).await?
+        }
+        None => serve_until_stopped(listener, app, shutdown, &stopping).await?,
+    }
+    // No scrape runs any more (or it finishes with the lock held): detach the programs.
+    poller.abort();
+    if let Some(r) = reloader {
+        r.abort();
+    }
+    let mut ex = exporter.lock().unwrap_or_else(|p| p.into_inner());
+    ex.session.detach();
+    super::warn_skipped_runs(&ex.session.unsaid()?);
+    eprintln!("mergetrace: stopped; programs detached");
+    Ok(())
+}
+
+/// Serves until `shutdown` resolves, then lets in-flight responses finish for at most
+/// [`SHUTDOWN_GRACE`] after the signal (`stopping`).
+async fn serve_until_stopped<L>(
+    listener: L,
+    app: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    stopping: &tokio::sync::Notify,
+) -> Result<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
     let server = axum::serve(listener, app).with_graceful_shutdown(shutdown);
     let server = std::future::IntoFuture::into_future(server);
     tokio::pin!(server);
@@ -271,12 +355,6 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             eprintln!("mergetrace: connections still open {SHUTDOWN_GRACE:?} after the signal: closing them");
         }
     }
-    // No scrape runs any more (or it finishes with the lock held): detach the programs.
-    poller.abort();
-    let mut ex = exporter.lock().unwrap_or_else(|p| p.into_inner());
-    ex.session.detach();
-    super::warn_skipped_runs(&ex.session.unsaid()?);
-    eprintln!("mergetrace: stopped; programs detached");
     Ok(())
 }
 
@@ -327,11 +405,31 @@ mod tests {
 
     #[test]
     fn loopback_is_quiet_anything_else_warns() {
-        assert!(exposure_warning(&"127.0.0.1:9435".parse().unwrap()).is_none());
-        assert!(exposure_warning(&"[::1]:9435".parse().unwrap()).is_none());
-        let w = exposure_warning(&"0.0.0.0:9435".parse().unwrap()).unwrap();
+        use crate::testing::tls::{bcrypt_hash, TestPki};
+        let at = |a: &str| a.parse::<SocketAddr>().unwrap();
+        assert!(exposure_warning(&at("127.0.0.1:9435"), None).is_none());
+        assert!(exposure_warning(&at("[::1]:9435"), None).is_none());
+        let w = exposure_warning(&at("0.0.0.0:9435"), None).unwrap();
         assert!(w.starts_with("mergetrace: warning:") && !w.contains('\n'));
-        assert!(exposure_warning(&"10.1.2.3:9435".parse().unwrap()).is_some());
+        assert!(w.contains("anyone who can reach it"), "{w}");
+        assert!(exposure_warning(&at("10.1.2.3:9435"), None).is_some());
+        // Clients that must authenticate read nothing by merely reaching the port; a
+        // password without TLS is in clear on the network.
+        let pki = TestPki::new();
+        let web = |text: &str| WebConfig::parse(text, pki.path()).unwrap();
+        let tls = "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n";
+        let users = format!("basic_auth_users:\n  p: {}\n", bcrypt_hash("x"));
+        let verified = format!(
+            "{tls}  client_ca_file: ca.pem\n  client_auth_type: RequireAndVerifyClientCert\n"
+        );
+        assert!(
+            exposure_warning(&at("10.1.2.3:9435"), Some(&web(&format!("{tls}{users}")))).is_none()
+        );
+        assert!(exposure_warning(&at("10.1.2.3:9435"), Some(&web(&verified))).is_none());
+        let w = exposure_warning(&at("10.1.2.3:9435"), Some(&web(tls))).unwrap();
+        assert!(w.contains("anyone who can reach it"), "{w}");
+        let w = exposure_warning(&at("10.1.2.3:9435"), Some(&web(&users))).unwrap();
+        assert!(w.contains("without TLS"), "{w}");
     }
 
     #[test]

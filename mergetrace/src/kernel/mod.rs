@@ -1,7 +1,8 @@
 //! The kernel side, as user space sees it: which hooks exist where ([`compat`]), the kernel's
 //! BTF ([`btf`]), loading the object and attaching its programs from the hook table
 //! ([`attach`]), a run's programs and counters ([`session`]), who may load them
-//! ([`privileges`]), the counter slots the programs count in ([`slots`]), the
+//! ([`privileges`]) and what is kept once they are attached ([`least_privilege`]), the counter
+//! slots the programs count in ([`slots`]), the
 //! event rings ([`rings`]) and their stream in time order ([`collector`], [`time_order`]), and
 //! cgroup births and removals ([`cgroup_events`]), and what a run's end leaves unsaid
 //! ([`unfinished`]).
@@ -10,6 +11,7 @@ pub mod btf;
 pub mod cgroup_events;
 pub mod collector;
 pub mod compat;
+pub mod least_privilege;
 pub mod privileges;
 pub mod rings;
 pub mod session;

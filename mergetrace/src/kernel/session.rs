@@ -256,8 +256,8 @@ impl Session {
             BpfHashMap::try_from(take("SLOT_OF")?)?,
             Array::try_from(take("SLOT_GEN")?)?,
         )?;
-        let slot_owners = disks.register(&mut ebpf)?;
         let cgroup_ring = RingBuf::try_from(take("CGROUP_EVENTS")?)?;
+        let slot_owners = disks.register(&mut ebpf)?;
         let issue_entries = if modes.latency != 0 {
             Some(IssueEntries::take(&mut ebpf, devices)?)
         } else {

@@ -137,6 +137,7 @@ mod tests {
             cgroups: vec![crate::capture::RecordedCgroup {
                 id: 5,
                 path: "/a".into(),
+                name: None,
             }],
             ..Header::default()
         };

@@ -118,9 +118,10 @@ impl Cgroups {
             mount,
             by_id: HashMap::new(),
             removed: HashMap::new(),
-            local: Some(LocalNames::new("/")),
+            local: None,
             limits_seen: HashMap::new(),
         };
+        c.local = Some(LocalNames::new("/", c.mount.clone()));
         c.rescan();
         c
     }
@@ -216,6 +217,7 @@ impl Cgroups {
     /// cgroups alive and those still counted.
     pub fn forget_removed(&mut self, keep: impl Fn(u64) -> bool) {
         let by_id = &mut self.by_id;
+        let local = &mut self.local;
         self.removed.retain(|id, seen| {
             if keep(*id) {
                 return true;
@@ -224,7 +226,9 @@ impl Cgroups {
                 *seen = true;
                 return true;
             }
-            by_id.remove(id);
+            if let (Some(path), Some(local)) = (by_id.remove(id), local.as_mut()) {
+                local.forget(&path);
+            }
             false
         });
         // The limits of paths no id names any more (removed and forgotten).
@@ -260,11 +264,10 @@ impl Cgroups {
 
     /// The readable name of a path, with what the runtimes' local files add.
     pub fn readable(&mut self, path: &str) -> Option<ReadableName> {
-        let mut n = container::readable(path)?;
-        if let Some(local) = &mut self.local {
-            local.enrich(&mut n);
+        match &mut self.local {
+            Some(local) => local.name(path),
+            None => container::readable(path),
         }
-        Some(n)
     }
 
     /// The path of `id` as of the last scan (no rescan, no check that it still exists).

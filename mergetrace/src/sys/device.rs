@@ -28,6 +28,11 @@ impl Device {
     pub fn sys_dir(&self) -> PathBuf {
         PathBuf::from("/sys/block").join(&self.name)
     }
+    /// A loop device (`LOOP_MAJOR`, include/uapi/linux/major.h): its disk outlives the files
+    /// attached to it.
+    pub fn is_loop(&self) -> bool {
+        self.major == 7
+    }
 }
 
 fn parse_maj_min(s: &str) -> Option<(u32, u32)> {

@@ -68,6 +68,9 @@ pub struct QueueSettings {
     pub max_segment_size: Option<u64>,
     pub chunk_sectors: Option<u64>,
     pub discard_max_bytes: Option<u64>,
+    /// The largest write-zeroes request; 0 when the device takes none (the kernel then writes
+    /// zero pages, plain writes). `/proc/diskstats` counts write-zeroes requests as writes.
+    pub write_zeroes_max_bytes: Option<u64>,
 }
 
 /// Parses the scheduler line. Without brackets (a bio-based device may show just "none") the
@@ -148,6 +151,7 @@ impl QueueSettings {
             max_segment_size: read("max_segment_size").and_then(|t| parse_num(&t)),
             chunk_sectors: read("chunk_sectors").and_then(|t| parse_num(&t)),
             discard_max_bytes: read("discard_max_bytes").and_then(|t| parse_num(&t)),
+            write_zeroes_max_bytes: read("write_zeroes_max_bytes").and_then(|t| parse_num(&t)),
         })
     }
 
@@ -378,6 +382,7 @@ mod tests {
                 max_segment_size: Some(4294967295),
                 chunk_sectors: Some(0),
                 discard_max_bytes: None,
+                write_zeroes_max_bytes: None,
             }
         );
         assert!(!s.bio_based() && s.uses_elv_merge());

@@ -16,5 +16,6 @@ pub fn loop_queue() -> QueueSettings {
         max_segment_size: Some(65536),
         chunk_sectors: Some(0),
         discard_max_bytes: Some(4 << 30),
+        write_zeroes_max_bytes: Some(4 << 30),
     }
 }

@@ -2,3 +2,4 @@
 pub mod fixtures;
 pub mod intervals;
 pub mod synth;
+pub mod tls;

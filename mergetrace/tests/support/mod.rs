@@ -17,7 +17,8 @@
 //! - [`Cgroup`]: the v1 blkio hierarchy when it is mounted (this host), otherwise cgroup v2
 //!   (the lab), with `io.max` for limits and `io.stat` for blk-cgroup's counters.
 //! - [`Tracer`]: `--tier $MERGETRACE_TEST_TIER` when that is set (`tracepoint` / `fentry`).
-//! - [`serve::Server`]: `mergetrace serve` on a free loopback port (kernel_serve, kernel_prometheus).
+//! - [`serve::Server`]: `mergetrace serve` on a free loopback port (kernel_serve, kernel_prometheus,
+//!   kernel_serve_security); [`tls::TestPki`]: certificates for it, made at test time.
 #![allow(dead_code)]
 
 use std::{
@@ -43,7 +44,10 @@ mod interrupt_disk;
 mod recorder;
 /// `mergetrace serve` as a child (`use support::serve::*`: kernel_churn has a server of its own).
 pub mod serve;
+// The unit tests' test PKI (made at test time, no key committed), shared rather than copied.
 mod test_disk;
+#[path = "../../src/testing/tls.rs"]
+pub mod tls;
 mod tracer;
 /// Real programs' I/O (ext4, fsync, fstrim, SQLite, PostgreSQL...) for the conformance suite.
 pub mod workloads;

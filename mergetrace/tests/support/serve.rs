@@ -16,6 +16,8 @@ pub const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Server {
     pub proc: Spawned,
     pub addr: SocketAddr,
+    /// `http`, or `https` with a web config that has a `tls_server_config`.
+    pub scheme: &'static str,
 }
 
 /// A port nobody listens on right now: bind :0, read the port, close.
@@ -26,7 +28,7 @@ pub fn free_port() -> u16 {
 
 impl Server {
     /// `mergetrace serve -d <dev> --listen 127.0.0.1:<free port> <extra>`, returned once it
-    /// printed "mergetrace: serving".
+    /// printed "mergetrace: serving" (http, or https when `extra` gives a web config with TLS).
     pub fn start(dev: &BlockDev, extra: &[&str]) -> Server {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let bin = mergetrace_bin();
@@ -41,16 +43,19 @@ impl Server {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
         let (proc, rx) = Spawned::new(child);
-        let mut server = Server { proc, addr };
+        let mut server = Server {
+            proc,
+            addr,
+            scheme: "http",
+        };
         let deadline = Instant::now() + ATTACH_TIMEOUT;
         loop {
             match rx.recv_timeout(Duration::from_millis(200)) {
                 Ok(line) if line.starts_with("mergetrace: serving") => {
-                    assert_eq!(
-                        line,
-                        format!("mergetrace: serving http://{addr}/metrics"),
-                        "the serving line names the address"
-                    );
+                    server.scheme = ["http", "https"]
+                        .into_iter()
+                        .find(|s| line == format!("mergetrace: serving {s}://{addr}/metrics"))
+                        .unwrap_or_else(|| panic!("the serving line names the address: {line}"));
                     break;
                 }
                 Ok(_) => {}

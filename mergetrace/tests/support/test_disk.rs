@@ -100,7 +100,7 @@ impl TestDisk {
 
     /// The lab's disk that requeues (`MERGETRACE_LAB_REQUEUE_DISK`, /dev/vdc: virtio-blk with
     /// a 16-entry ring and no indirect descriptors, mq-deadline, nr_requests 16, max_segments
-    /// 14; README, "Guest-kernel lab"), held and restored like the scratch disk and taking
+    /// 14; docs/lab.md), held and restored like the scratch disk and taking
     /// turns with it. Panics outside the lab: no host device requeues.
     pub fn lab_requeue_disk(size: u64) -> TestDisk {
         assert!(

@@ -177,10 +177,12 @@ fn capture_late_cgroups_chunk_extends_the_header() {
             RecordedCgroup {
                 id: 777,
                 path: "/late".into(),
+                name: None,
             },
             RecordedCgroup {
                 id: 4242,
                 path: "/renamed".into(),
+                name: None,
             },
         ],
         limits: vec![RecordedLimits {

@@ -68,10 +68,12 @@ fn test_header() -> Header {
             RecordedCgroup {
                 id: 1,
                 path: "/".into(),
+                name: None,
             },
             RecordedCgroup {
                 id: 4242,
                 path: "/mt".into(),
+                name: None,
             },
         ],
         limits: vec![RecordedLimits {

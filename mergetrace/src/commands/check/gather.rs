@@ -1,6 +1,10 @@
 //! Reading what `check` judges from the running system: the device's queue settings, its
-//! `/proc/diskstats` line, the uptime, the cgroups with throttle limits on it, and the kernel.
-use std::path::{Path, PathBuf};
+//! `/proc/diskstats` line (and how it moved over a short sample), the cgroups with throttle
+//! limits on it, and the kernel.
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context, Result};
 use serde::Serialize;
@@ -24,9 +28,10 @@ use crate::{
 pub struct CheckInput {
     pub device: Device,
     pub queue: QueueSettings,
-    /// `None` when the device has no line in `/proc/diskstats`.
+    /// `None` when the device has no line in `/proc/diskstats`. Read at the end of the sample.
     pub diskstats: Option<DiskStats>,
-    pub uptime_secs: Option<f64>,
+    /// How the line moved over the sample (`None`: no sample taken, or no line).
+    pub sample: Option<Sample>,
     /// The hierarchy hosting the io controller and its mount (`None`: none mounted).
     pub io_hierarchy: Option<(Hierarchy, PathBuf)>,
     pub throttled: Vec<ThrottledCgroup>,
@@ -46,15 +51,43 @@ impl CheckInput {
     }
 }
 
-/// Reads everything `findings` needs for `device` from the running system.
-pub fn gather(device: Device) -> Result<CheckInput> {
+/// The device's `/proc/diskstats` counters over a short sample: what it does now, over a window
+/// known to the millisecond (the counters' own start is not: [`super::findings`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Sample {
+    /// The time between the two reads.
+    pub seconds: f64,
+    /// The counters' growth over it.
+    pub diskstats: DiskStats,
+}
+
+fn read_diskstats(device: &Device) -> Option<DiskStats> {
+    std::fs::read_to_string("/proc/diskstats")
+        .ok()
+        .and_then(|t| find_diskstats(&t, device.major, device.minor))
+}
+
+/// Reads everything `findings` needs for `device` from the running system, watching its
+/// counters for `sample` (none when zero).
+pub fn gather(device: Device, sample: Duration) -> Result<CheckInput> {
     let queue = QueueSettings::read(&device)?;
-    let diskstats = std::fs::read_to_string("/proc/diskstats")
-        .ok()
-        .and_then(|t| find_diskstats(&t, device.major, device.minor));
-    let uptime_secs = std::fs::read_to_string("/proc/uptime")
-        .ok()
-        .and_then(|t| parse_uptime(&t));
+    let (diskstats, sample) = if sample.is_zero() {
+        (read_diskstats(&device), None)
+    } else {
+        let start = Instant::now();
+        let before = read_diskstats(&device);
+        std::thread::sleep(sample);
+        let after = read_diskstats(&device);
+        let seconds = start.elapsed().as_secs_f64();
+        let sample = match (&before, &after) {
+            (Some(b), Some(a)) => Some(Sample {
+                seconds,
+                diskstats: a.since(b),
+            }),
+            _ => None,
+        };
+        (after, sample)
+    };
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
         .context("cannot read /proc/self/mountinfo")?;
     let io_hierarchy = cgroups::io_hierarchy(&mountinfo);
@@ -77,16 +110,11 @@ pub fn gather(device: Device) -> Result<CheckInput> {
         device,
         queue,
         diskstats,
-        uptime_secs,
+        sample,
         io_hierarchy,
         throttled,
         env,
     })
-}
-
-/// Seconds since boot from `/proc/uptime`.
-pub fn parse_uptime(text: &str) -> Option<f64> {
-    text.split_whitespace().next()?.parse().ok()
 }
 
 /// A cgroup with its own throttle limit(s) on the device.
@@ -123,12 +151,6 @@ pub fn throttled_cgroups(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn uptime() {
-        assert_eq!(parse_uptime("41242.17 1720.41\n"), Some(41242.17));
-        assert_eq!(parse_uptime(""), None);
-    }
 
     #[test]
     fn walks_cgroup_trees() {

@@ -1,10 +1,13 @@
 //! `mergetrace check -d DEV`: what merging can and cannot do on one device, read from sysfs,
 //! /proc/diskstats and the cgroup tree, and which tier mergetrace can trace it with. Traces
-//! nothing. Reading the system ([`gather`], [`environment`]) is apart from judging it
+//! nothing, but watches the device's counters for a moment (`--sample`). Reading the system
+//! ([`gather`], [`environment`]) is apart from judging it
 //! ([`findings`], pure), so every sentence is unit-tested on constructed inputs.
 pub mod environment;
 pub mod findings;
 pub mod gather;
+
+use std::time::Duration;
 
 use anyhow::Result;
 use clap::Args;
@@ -12,7 +15,7 @@ use serde::Serialize;
 
 pub use environment::{tier, KernelEnv, TierCheck};
 pub use findings::{findings, Finding};
-pub use gather::{gather, CheckInput, ThrottledCgroup};
+pub use gather::{gather, CheckInput, Sample, ThrottledCgroup};
 
 use crate::{
     kernel::{btf::Btf, compat},
@@ -27,6 +30,19 @@ pub struct CheckArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Watch the device's /proc/diskstats counters this long, for what it does now beside its
+    /// totals (which run from when the disk was added); 0 for the totals alone.
+    #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = parse_sample)]
+    pub sample: Duration,
+}
+
+/// A duration, zero included (`0`, `0s`: no sample).
+fn parse_sample(s: &str) -> Result<Duration, String> {
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(s)
+        .map_err(|e| format!("'{s}' is not a duration ({e}); write e.g. 1s, 500ms, 0 for none"))
 }
 
 /// The JSON document of `check --json`.
@@ -37,7 +53,10 @@ pub struct Report<'a> {
     pub tier: TierCheck,
     pub findings: Vec<Finding>,
     pub queue: &'a QueueSettings,
+    /// The counters since the disk was added, read at the end of the sample.
     pub diskstats: Option<&'a DiskStats>,
+    /// Their growth over the sample (`null` without one).
+    pub sample: Option<&'a Sample>,
     pub throttled: &'a [ThrottledCgroup],
     /// Every hook mergetrace uses, checked against this kernel (docs/hooks.md).
     pub hooks: Vec<compat::HookStatus>,
@@ -51,6 +70,7 @@ pub fn report(input: &CheckInput) -> Report<'_> {
         findings: findings(input),
         queue: &input.queue,
         diskstats: input.diskstats.as_ref(),
+        sample: input.sample.as_ref(),
         throttled: &input.throttled,
         hooks: hooks_here(),
     }
@@ -73,7 +93,7 @@ pub fn render_text(findings: &[Finding]) -> String {
 
 pub fn run(args: &CheckArgs) -> Result<()> {
     let device = device::resolve(&args.device)?;
-    let input = gather(device)?;
+    let input = gather(device, args.sample)?;
     if args.json {
         println!("{}", serde_json::to_string(&report(&input))?);
     } else {
@@ -95,7 +115,7 @@ mod tests {
         let text = render_text(&f);
         assert_eq!(text.lines().count(), f.len());
         assert!(text.lines().any(|l| l
-            .starts_with("write merges: write merge rate since boot (11.5 h): 23.6 %")
+            .starts_with("write merges: write merge rate since sda was added: 23.6 %")
             && l.contains(" — lever: merging needs a neighbour")));
         assert!(text
             .lines()
@@ -113,6 +133,18 @@ mod tests {
         assert!(v["findings"][0]["lever"].is_null());
         assert_eq!(v["queue"]["max_segments"], 128);
         assert_eq!(v["diskstats"]["writes_merged"], 3282202);
+        assert!(v["sample"].is_null());
+        let mut i = sda_input();
+        i.sample = Some(Sample {
+            seconds: 1.5,
+            diskstats: DiskStats {
+                writes: 7,
+                ..DiskStats::default()
+            },
+        });
+        let v = serde_json::to_value(report(&i)).unwrap();
+        assert_eq!(v["sample"]["seconds"], 1.5);
+        assert_eq!(v["sample"]["diskstats"]["writes"], 7);
     }
 
     #[test]
@@ -124,6 +156,15 @@ mod tests {
         }
         let t = T::try_parse_from(["x", "-d", "loop3", "--json"]).unwrap();
         assert_eq!((t.a.device.as_str(), t.a.json), ("loop3", true));
+        assert_eq!(t.a.sample, Duration::from_secs(1));
+        for (arg, want) in [("0", 0), ("0s", 0), ("250ms", 250), ("2s", 2000)] {
+            let t = T::try_parse_from(["x", "-d", "a", "--sample", arg]).unwrap();
+            assert_eq!(t.a.sample, Duration::from_millis(want), "{arg}");
+        }
+        let Err(e) = T::try_parse_from(["x", "-d", "a", "--sample", "soon"]) else {
+            panic!("--sample soon parsed");
+        };
+        assert!(e.to_string().contains("'soon' is not a duration"), "{e}");
         assert!(T::try_parse_from(["x"]).is_err());
         assert!(T::try_parse_from(["x", "-d", "a", "-d", "b"]).is_err());
     }

@@ -97,7 +97,7 @@ pub(super) fn arms(lab: &mut Lab, ios: u64, cg: &Cgroups) -> Result<Vec<Arm>> {
         lab.disk.queue("nomerges", &nomerges.to_string())?;
         let started = Instant::now();
         let before = cgroup.io_stat(&dev, "cost.usage")?;
-        let mut arm = lab.run(label, (ios, 32, 0), Some(&cgroup))?;
+        let mut arm = lab.run(label, (ios, 32, 0), &cgroup)?;
         let iops = arm.ios as f64 / arm.secs;
         let busy_pct = Charge::of(Counts::of(&arm.counts), model.write).cost_us / arm.secs / 1e4;
         // io.stat shows what was flushed at each period's end; a charge after the last flush
@@ -106,7 +106,7 @@ pub(super) fn arms(lab: &mut Lab, ios: u64, cg: &Cgroups) -> Result<Vec<Arm>> {
         let last = lab.run(
             &format!("{label}, a last write"),
             (1, 1, ios * 4096),
-            Some(&cgroup),
+            &cgroup,
         )?;
         arm.add(&last);
         std::thread::sleep(2 * PERIOD + Duration::from_millis(100));

@@ -1,6 +1,14 @@
-//! The demo's lab: a scratch loop device and a throttled cgroup it creates and removes, the
-//! workload run in a child process, and each arm's counts next to the kernel's.
+//! The demo's lab: a scratch loop device and cgroups it creates and removes, the workload run
+//! in a child process in one of them, and each arm's counts next to the kernel's.
+//!
+//! The self-check compares like with like, so that other processes on the machine cannot
+//! fail it: udev's blkid, `btrfs device scan` and the like read a new disk. An arm's counts
+//! are its cgroup's alone, set against what its workload submitted, the cgroup's own kernel
+//! counters (v2 io.stat; blk-throttle's io_serviced) and the scratch disk's write counters in
+//! /proc/diskstats, which only the demo moves: it alone writes to the disk it made, and reads
+//! leave them as they are. No arm is checked against the disk's read counters.
 use std::{
+    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::atomic::Ordering,
@@ -12,6 +20,7 @@ use mergetrace_common::Modes;
 
 use super::{check_interrupted, INTERRUPTED};
 use crate::{
+    fmt,
     kernel::{self, Session, TierChoice},
     model::aggregate::{self, Counts, Dir, Key},
     sys::{
@@ -188,6 +197,23 @@ impl DemoCgroup {
             .unwrap_or(0))
     }
 
+    /// The cgroup's id, as the programs key their counts: its directory's inode (kernfs).
+    pub(super) fn id(&self) -> Result<u64> {
+        Ok(std::fs::metadata(&self.dir)
+            .with_context(|| format!("cannot read cgroup {}", self.dir.display()))?
+            .ino())
+    }
+
+    /// The cgroup's own count of its bios in direction `field` (`wios`, `rios`) on `dev`,
+    /// where the kernel keeps one whatever the limits: v2 io.stat (every bio and split piece).
+    /// `None` on v1, whose per-cgroup counts are blk-throttle's.
+    pub(super) fn own_ios(&self, dev: &Device, field: &str) -> Result<Option<u64>> {
+        match self.hierarchy {
+            Hierarchy::V1 => Ok(None),
+            Hierarchy::V2 => self.io_stat(dev, field).map(Some),
+        }
+    }
+
     /// Bios blk-throttle saw for writes on `dev`: v1 `io_serviced` (every pass), v2 io.stat wios.
     pub(super) fn write_ios(&self, dev: &Device) -> Result<u64> {
         let key = format!("{}:{}", dev.major, dev.minor);
@@ -212,13 +238,18 @@ impl Drop for DemoCgroup {
     }
 }
 
-/// One run of the workload, as mergetrace and the kernel counted it.
+/// One run of the workload, as mergetrace counted its cgroup and as the kernel did.
 pub(super) struct Arm {
     pub(super) label: String,
+    /// The 4 KiB writes the workload submitted, one bio each.
     pub(super) ios: u64,
+    /// mergetrace's counts of the arm's cgroup, writes on the scratch disk.
     pub(super) counts: Counts,
+    /// The scratch disk's /proc/diskstats over the arm.
     pub(super) disk: DiskStats,
     pub(super) secs: f64,
+    /// The cgroup's io.stat `wios` over the arm (cgroup v2).
+    pub(super) cgroup_wios: Option<u64>,
     /// Throttled arms: blk-throttle's own count of write bios (io_serviced / io.stat).
     pub(super) kernel_charged: Option<u64>,
     /// io.cost arms: what io.cost charged, mergetrace's and io.stat's.
@@ -257,24 +288,48 @@ impl Arm {
         }
     }
 
-    /// Mismatches between mergetrace and the kernel's counters, as sentences.
+    /// Mismatches between mergetrace and the kernel's counters (or the workload's own count),
+    /// as sentences naming the arm, the count and both numbers.
     pub(super) fn mismatches(&self) -> Vec<String> {
         let c = &self.counts;
         let mut out = Vec::new();
-        let mut cmp = |what: &str, ours: u64, kernel: u64| {
-            if ours != kernel {
-                out.push(format!(
-                    "{}: {what} mergetrace {ours} ≠ kernel {kernel}",
-                    self.label
-                ));
-            }
+        let mut cmp = |what: &str, ours: u64, source: &str, theirs: u64| {
+            out.extend(mismatch(&self.label, what, ours, source, theirs));
         };
-        cmp("device requests", c.requests(), self.disk.writes);
-        cmp("merged", c.merged_per_request(), self.disk.writes_merged);
-        cmp("sectors", c.issue_bytes / 512, self.disk.write_sectors);
-        cmp("bios", c.bios_per_request(), self.ios);
+        cmp(
+            "bios",
+            c.bios_per_request(),
+            "the workload submitted",
+            self.ios,
+        );
+        cmp(
+            "device requests",
+            c.requests(),
+            "/proc/diskstats writes",
+            self.disk.writes,
+        );
+        cmp(
+            "merged bios",
+            c.merged_per_request(),
+            "/proc/diskstats write merges",
+            self.disk.writes_merged,
+        );
+        cmp(
+            "sectors",
+            c.issue_bytes / 512,
+            "/proc/diskstats sectors written",
+            self.disk.write_sectors,
+        );
+        if let Some(k) = self.cgroup_wios {
+            cmp(
+                "bios and split pieces",
+                c.bios_per_request() + c.splits,
+                "the cgroup's io.stat wios",
+                k,
+            );
+        }
         if let Some(k) = self.kernel_charged {
-            cmp("charged ios", c.charged_ios, k);
+            cmp("charged ios", c.charged_ios, "blk-throttle's own count", k);
         }
         if let Some(i) = self.iocost.filter(|i| !i.holds()) {
             out.push(format!(
@@ -293,10 +348,28 @@ impl Arm {
     pub(super) fn add(&mut self, o: &Arm) {
         self.ios += o.ios;
         self.counts.add(&o.counts);
+        self.cgroup_wios = self.cgroup_wios.zip(o.cgroup_wios).map(|(a, b)| a + b);
         self.disk.writes += o.disk.writes;
         self.disk.writes_merged += o.disk.writes_merged;
         self.disk.write_sectors += o.disk.write_sectors;
     }
+}
+
+/// "ARM: WHAT: mergetrace counted N, SOURCE M" when the two differ.
+pub(super) fn mismatch(
+    arm: &str,
+    what: &str,
+    ours: u64,
+    source: &str,
+    theirs: u64,
+) -> Option<String> {
+    (ours != theirs).then(|| {
+        format!(
+            "{arm}: {what}: mergetrace counted {}, {source} {}",
+            fmt::thousands(ours),
+            fmt::thousands(theirs)
+        )
+    })
 }
 
 pub(super) struct Lab {
@@ -360,28 +433,28 @@ impl Lab {
         Ok(())
     }
 
-    /// Runs the workload in a child process (in `cgroup` if given, from byte `offset`); the
-    /// in-kernel counters before and after it tell what it did.
+    /// Runs the workload in a child process in `cgroup` (from byte `offset`); the in-kernel
+    /// counters before and after it tell what it did.
     pub(super) fn run(
         &mut self,
         label: &str,
         (ios, batch, offset): (u64, usize, u64),
-        cgroup: Option<&DemoCgroup>,
+        cgroup: &DemoCgroup,
     ) -> Result<Arm> {
         check_interrupted()?;
         eprintln!("mergetrace demo: {label} …");
         let counted_before = self.session.read_totals()?;
         let before = DiskStats::read(self.disk.dev.major, self.disk.dev.minor)?;
+        let wios_before = cgroup.own_ios(&self.disk.dev, "wios")?;
         let mut cmd = Command::new(&self.exe);
         cmd.arg("__workload")
             .arg("--target")
             .arg(&self.disk.path)
             .args(["--ios", &ios.to_string(), "--batch", &batch.to_string()])
             .args(["--offset", &offset.to_string()])
+            .arg("--cgroup")
+            .arg(&cgroup.dir)
             .stdout(Stdio::null());
-        if let Some(cg) = cgroup {
-            cmd.arg("--cgroup").arg(&cg.dir);
-        }
         let started = Instant::now();
         let mut child: Child = cmd.spawn().context("cannot start the workload")?;
         let status = loop {
@@ -417,28 +490,88 @@ impl Lab {
         if lost > 0 {
             bail!("{lost} events were lost in arm {label}: the self-check cannot hold");
         }
-        let dev = self.disk.dev.dev().0;
-        let mut counts = Counts::default();
-        for (k, c) in &w.counts {
-            if *k
-                == (Key {
-                    dev,
-                    cgroup_id: k.cgroup_id,
-                    dir: Dir::Write,
-                })
-            {
-                counts.add(c);
-            }
-        }
+        let key = Key {
+            dev: self.disk.dev.dev().0,
+            cgroup_id: cgroup.id()?,
+            dir: Dir::Write,
+        };
+        let counts = w.counts.get(&key).copied().unwrap_or_default();
         let disk = DiskStats::read(self.disk.dev.major, self.disk.dev.minor)?.since(&before);
+        let wios_after = cgroup.own_ios(&self.disk.dev, "wios")?;
         Ok(Arm {
             label: label.to_string(),
             ios,
             counts,
             disk,
             secs,
+            cgroup_wios: wios_after.zip(wios_before).map(|(a, b)| a - b),
             kernel_charged: None,
             iocost: None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An arm as the demo's batch-32 arm counts it: 16,384 bios into 512 requests of 128 KiB,
+    /// equal to the kernel's counts.
+    fn batch_32() -> Arm {
+        let mut counts = Counts {
+            rq_bios: 16_384,
+            issues: 512,
+            issue_bytes: 64 << 20,
+            ..Counts::default()
+        };
+        counts.merges_at[0] = 15_872;
+        Arm {
+            label: "batch 32".into(),
+            ios: 16_384,
+            counts,
+            disk: DiskStats {
+                writes: 512,
+                writes_merged: 15_872,
+                write_sectors: 131_072,
+                ..DiskStats::default()
+            },
+            secs: 1.0,
+            cgroup_wios: Some(16_384),
+            kernel_charged: None,
+            iocost: None,
+        }
+    }
+
+    #[test]
+    fn an_arm_equal_to_the_kernel_has_no_mismatch() {
+        assert_eq!(batch_32().mismatches(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_mismatch_names_the_arm_the_count_and_both_numbers() {
+        let mut arm = batch_32();
+        arm.disk.writes = 513;
+        arm.cgroup_wios = Some(16_385);
+        arm.kernel_charged = Some(7);
+        assert_eq!(
+            arm.mismatches(),
+            [
+                "batch 32: device requests: mergetrace counted 512, /proc/diskstats writes 513",
+                "batch 32: bios and split pieces: mergetrace counted 16,384, the cgroup's io.stat \
+                 wios 16,385",
+                "batch 32: charged ios: mergetrace counted 0, blk-throttle's own count 7",
+            ]
+        );
+        // Reads of the disk by others change no count the arm is checked against.
+        let mut arm = batch_32();
+        arm.disk.reads = 4_096;
+        arm.disk.reads_merged = 17;
+        assert!(arm.mismatches().is_empty());
+        let mut arm = batch_32();
+        arm.ios = 16_383;
+        assert_eq!(
+            arm.mismatches(),
+            ["batch 32: bios: mergetrace counted 16,384, the workload submitted 16,383"]
+        );
     }
 }

@@ -1,6 +1,8 @@
 //! `mergetrace demo`: a merging lab, built in. A loop device on a file in /dev/shm, the
-//! built-in O_DIRECT workload, mergetrace's own probes, and the tables of what merging does — each number
-//! checked against /proc/diskstats (and blk-throttle's counter for the throttled arms).
+//! built-in O_DIRECT workload in cgroups of the demo's own, mergetrace's own probes, and the
+//! tables of what merging does — each number checked against what the workload submitted, the
+//! scratch disk's write counters in /proc/diskstats and the cgroup's own counters (io.stat,
+//! blk-throttle's), never against what other processes may add ([`lab`]).
 mod iocost;
 mod lab;
 mod latency;
@@ -58,14 +60,15 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     };
     let mib = (ios * 4096) >> 20;
     let mut lab = Lab::start((mib + 16) << 20, args.tier)?;
-    let nomerges = nomerges_arms(&mut lab, ios)?;
+    let cgroups = Cgroups::discover()?;
+    let workload = DemoCgroup::new(&cgroups, "workload")?;
+    let nomerges = nomerges_arms(&mut lab, ios, &workload)?;
     let batches: &[usize] = if args.quick {
         &[1, 32, 128]
     } else {
         &[1, 8, 32, 64, 128, 256]
     };
-    let batch = batch_arms(&mut lab, ios, batches)?;
-    let cgroups = Cgroups::discover()?;
+    let batch = batch_arms(&mut lab, ios, batches, &workload)?;
     let limited = DemoCgroup::new(&cgroups, "limited")?;
     limited.limit_write_iops(&lab.disk.dev, WIOPS)?;
     let throttled = throttled_arms(&mut lab, WIOPS * throttle_secs, &limited)?;
@@ -91,13 +94,20 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         .chain(beside.iter().flat_map(|a| a.mismatches()))
         .collect();
     drop(limited);
+    drop(workload);
     if !problems.is_empty() {
         for p in &problems {
             eprintln!("mergetrace demo: MISMATCH {p}");
         }
         bail!(
-            "{} of mergetrace's counts differ from the kernel's",
-            problems.len()
+            "{} {} from the kernel's or the workload's: {}",
+            problems.len(),
+            if problems.len() == 1 {
+                "count differs"
+            } else {
+                "counts differ"
+            },
+            problems.join("; ")
         );
     }
     println!(
@@ -108,7 +118,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
 }
 
 /// Table 1: the three levels of nomerges, batched and one at a time.
-fn nomerges_arms(lab: &mut Lab, ios: u64) -> Result<Vec<Arm>> {
+fn nomerges_arms(lab: &mut Lab, ios: u64, cgroup: &DemoCgroup) -> Result<Vec<Arm>> {
     lab.disk.queue("scheduler", "mq-deadline")?;
     let mut arms = Vec::new();
     for (nomerges, batch) in [(0, 32), (1, 32), (2, 32), (0, 1)] {
@@ -121,7 +131,7 @@ fn nomerges_arms(lab: &mut Lab, ios: u64) -> Result<Vec<Arm>> {
         arms.push(lab.run(
             &format!("nomerges={nomerges}, {how}"),
             (ios, batch, 0),
-            None,
+            cgroup,
         )?);
     }
     lab.disk.queue("nomerges", "0")?;
@@ -129,10 +139,10 @@ fn nomerges_arms(lab: &mut Lab, ios: u64) -> Result<Vec<Arm>> {
 }
 
 /// Table 2: the submission batch is the lever.
-fn batch_arms(lab: &mut Lab, ios: u64, batches: &[usize]) -> Result<Vec<Arm>> {
+fn batch_arms(lab: &mut Lab, ios: u64, batches: &[usize], cgroup: &DemoCgroup) -> Result<Vec<Arm>> {
     let mut arms = Vec::new();
     for &b in batches {
-        arms.push(lab.run(&format!("batch {b}"), (ios, b, 0), None)?);
+        arms.push(lab.run(&format!("batch {b}"), (ios, b, 0), cgroup)?);
     }
     Ok(arms)
 }
@@ -146,7 +156,7 @@ fn throttled_arms(lab: &mut Lab, ios: u64, limited: &DemoCgroup) -> Result<Vec<A
     ] {
         lab.disk.queue("nomerges", &nomerges.to_string())?;
         let before = limited.write_ios(&lab.disk.dev)?;
-        let mut arm = lab.run(label, (ios, 32, 0), Some(limited))?;
+        let mut arm = lab.run(label, (ios, 32, 0), limited)?;
         arm.kernel_charged = Some(limited.write_ios(&lab.disk.dev)? - before);
         arms.push(arm);
     }

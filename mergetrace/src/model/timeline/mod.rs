@@ -83,6 +83,21 @@ impl Track {
             .filter(|l| l.to_ns == self.last_active_ns)
     }
 
+    /// An interval the cgroup spent waiting for the limits that last held it (nothing of it
+    /// moved: a bio queued before), to `to_ns`, `secs` long: they held it through it, unused.
+    fn note_wait(&mut self, (to_ns, secs): (u64, f64)) {
+        for name in &self.last_held {
+            if let Some(span) = self.spans.get_mut(name).and_then(|s| s.last_mut()) {
+                let idle = LimitUse {
+                    limit: span.limit,
+                    ..LimitUse::default()
+                };
+                span.add(&idle, (to_ns, secs), true);
+            }
+        }
+        self.last_active_ns = to_ns;
+    }
+
     /// Notes the limits in force in an interval with I/O (`from_ns`..`to_ns`, `secs` long),
     /// with their use and whether each held the cgroup back (`held`).
     fn note_limits(
@@ -180,6 +195,7 @@ impl Timeline {
                 for n in &t.last_held {
                     *t.held.entry(n).or_default() += 1;
                 }
+                t.note_wait((s.end_ns, secs));
             }
         }
     }

@@ -150,6 +150,7 @@ mod tests {
             cgroups: vec![RecordedCgroup {
                 id: 100,
                 path: "/a,\"b\"".into(),
+                name: None,
             }],
             ..Header::default()
         }

@@ -23,6 +23,7 @@ pub fn snapshot(rows: &[(&str, DirStats)]) -> Snapshot {
         tier: "tracepoint".into(),
         lost_events: 0,
         lost_by_kind: BTreeMap::new(),
+        changes: Vec::new(),
         program_stats: Vec::new(),
         unsaid: Default::default(),
         devices: vec![DeviceSnapshot {

@@ -162,8 +162,7 @@ mod tests {
                 used_pct: 97.0,
                 used_pct_merge_aware: Some(3.0),
                 held: true,
-                used_pct_active: None,
-                intervals_held: None,
+                ..LimitUse::default()
             },
         );
         held.verdict = Some("wiops 1000 (set on /mt-a) is 97 % used by bios".into());
@@ -208,8 +207,7 @@ mod tests {
                 used_pct: 0.1,
                 used_pct_merge_aware: None,
                 held: false,
-                used_pct_active: None,
-                intervals_held: None,
+                ..LimitUse::default()
             },
         );
         assert_eq!(

@@ -213,9 +213,9 @@ mod tests {
             .finding
             .starts_with("none: zram0 is bio-based"));
         assert!(by_topic(&f, "nomerges").finding.contains("bio-based"));
-        assert!(by_topic(&f, "write merges")
-            .finding
-            .starts_with("zram0 is bio-based: 0 merges by construction; 50 write bios since boot (11.5 h); 0 write bios/s on average"));
+        assert!(by_topic(&f, "write merges").finding.starts_with(
+            "zram0 is bio-based: 0 merges by construction; 50 write bios since zram0 was added"
+        ));
         assert!(by_topic(&f, "write request size")
             .finding
             .starts_with("average write bio 4.00 KiB"));

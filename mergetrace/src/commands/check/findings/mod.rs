@@ -79,7 +79,7 @@ pub(super) mod fixtures {
             device: sda(),
             queue: loop_queue(),
             diskstats: find_diskstats(SDA_LINE, 8, 0),
-            uptime_secs: Some(41242.0),
+            sample: None,
             io_hierarchy: Some((Hierarchy::V2, "/sys/fs/cgroup".into())),
             throttled: vec![],
             iocost: None,

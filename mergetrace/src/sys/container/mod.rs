@@ -1,11 +1,11 @@
 //! Readable names for cgroup paths: which container runtime, Kubernetes pod or systemd unit a
 //! cgroup belongs to, parsed from the path alone (the names each runtime gives its cgroups,
 //! on cgroup v1 and v2, systemd and cgroupfs drivers). Pure: no file is read here; names that
-//! only the runtime's own state knows are added by `sys::local_names`.
-use serde::Serialize;
+//! only the runtime's own state knows are added by `sys::local_names` (docs/names.md).
+use serde::{Deserialize, Serialize};
 
 /// What kind of thing a cgroup is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Kind {
     Docker,
@@ -17,12 +17,18 @@ pub enum Kind {
     Slice,
     Podman,
     Lxc,
+    /// A machine systemd-machined registered: a systemd-nspawn container (or a VM).
+    Machine,
+    /// A container runc or crun started outside the runtimes above (found by its state
+    /// directory, `sys::local_names`; its path names no runtime).
+    Runc,
+    Crun,
 }
 
 /// A cgroup path, understood. Every field but `kind` and `short` is absent from the JSON when
-/// unknown.
+/// unknown. Captures record it as the run saw it (`capture::RecordedCgroup::name`).
 #[serde_with::skip_serializing_none]
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReadableName {
     pub kind: Kind,
     /// The short form the tables show (`docker:3f2a9c1b7d4e`, `svc:nginx`).
@@ -32,28 +38,29 @@ pub struct ReadableName {
     /// Its first 12 hex digits, as `docker ps` shows it.
     pub short_id: Option<String>,
     /// Kubernetes: the runtime whose scope holds the container (containerd, crio, docker).
-    pub runtime: Option<&'static str>,
-    /// The runtime's monitor process (CRI-O's and podman's conmon), not the container itself.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub runtime: Option<String>,
+    /// The runtime's monitor process (CRI-O's and podman's conmon, LXC's monitor,
+    /// systemd-nspawn's supervisor), not the container itself.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub conmon: bool,
     /// Kubernetes QoS class: guaranteed, burstable or besteffort.
-    pub qos: Option<&'static str>,
+    pub qos: Option<String>,
     /// Kubernetes pod uid, with `-` (the systemd driver writes `_`).
     pub pod_uid: Option<String>,
     /// From the runtime's local state, where it could be read.
     pub pod_name: Option<String>,
     pub pod_namespace: Option<String>,
-    /// The container's name: from the runtime's local state (Docker, Kubernetes) or the path
-    /// itself (LXC).
+    /// The container's name: from the runtime's local state (Docker, podman, Kubernetes,
+    /// runc, crun, containerd) or the path itself (LXC, systemd-nspawn).
     pub container_name: Option<String>,
     /// systemd: the unit (`nginx.service`, `session-3.scope`, `system.slice`).
     pub unit: Option<String>,
-    /// systemd: the user whose `user-UID.slice` holds the unit.
+    /// systemd, rootless podman: the user whose `user-UID.slice` holds the cgroup.
     pub user: Option<u32>,
 }
 
 impl ReadableName {
-    fn new(kind: Kind) -> ReadableName {
+    pub(crate) fn new(kind: Kind) -> ReadableName {
         ReadableName {
             kind,
             short: String::new(),
@@ -77,6 +84,19 @@ impl ReadableName {
         self
     }
 
+    /// A container that a runtime's state names, whose cgroup path does not: its id is the
+    /// container id when it is one (64 hex digits), else the name the user gave it (`runc run
+    /// web`, `ctr run IMAGE web`).
+    pub(crate) fn of_runtime(kind: Kind, id: &str) -> ReadableName {
+        if is_id(id) {
+            ReadableName::new(kind).with_id(id)
+        } else {
+            let mut n = ReadableName::new(kind);
+            n.container_name = Some(id.to_string());
+            n
+        }
+    }
+
     /// Recomputes `short` from the fields (after a local-state lookup added names).
     pub fn refresh_short(&mut self) {
         self.short = self.render_short();
@@ -84,9 +104,10 @@ impl ReadableName {
 
     fn render_short(&self) -> String {
         let id = self.short_id.as_deref().unwrap_or("?");
-        let ctr = || match &self.container_name {
-            Some(n) => format!("{n} ({id})"),
-            None => id.to_string(),
+        let ctr = || match (&self.container_name, &self.short_id) {
+            (Some(n), Some(_)) => format!("{n} ({id})"),
+            (Some(n), None) => n.clone(),
+            (None, _) => id.to_string(),
         };
         let conmon = if self.conmon { "-conmon" } else { "" };
         let unit = self.unit.as_deref().unwrap_or("?");
@@ -96,16 +117,23 @@ impl ReadableName {
             Kind::Containerd => format!("containerd:{}", ctr()),
             Kind::Crio => format!("crio{conmon}:{}", ctr()),
             Kind::Podman => format!("podman{conmon}:{}", ctr()),
+            Kind::Runc => format!("runc:{}", ctr()),
+            Kind::Crun => format!("crun:{}", ctr()),
             Kind::Lxc => format!(
                 "lxc:{}{}",
                 self.container_name.as_deref().unwrap_or("?"),
                 if self.conmon { " (monitor)" } else { "" }
             ),
+            Kind::Machine => format!(
+                "machine:{}{}",
+                self.container_name.as_deref().unwrap_or("?"),
+                if self.conmon { " (supervisor)" } else { "" }
+            ),
             Kind::SystemdService => format!("svc:{}", unit_stem(".service")),
             Kind::SystemdScope => format!("scope:{}", unit_stem(".scope")),
             Kind::Slice => format!("slice:{}", unit_stem(".slice")),
             Kind::Kubernetes => {
-                let mut s = format!("k8s:{}", self.qos.unwrap_or("kubepods"));
+                let mut s = format!("k8s:{}", self.qos.as_deref().unwrap_or("kubepods"));
                 match (&self.pod_namespace, &self.pod_name, &self.pod_uid) {
                     (Some(ns), Some(name), _) => s.push_str(&format!("/pod {ns}/{name}")),
                     (_, _, Some(uid)) => s.push_str(&format!("/pod {}…", &uid[..8.min(uid.len())])),
@@ -185,11 +213,12 @@ fn container_segment(seg: &str, parent: Option<&str>) -> Option<(Kind, String, b
     None
 }
 
-fn qos_of(seg: &str) -> Option<&'static str> {
+fn qos_of(seg: &str) -> Option<String> {
     let stem = seg.strip_suffix(".slice").unwrap_or(seg);
     ["burstable", "besteffort", "guaranteed"]
         .into_iter()
         .find(|q| stem == *q || stem.ends_with(&format!("-{q}")))
+        .map(str::to_string)
 }
 
 /// `pod<uid>` (cgroupfs) or `kubepods-burstable-pod<uid with _>.slice` (systemd).
@@ -223,19 +252,19 @@ fn kubernetes(segs: &[&str]) -> Option<ReadableName> {
                 n.conmon = conmon;
                 // a bare id (cgroupfs driver) does not say whose it is
                 n.runtime = match kind {
-                    Kind::Docker => Some("docker"),
-                    Kind::Crio => Some("crio"),
-                    _ if seg.starts_with("cri-containerd-") => Some("containerd"),
+                    Kind::Docker => Some("docker".into()),
+                    Kind::Crio => Some("crio".into()),
+                    _ if seg.starts_with("cri-containerd-") => Some("containerd".into()),
                     _ => None,
                 };
             }
         } else if i == start || n.pod_uid.is_none() {
-            n.qos = qos_of(seg).or(n.qos);
+            n.qos = qos_of(seg).or(n.qos.take());
         }
     }
     // A pod directly under kubepods is of the guaranteed class.
     if n.pod_uid.is_some() && n.qos.is_none() {
-        n.qos = Some("guaranteed");
+        n.qos = Some("guaranteed".into());
     }
     Some(n)
 }
@@ -263,13 +292,84 @@ fn readable_segments(segs: &[&str]) -> Option<ReadableName> {
             }
             let mut n = ReadableName::new(kind).with_id(&id);
             n.conmon = conmon;
+            if kind == Kind::Podman {
+                // rootless podman: the user's systemd holds it
+                n.user = user_of(segs);
+            }
             return Some(n);
         }
         if let Some(lxc) = lxc(segs[i], parent) {
             return Some(lxc);
         }
+        if let Some(machine) = machine(segs, i) {
+            return Some(machine);
+        }
     }
     systemd(segs)
+}
+
+/// The uid of the first `user-UID.slice` or `user@UID.service` on the path.
+fn user_of(segs: &[&str]) -> Option<u32> {
+    segs.iter().find_map(|s| {
+        s.strip_prefix("user-")
+            .and_then(|r| r.strip_suffix(".slice"))
+            .or_else(|| s.strip_prefix("user@")?.strip_suffix(".service"))?
+            .parse()
+            .ok()
+    })
+}
+
+/// A machine systemd-machined registered (systemd src/machine/machine.c): the transient scope
+/// `machine-<escaped name>.scope` it makes for `systemd-nspawn` (and for VMs), or the unit
+/// `systemd-nspawn@<escaped name>.service` of `machinectl start` (nspawn's `--keep-unit`).
+/// Below it, nspawn keeps itself in `supervisor` and the container in `payload` (cgroup v2;
+/// systemd src/nspawn/nspawn-cgroup.c, `create_subcgroup`).
+fn machine(segs: &[&str], i: usize) -> Option<ReadableName> {
+    let seg = segs[i];
+    let escaped = seg
+        .strip_prefix("machine-")
+        .and_then(|r| r.strip_suffix(".scope"))
+        .or_else(|| {
+            seg.strip_prefix("systemd-nspawn@")?
+                .strip_suffix(".service")
+        })?;
+    let name = unescape_unit(escaped);
+    if name.is_empty() {
+        return None;
+    }
+    let mut n = ReadableName::new(Kind::Machine);
+    n.container_name = Some(name);
+    n.unit = Some(seg.to_string());
+    n.conmon = segs.get(i + 1) == Some(&"supervisor");
+    Some(n)
+}
+
+/// systemd's unit name escaping undone: `\xNN` is the byte NN (`unit_name_escape` writes `-`
+/// as `\x2d`).
+fn unescape_unit(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = b
+            .get(i + 2..i + 4)
+            .and_then(|h| std::str::from_utf8(h).ok());
+        match (
+            b[i],
+            b.get(i + 1),
+            hex.and_then(|h| u8::from_str_radix(h, 16).ok()),
+        ) {
+            (b'\\', Some(b'x'), Some(byte)) => {
+                out.push(byte);
+                i += 4;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `/lxc/NAME` (older LXC, cgroup v1), `lxc.payload.NAME` and `lxc.monitor.NAME` (LXC 4+).
@@ -319,218 +419,4 @@ fn systemd(segs: &[&str]) -> Option<ReadableName> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const ID: &str = "3f2a9c1b7d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8";
-    const UID: &str = "8e1f2a3b-4c5d-4e6f-8a9b-0c1d2e3f4a5b";
-
-    fn short(path: &str) -> String {
-        readable(path).map(|n| n.short).unwrap_or_default()
-    }
-
-    #[test]
-    fn docker_v2_systemd_and_v1_cgroupfs() {
-        for path in [
-            format!("/system.slice/docker-{ID}.scope"),
-            format!("/docker/{ID}"),
-            format!("/docker/{ID}/system.slice/nginx.service"),
-        ] {
-            let n = readable(&path).unwrap();
-            assert_eq!(n.kind, Kind::Docker, "{path}");
-            assert_eq!(n.container_id.as_deref(), Some(ID));
-            assert_eq!(n.short_id.as_deref(), Some("3f2a9c1b7d4e"));
-            assert_eq!(n.short, "docker:3f2a9c1b7d4e");
-        }
-    }
-
-    #[test]
-    fn containerd_crio_podman() {
-        assert_eq!(
-            short(&format!("/system.slice/cri-containerd-{ID}.scope")),
-            "containerd:3f2a9c1b7d4e"
-        );
-        assert_eq!(
-            short(&format!("/system.slice/crio-{ID}.scope")),
-            "crio:3f2a9c1b7d4e"
-        );
-        let conmon = readable(&format!("/system.slice/crio-conmon-{ID}.scope")).unwrap();
-        assert_eq!((conmon.kind, conmon.conmon), (Kind::Crio, true));
-        assert_eq!(conmon.short, "crio-conmon:3f2a9c1b7d4e");
-        assert_eq!(
-            short(&format!("/machine.slice/libpod-{ID}.scope")),
-            "podman:3f2a9c1b7d4e"
-        );
-        assert_eq!(
-            short(&format!("/machine.slice/libpod-conmon-{ID}.scope")),
-            "podman-conmon:3f2a9c1b7d4e"
-        );
-        // rootless podman, under the user's systemd
-        assert_eq!(
-            short(&format!(
-                "/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID}.scope"
-            )),
-            "podman:3f2a9c1b7d4e"
-        );
-        assert_eq!(
-            short(&format!("/libpod_parent/{ID}")),
-            "podman:3f2a9c1b7d4e"
-        );
-    }
-
-    #[test]
-    fn kubernetes_systemd_driver() {
-        let uid_ = UID.replace('-', "_");
-        let path = format!(
-            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid_}.slice/cri-containerd-{ID}.scope"
-        );
-        let n = readable(&path).unwrap();
-        assert_eq!(n.kind, Kind::Kubernetes);
-        assert_eq!(n.qos, Some("burstable"));
-        assert_eq!(n.pod_uid.as_deref(), Some(UID));
-        assert_eq!(n.container_id.as_deref(), Some(ID));
-        assert_eq!(n.runtime, Some("containerd"));
-        assert_eq!(n.short, "k8s:burstable/pod 8e1f2a3b…/ctr 3f2a9c1b7d4e");
-        // guaranteed pods sit directly under kubepods.slice; CRI-O's scopes
-        let n = readable(&format!(
-            "/kubepods.slice/kubepods-pod{uid_}.slice/crio-{ID}.scope"
-        ))
-        .unwrap();
-        assert_eq!((n.qos, n.runtime), (Some("guaranteed"), Some("crio")));
-        let n = readable(&format!(
-            "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid_}.slice/crio-conmon-{ID}.scope"
-        ))
-        .unwrap();
-        assert_eq!((n.qos, n.conmon), (Some("besteffort"), true));
-        assert_eq!(n.short, "k8s:besteffort/pod 8e1f2a3b…/conmon 3f2a9c1b7d4e");
-        // the pod's own cgroup, the QoS slice, kubepods itself
-        assert_eq!(
-            short(&format!(
-                "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid_}.slice"
-            )),
-            "k8s:burstable/pod 8e1f2a3b…"
-        );
-        assert_eq!(
-            short("/kubepods.slice/kubepods-burstable.slice"),
-            "k8s:burstable"
-        );
-        assert_eq!(short("/kubepods.slice"), "k8s:kubepods");
-        // a nested kubelet (kind)
-        assert_eq!(
-            short(&format!("/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod{uid_}.slice/cri-containerd-{ID}.scope")),
-            "k8s:besteffort/pod 8e1f2a3b…/ctr 3f2a9c1b7d4e"
-        );
-    }
-
-    #[test]
-    fn kubernetes_cgroupfs_driver_v1() {
-        let n = readable(&format!("/kubepods/burstable/pod{UID}/{ID}")).unwrap();
-        assert_eq!(n.kind, Kind::Kubernetes);
-        assert_eq!(
-            (n.qos, n.pod_uid.as_deref()),
-            (Some("burstable"), Some(UID))
-        );
-        assert_eq!(n.container_id.as_deref(), Some(ID));
-        assert_eq!(n.runtime, None, "a bare id does not say which runtime");
-        let n = readable(&format!("/kubepods/pod{UID}/{ID}")).unwrap();
-        assert_eq!(n.qos, Some("guaranteed"));
-        assert_eq!(
-            short(&format!("/kubepods/besteffort/pod{UID}")),
-            "k8s:besteffort/pod 8e1f2a3b…"
-        );
-        // a static pod's uid is its config hash
-        let n = readable("/kubepods/burstable/pod33d556edd3ae8ef21980288cef77ae8b").unwrap();
-        assert_eq!(
-            n.pod_uid.as_deref(),
-            Some("33d556edd3ae8ef21980288cef77ae8b")
-        );
-    }
-
-    #[test]
-    fn systemd_units_and_slices() {
-        let n = readable("/system.slice/nginx.service").unwrap();
-        assert_eq!(
-            (n.kind, n.unit.as_deref()),
-            (Kind::SystemdService, Some("nginx.service"))
-        );
-        assert_eq!(n.short, "svc:nginx");
-        assert_eq!(short("/system.slice/getty@tty1.service"), "svc:getty@tty1");
-        let n = readable("/user.slice/user-1000.slice/session-3.scope").unwrap();
-        assert_eq!((n.kind, n.user), (Kind::SystemdScope, Some(1000)));
-        assert_eq!(n.short, "scope:session-3");
-        assert_eq!(
-            short("/user.slice/user-1000.slice/user@1000.service"),
-            "svc:user@1000"
-        );
-        let n = readable("/system.slice").unwrap();
-        assert_eq!((n.kind, n.short.as_str()), (Kind::Slice, "slice:system"));
-        assert_eq!(short("/user.slice/user-1000.slice"), "slice:user-1000");
-        assert_eq!(short("/init.scope"), "scope:init");
-    }
-
-    #[test]
-    fn lxc_old_and_new() {
-        assert_eq!(short("/lxc/web1"), "lxc:web1");
-        assert_eq!(short("/lxc/web1/system.slice/nginx.service"), "lxc:web1");
-        assert_eq!(short("/lxc.payload.web1"), "lxc:web1");
-        assert_eq!(short("/lxc.payload.web1/init.scope"), "lxc:web1");
-        assert_eq!(short("/lxc.monitor.web1"), "lxc:web1 (monitor)");
-    }
-
-    #[test]
-    fn an_id_too_short_is_a_plain_scope() {
-        let n = readable("/system.slice/docker-3f2a9c.scope").unwrap();
-        assert_eq!((n.kind, n.container_id), (Kind::SystemdScope, None));
-    }
-
-    #[test]
-    fn none_of_them() {
-        for path in [
-            "/",
-            "",
-            "(none)",
-            "(unknown cgroup id 7)",
-            "/mt",
-            "/mt-names-123",
-            "/docker",
-            "/docker/notanid",
-            &format!("/mt/{ID}"), // a bare id outside docker/ or kubepods
-            "/lxc",
-            "/.slice",
-        ] {
-            assert_eq!(readable(path), None, "{path}");
-        }
-    }
-
-    #[test]
-    fn matches_user_words() {
-        let n = readable(&format!("/system.slice/docker-{ID}.scope")).unwrap();
-        assert!(n.matches("3f2a9c") && n.matches("docker:3f2a9c1b") && n.matches("3F2A9C"));
-        assert!(!n.matches("3f2a9") && !n.matches("3f2a9d"));
-        let s = readable("/system.slice/nginx.service").unwrap();
-        assert!(s.matches("nginx") && s.matches("nginx.service") && s.matches("svc:nginx"));
-        assert!(!s.matches("nginx.scope"));
-        let sc = readable("/user.slice/user-1000.slice/session-3.scope").unwrap();
-        assert!(sc.matches("session-3.scope") && sc.matches("scope:session-3"));
-    }
-
-    #[test]
-    fn json_fields() {
-        let uid_ = UID.replace('-', "_");
-        let n = readable(&format!(
-            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid_}.slice/cri-containerd-{ID}.scope"
-        ))
-        .unwrap();
-        let v = serde_json::to_value(&n).unwrap();
-        assert_eq!(v["kind"], "kubernetes");
-        assert_eq!(v["qos"], "burstable");
-        assert_eq!(v["pod_uid"], UID);
-        assert_eq!(v["container_id"], ID);
-        assert_eq!(v["short_id"], "3f2a9c1b7d4e");
-        assert_eq!(v["runtime"], "containerd");
-        assert!(v.get("conmon").is_none() && v.get("unit").is_none());
-        let v = serde_json::to_value(readable("/system.slice/nginx.service").unwrap()).unwrap();
-        assert_eq!(v["kind"], "systemd-service");
-        assert_eq!(v["unit"], "nginx.service");
-    }
-}
+mod tests;
