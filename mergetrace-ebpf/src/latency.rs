@@ -14,12 +14,11 @@
 //! the LRU map `ISSUED_AT`.
 use aya_ebpf::helpers::bpf_ktime_get_ns;
 use mergetrace_common::{
-    FROZEN_DISKS,
     latency::{
         lat_bucket, IssuedAt, LatencyHist, ISSUE_QUEUES, ISSUE_SLOTS_PER_DISK, ISSUE_TAGS, MERGED,
         SINGLE,
     },
-    CountKey, Event, LOST_COMPLETION_UNSEEN, LOST_LATENCY_FULL,
+    CountKey, Event, FROZEN_DISKS, LOST_COMPLETION_UNSEEN, LOST_LATENCY_FULL,
 };
 
 use crate::{
@@ -49,7 +48,11 @@ fn issue_index(rq: u64, disk: Disk) -> Option<u32> {
     };
     let queue: u32 = read(read::<u64>(rq, off!(rq_mq_hctx)), off!(hctx_queue_num));
     // The first disks' requests have array entries; those of more disks go to the hash map.
-    if tag < 0 || tag as u32 >= ISSUE_TAGS || queue >= ISSUE_QUEUES || disk.slot >= FROZEN_DISKS as u32 {
+    if tag < 0
+        || tag as u32 >= ISSUE_TAGS
+        || queue >= ISSUE_QUEUES
+        || disk.slot >= FROZEN_DISKS as u32
+    {
         return None;
     }
     Some(disk.slot * ISSUE_SLOTS_PER_DISK + queue * ISSUE_TAGS + tag as u32)

@@ -62,8 +62,7 @@ pub static COUNTS: PerCpuHashMap<CountKey, Counters> =
 /// Per CPU: counters by slot, for the keys user space gave a slot (`SLOT_OF`); after the
 /// first `MAX_SLOTS`, one slot per (disk, direction) where keys of removed cgroups count.
 #[map]
-pub static COUNTERS: PerCpuArray<Counters> =
-    PerCpuArray::with_max_entries(MAX_SLOTS, 0);
+pub static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(MAX_SLOTS, 0);
 
 /// A key's slot in `COUNTERS`, written by user space: the keys with a slot of their own, and
 /// at most as many of removed cgroups pointed at their disk's removed slot.

@@ -1,7 +1,7 @@
 //! Reading kernel memory with the running kernel's offsets, the traced-disk filter, and the
 //! values every event carries (disk, cgroup).
-use aya_ebpf::helpers::bpf_probe_read_kernel;
 use aya_ebpf::bindings::BPF_NOEXIST;
+use aya_ebpf::helpers::bpf_probe_read_kernel;
 use mergetrace_common::{
     gate, lookup, DeviceState, DiskConfig, FROZEN_DISKS, LOST_DISKS_FULL, NONE,
 };

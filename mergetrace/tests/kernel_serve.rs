@@ -398,14 +398,21 @@ fn a_disk_attached_while_serving_is_exported_from_its_first_bio() {
     let ios = fio_total_ios(&report, "write");
     let dev = [("device", lo.name.as_str()), ("direction", "write")];
     assert_eq!(after.count("mergetrace_bios_total", &mine), ios, "{d:?}");
-    assert_eq!(after.count("mergetrace_requests_total", &dev), d.writes, "{d:?}");
+    assert_eq!(
+        after.count("mergetrace_requests_total", &dev),
+        d.writes,
+        "{d:?}"
+    );
     let merged: u64 = MERGE_PATHS
         .iter()
         .map(|p| after.count("mergetrace_merged_total", &[dev[0], dev[1], ("path", p)]))
         .sum();
     assert_eq!(merged, d.writes_merged, "{d:?}");
     assert!(
-        server.stderr().contains(&format!("{}: a new disk, traced from its first bio", lo.name)),
+        server.stderr().contains(&format!(
+            "{}: a new disk, traced from its first bio",
+            lo.name
+        )),
         "{}",
         server.stderr()
     );

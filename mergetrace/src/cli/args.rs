@@ -13,7 +13,12 @@ pub struct TraceArgs {
     /// Block device to trace: a name (vda), /dev/NAME or MAJ:MIN, or a pattern of disk names
     /// ('nvme*', 'vd?': disks that appear during the run and match are traced too, from
     /// their first bio). Repeatable. A partition maps to its disk.
-    #[arg(short = 'd', long = "device", required_unless_present = "all_disks", value_name = "DEV")]
+    #[arg(
+        short = 'd',
+        long = "device",
+        required_unless_present = "all_disks",
+        value_name = "DEV"
+    )]
     pub devices: Vec<String>,
     /// Trace every disk, those that appear during the run too (from their first bio).
     #[arg(long)]

@@ -61,7 +61,10 @@ impl Follow {
             let dev = d.dev().0;
             if !d.sys_dir().exists() {
                 if self.gone.insert(dev) {
-                    said.push(format!("{}: the disk went away by {at}; its totals stay", d.name));
+                    said.push(format!(
+                        "{}: the disk went away by {at}; its totals stay",
+                        d.name
+                    ));
                 }
                 continue;
             }

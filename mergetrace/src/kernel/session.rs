@@ -111,7 +111,7 @@ pub struct Session {
     /// Births and removals the name table has not taken yet ([`Session::take_cgroup_changes`]).
     changes: Vec<CgroupChange>,
     /// Plug flushes by `mergetrace_common::unplug_slot`.
-    unplugs: PerCpuArray<MapData, u64>,
+    unplugs: Option<PerCpuArray<MapData, u64>>,
     /// The disks' `dev_t`s, by their slot in the programs' per-disk maps (0: a free slot).
     devs: Vec<u32>,
     /// Which disk owns each slot taken (`SLOT_OWNERS`): where disks found during the run are
@@ -199,12 +199,13 @@ impl Session {
         } else {
             None
         };
+        let counts_unplugs = wants.plug_flushes && modes.aggregate != 0;
         let mut loaded = load_object(
             modes,
             ring_plan.as_ref(),
             &opts.meter_units,
             &disks.traced,
-            wants.plug_flushes && modes.aggregate != 0,
+            counts_unplugs,
         )?;
         loaded.attach_tracepoints(opts.modes, wants)?;
         if opts.stats {
@@ -230,8 +231,13 @@ impl Session {
             None => Vec::new(),
         };
         let lost = PerCpuArray::try_from(ebpf.take_map("LOST").context("LOST map missing")?)?;
-        let unplugs =
-            PerCpuArray::try_from(ebpf.take_map("UNPLUGS").context("UNPLUGS map missing")?)?;
+        let unplugs = if counts_unplugs {
+            Some(PerCpuArray::try_from(
+                ebpf.take_map("UNPLUGS").context("UNPLUGS map missing")?,
+            )?)
+        } else {
+            None
+        };
         let mut take = |name: &str| {
             ebpf.take_map(name)
                 .with_context(|| format!("{name} map missing"))
@@ -324,28 +330,10 @@ impl Session {
             .collect();
         self.removed
             .retain(|id, t| counted.contains(id) || now.saturating_sub(*t) < grace);
-        let mut unplugs = Vec::new();
-        for (slot, dev) in self.devs.iter().enumerate().filter(|(_, d)| **d != 0) {
-            for explicit in [false, true] {
-                for depth in 0..=UNPLUG_MAX_DEPTH {
-                    let i = unplug_slot(slot as u32, explicit, depth);
-                    let per_cpu = self
-                        .unplugs
-                        .get(&i, 0)
-                        .context("cannot read the UNPLUGS map")?;
-                    let n: u64 = per_cpu.iter().sum();
-                    if n > 0 {
-                        let key = UnplugKey {
-                            dev: *dev,
-                            depth,
-                            explicit: explicit as u32,
-                            _pad: 0,
-                        };
-                        unplugs.push((key, n));
-                    }
-                }
-            }
-        }
+        let unplugs = match &self.unplugs {
+            Some(map) => read_unplugs(map, &self.devs)?,
+            None => Vec::new(),
+        };
         let mut w = Window::from_kernel(totals.counts, unplugs);
         w.latency = (totals.latency.iter())
             .map(|(k, h)| (Window::key_of(k), *h))
@@ -410,6 +398,11 @@ impl Session {
             }
         }
         Ok(new)
+    }
+
+    /// Whether disks that appear during the run take a slot (`Options::every_disk`).
+    pub fn follows_new_disks(&self) -> bool {
+        self.slot_owners.is_some()
     }
 
     /// From now on the programs count nothing of disk `dev` (it took a slot, and the run
@@ -597,6 +590,30 @@ impl Session {
             unfinished_requests,
         })
     }
+}
+
+/// The plug flushes counted so far, of each disk (`devs`, by slot) by kind and depth.
+fn read_unplugs(map: &PerCpuArray<MapData, u64>, devs: &[u32]) -> Result<Vec<(UnplugKey, u64)>> {
+    let mut out = Vec::new();
+    for (slot, dev) in devs.iter().enumerate().filter(|(_, d)| **d != 0) {
+        for explicit in [false, true] {
+            for depth in 0..=UNPLUG_MAX_DEPTH {
+                let i = unplug_slot(slot as u32, explicit, depth);
+                let per_cpu = map.get(&i, 0).context("cannot read the UNPLUGS map")?;
+                let n: u64 = per_cpu.iter().sum();
+                if n > 0 {
+                    let key = UnplugKey {
+                        dev: *dev,
+                        depth,
+                        explicit: explicit as u32,
+                        _pad: 0,
+                    };
+                    out.push((key, n));
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The disks of a run and how the programs find them: the frozen list when it names at most

@@ -30,7 +30,9 @@ use aya::{
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues},
     Pod,
 };
-use mergetrace_common::{latency::LatencyHist, CountKey, Counters, SlotRef, MAX_SLOTS, REMOVED_CGROUP};
+use mergetrace_common::{
+    latency::LatencyHist, CountKey, Counters, SlotRef, MAX_SLOTS, REMOVED_CGROUP,
+};
 
 /// A value the programs keep per key, summed field by field.
 pub trait Tally: Pod + Default + PartialEq {

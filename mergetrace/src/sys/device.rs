@@ -230,7 +230,9 @@ mod tests {
         let sdz = resolve_in(t.path(), "sdz").unwrap();
         assert!(sel.wants(&z) && !sel.wants(&sdz) && sel.follows_new_disks());
         assert!(!Selection::default().follows_new_disks());
-        let e = Selection::resolve(&["sd[".to_string()], false).unwrap_err().to_string();
+        let e = Selection::resolve(&["sd[".to_string()], false)
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("bad disk pattern 'sd['"), "{e}");
     }
 

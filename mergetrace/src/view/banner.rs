@@ -24,11 +24,16 @@ pub fn lines(
         .iter()
         .map(|d| format!("{} ({}:{})", d.name, d.major, d.minor))
         .collect();
-    let mut lines = vec![format!(
-        "tracing {} on the {}",
-        names.join(", "),
-        session.tier
-    )];
+    let which = match (names.is_empty(), session.follows_new_disks()) {
+        (true, _) => "no disk yet".to_string(),
+        (false, _) => names.join(", "),
+    };
+    let later = if session.follows_new_disks() {
+        ", and the disks that appear and are selected, from their first bio,"
+    } else {
+        ""
+    };
+    let mut lines = vec![format!("tracing {which}{later} on the {}", session.tier)];
     for d in devices {
         lines.extend(d.notes.iter().cloned());
         if let Ok(q) = QueueSettings::read(d) {
