@@ -573,7 +573,7 @@ fn dashboard_queries_return_their_series() {
     let free = Cgroup::new();
     free.set_read_bps(&lo, FREE_READ_BPS);
     let server = Server::start(&lo, &[]);
-    let prom = Prometheus::start(server.addr);
+    let prom = Prometheus::start(server.addr, "");
 
     // Each cgroup's I/O twice: a little first, so that every series exists at the first
     // scrape of the window (rate() sees increases between samples, not a series' birth), then
