@@ -213,6 +213,11 @@ mod tests {
             std::os::unix::fs::symlink(&dir, root.join("class/block").join(name)).unwrap();
             std::os::unix::fs::symlink(&dir, root.join("dev/block").join(mm)).unwrap();
         }
+        // /sys/block lists whole disks only.
+        std::fs::create_dir_all(root.join("block")).unwrap();
+        for (name, dir) in [("sdz", &disk), ("zram9", &zram)] {
+            std::os::unix::fs::symlink(dir, root.join("block").join(name)).unwrap();
+        }
         t
     }
 
