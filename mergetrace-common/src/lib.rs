@@ -298,6 +298,22 @@ pub struct TracedDevices {
     pub lookup: u32,
     /// Slots of the per-disk maps (a power of two with [`lookup::EVERY_DISK`]).
     pub slots: u32,
+    /// With [`lookup::EVERY_DISK`]: slots `0..placed` hold the disks present at load; a disk
+    /// that appears later takes one of the others ([`new_disk_slot`]).
+    pub placed: u32,
+}
+
+/// How many slots a disk that appears during the run tries before it is counted lost.
+pub const NEW_DISK_PROBES: u32 = 32;
+
+/// The `probe`th slot a disk `dev` appearing during the run tries: in `placed..slots` (the
+/// slots the disks present at load left free, at least as many as they took), from the one
+/// its number hashes to.
+#[inline(always)]
+pub fn new_disk_slot(dev: u32, placed: u32, slots: u32, probe: u32) -> Option<u32> {
+    let free = slots.checked_sub(placed).filter(|f| *f > 0)?;
+    let start = dev.wrapping_mul(0x9e37_79b9) >> 16;
+    Some(placed + start.wrapping_add(probe) % free)
 }
 
 /// What the programs are told of one traced disk, by its slot (the `DISK_CONFIG` map), and
@@ -686,6 +702,18 @@ mod pod {
 mod tests {
     extern crate std;
     use super::*;
+
+    #[test]
+    fn a_new_disk_tries_only_slots_the_placed_disks_left_free() {
+        for dev in [7 << 20 | 601, 259 << 20, 8 << 20 | 16, 1] {
+            let tried: std::collections::BTreeSet<u32> = (0..NEW_DISK_PROBES)
+                .map(|i| new_disk_slot(dev, 200, 512, i).unwrap())
+                .collect();
+            assert_eq!(tried.len(), NEW_DISK_PROBES as usize, "{dev}: distinct slots");
+            assert!(tried.iter().all(|s| (200..512).contains(s)), "{tried:?}");
+        }
+        assert_eq!(new_disk_slot(5, 256, 256, 0), None);
+    }
 
     #[test]
     fn event_layout_is_stable() {

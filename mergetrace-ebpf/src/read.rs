@@ -3,7 +3,8 @@
 use aya_ebpf::bindings::BPF_NOEXIST;
 use aya_ebpf::helpers::bpf_probe_read_kernel;
 use mergetrace_common::{
-    gate, lookup, DeviceState, DiskConfig, FROZEN_DISKS, LOST_DISKS_FULL, NONE,
+    gate, lookup, new_disk_slot, DeviceState, DiskConfig, FROZEN_DISKS, LOST_DISKS_FULL,
+    NEW_DISK_PROBES, NONE,
 };
 
 use crate::request::Pending;
@@ -293,19 +294,16 @@ fn disk_slot(dev: u32) -> Option<u32> {
     Some(slot)
 }
 
-/// How many slots a new disk tries, from the one its number hashes to.
-const SLOT_PROBES: u32 = 8;
-
-/// Gives `dev`, seen for the first time, a free slot: the first of a few it hashes to that no
-/// disk owns (`SLOT_OWNERS`, inserted only if absent: one CPU wins a slot). Another CPU may
-/// have given `dev` a slot meanwhile: then that one, and this one is given back. None, counted
-/// lost, when every slot it tries is taken.
+/// Gives `dev`, seen for the first time, a free slot: the first of a few it hashes to, past
+/// the disks placed at load, that no disk owns (`SLOT_OWNERS`, inserted only if absent: one
+/// CPU wins a slot). Another CPU may have given `dev` a slot meanwhile: then that one, and
+/// this one is given back. None, counted lost, when every slot it tries is taken.
 #[inline(always)]
 fn take_slot(dev: u32) -> Option<u32> {
-    let mask = frozen!(TRACED.slots).wrapping_sub(1);
-    let start = dev.wrapping_mul(0x9e37_79b9) >> 16;
-    for i in 0..SLOT_PROBES {
-        let slot = (start + i) & mask;
+    let placed = frozen!(TRACED.placed);
+    let slots = frozen!(TRACED.slots);
+    for i in 0..NEW_DISK_PROBES {
+        let slot = new_disk_slot(dev, placed, slots, i)?;
         if SLOT_OWNERS.insert(&slot, &dev, BPF_NOEXIST as u64).is_err() {
             continue;
         }

@@ -408,13 +408,13 @@ fn a_disk_attached_while_serving_is_exported_from_its_first_bio() {
         .map(|p| after.count("mergetrace_merged_total", &[dev[0], dev[1], ("path", p)]))
         .sum();
     assert_eq!(merged, d.writes_merged, "{d:?}");
+    let stderr = server.stderr();
     assert!(
-        server.stderr().contains(&format!(
-            "{}: a new disk, traced from its first bio",
-            lo.name
-        )),
-        "{}",
-        server.stderr()
+        stderr
+            .lines()
+            .any(|l| l.contains(&format!("changed: {} (", lo.name))
+                && l.contains("a new disk, traced from its first bio")),
+        "{stderr}"
     );
     stop_and_check_detached(server, libc::SIGTERM);
 }

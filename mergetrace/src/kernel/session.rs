@@ -655,7 +655,8 @@ impl DiskPlan {
         } else {
             lookup::FROZEN
         };
-        // Room for as many disks again to appear, where they may.
+        // Room for as many disks again to appear, where they may (new ones take slots past
+        // the placed ones: `new_disk_slot`).
         let slots = match lookup {
             lookup::EVERY_DISK => (2 * devs.len()).max(256).next_power_of_two() as u32,
             _ => devs.len().max(1) as u32,
@@ -670,6 +671,7 @@ impl DiskPlan {
             count: devices.len() as u32,
             lookup,
             slots,
+            placed: devs.len() as u32,
             ..TracedDevices::default()
         };
         if lookup == lookup::FROZEN {
