@@ -70,6 +70,11 @@ pub struct LabArgs {
     /// in every guest.
     #[arg(long, value_name = "KIND", default_value = "virtio", value_parser = ["virtio", "nvme"])]
     disk: String,
+    /// More kernel command-line arguments for the guest, e.g. `preempt=full`. Debian's
+    /// kernels choose the preemption model at boot: voluntary by default up to 6.12; lazy on
+    /// 7.3, which offers only lazy and full (BPF tracing programs run preemptibly there).
+    #[arg(long, value_name = "ARGS", allow_hyphen_values = true)]
+    append: Option<String>,
     /// Size of each scratch disk, /dev/vdb and /dev/nvme0n1, in MiB (fresh sparse files per
     /// run).
     #[arg(long, value_name = "MIB", default_value_t = 1024)]
@@ -494,7 +499,11 @@ fn run_series(
         vmlinuz: &k.vmlinuz,
         initramfs: &initramfs,
         extra_append: format!(
-            "mt.script={} mt.moddir={} mt.disk={}",
+            "{}mt.script={} mt.moddir={} mt.disk={}",
+            args.append
+                .as_deref()
+                .map(|a| format!("{a} "))
+                .unwrap_or_default(),
             script.display(),
             k.moddir.display(),
             args.disk
