@@ -26,9 +26,10 @@ pub fn lab_turn() -> MutexGuard<'static, ()> {
 }
 
 /// The disk a kernel test writes to: a fresh loop device over /dev/shm on the host; in the
-/// lab the scratch virtio disk (`MERGETRACE_LAB_DISK`, /dev/vdb: virtio-blk, one queue,
-/// mq-deadline, 256 tags), held exclusively for the test's life and with its queue settings
-/// restored afterwards. Dereferences to [`BlockDev`].
+/// lab the disk `MERGETRACE_LAB_DISK` names: the scratch virtio disk /dev/vdb (virtio-blk, one
+/// queue, mq-deadline, 256 tags), or with `cargo xtask lab --disk nvme` the NVMe disk
+/// /dev/nvme0n1 (one queue per vCPU, no scheduler); held exclusively for the test's life and
+/// with its queue settings restored afterwards. Dereferences to [`BlockDev`].
 pub enum TestDisk {
     Loop(LoopDevice),
     Lab(LabDisk),
@@ -95,7 +96,7 @@ impl TestDisk {
         }
         let turn = lab_turn();
         let path = std::env::var("MERGETRACE_LAB_DISK").unwrap_or_else(|_| "/dev/vdb".into());
-        TestDisk::lab_device(&path, size, turn, "(cargo xtask lab --disk MIB)")
+        TestDisk::lab_device(&path, size, turn, "(cargo xtask lab --disk-size MIB)")
     }
 
     /// The lab's disk that requeues (`MERGETRACE_LAB_REQUEUE_DISK`, /dev/vdc: virtio-blk with

@@ -192,6 +192,11 @@ pub fn parse_ndjson(stdout: &str, stderr: String) -> TraceOutput {
     let total = total.unwrap_or_else(|| {
         panic!("mergetrace printed no total object; stdout:\n{stdout}\nstderr:\n{stderr}")
     });
+    // Runs the kernel skipped may leave counts short (issue 44): say so beside whatever a
+    // failing test then reports (libtest shows a failing test's output).
+    if let Some(skipped) = total.get("kernel_skipped_runs") {
+        eprintln!("mergetrace's kernel_skipped_runs in this run: {skipped}");
+    }
     TraceOutput {
         total,
         intervals,

@@ -14,13 +14,14 @@ use anyhow::{ensure, Context, Result};
 use super::kernel::SERIES;
 use crate::run_quiet;
 
-/// The Debian archive keys (debian-archive-keyring), which cover bullseye, bookworm and trixie.
+/// The Debian archive keys (debian-archive-keyring), which cover bullseye, bookworm and trixie
+/// (and trixie-backports).
 const DEBIAN_KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
 /// Lists older than this are refreshed (a failed refresh keeps the old ones).
 const LISTS_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// The lab's private apt configuration, in `cache/apt`: `sources.list` (main, -updates and
-/// -security of every suite in [`SERIES`], amd64 `Packages` indexes only, signed by
+/// -security of every release in [`SERIES`], main of its backports suites, amd64 `Packages` indexes only, signed by
 /// [`DEBIAN_KEYRING`]), `state/` (lists, an empty dpkg status), `cache/`, and empty trusted
 /// keys (`trusted.gpg`, `trusted.gpg.d/`: the host's apt keys are not trusted either). The
 /// host's apt.conf.d still applies (proxies), its sources, lists and pins do not.
@@ -59,8 +60,11 @@ impl Apt {
         );
         for suite in suites {
             s.push_str(&format!("deb {opts} {mirror} {suite} main\n"));
-            s.push_str(&format!("deb {opts} {mirror} {suite}-updates main\n"));
-            s.push_str(&format!("deb {opts} {security} {suite}-security main\n"));
+            // A backports suite has no -updates or -security of its own.
+            if !suite.ends_with("-backports") {
+                s.push_str(&format!("deb {opts} {mirror} {suite}-updates main\n"));
+                s.push_str(&format!("deb {opts} {security} {suite}-security main\n"));
+            }
         }
         s
     }
@@ -176,8 +180,9 @@ impl Apt {
         Ok(())
     }
 
-    /// Cloud-kernel package names (signed and unsigned) in the lab's lists (`apt-cache search`,
-    /// local; once per run unless the lists change).
+    /// Cloud-kernel package names (signed and unsigned images, and the kernel-only
+    /// `linux-binary-unsigned-…` packages of 6.19 and later) in the lab's lists (`apt-cache
+    /// search`, local; once per run unless the lists change).
     pub(super) fn kernel_packages(&self) -> Result<Vec<String>> {
         if let Some(k) = self.known.borrow().as_ref() {
             return Ok(k.clone());
@@ -186,7 +191,7 @@ impl Apt {
         let out = run_quiet(Command::new("apt-cache").args(self.opts()).args([
             "search",
             "--names-only",
-            "^linux-image-.*-cloud-amd64(-unsigned)?$",
+            "^(linux-image-.*-cloud-amd64(-unsigned)?|linux-binary-unsigned-.*-cloud-amd64)$",
         ]))?;
         let k: Vec<String> = out
             .lines()
@@ -291,7 +296,15 @@ mod tests {
     fn sources_list_has_each_suite_once_and_only_debian_keys() {
         let s = Apt::sources_list();
         let lines: Vec<&str> = s.lines().filter(|l| l.starts_with("deb ")).collect();
-        assert_eq!(lines.len(), 9, "{s}");
+        assert_eq!(lines.len(), 10, "{s}");
+        assert_eq!(
+            lines
+                .iter()
+                .filter(|l| l.contains(" trixie-backports"))
+                .count(),
+            1,
+            "{s}"
+        );
         for suite in ["bullseye", "bookworm", "trixie"] {
             for sfx in ["", "-updates", "-security"] {
                 let want = format!(" {suite}{sfx} main");

@@ -16,8 +16,9 @@ use std::process::Command;
 
 /// Modules the initramfs loads, in this order (each after its own dependencies), when the
 /// kernel has them as modules; built-in ones are skipped. mq_deadline comes before virtio_blk,
-/// or the disks come up with the "none" scheduler. `loop` is for tests that make loop devices.
-const MODULES: [(&str, bool); 9] = [
+/// or the disks come up with the "none" scheduler. `loop` is for tests that make loop devices;
+/// `nvme` for the NVMe disk (built in on 7.3).
+const MODULES: [(&str, bool); 10] = [
     ("virtio", true),
     ("virtio_ring", true),
     ("virtio_pci", true),
@@ -27,6 +28,7 @@ const MODULES: [(&str, bool); 9] = [
     ("virtiofs", true),
     ("overlay", true),
     ("loop", false),
+    ("nvme", false),
 ];
 
 /// "kernel/drivers/block/virtio_blk.ko.xz" -> "virtio_blk" ("-" and "_" are the same to kmod).

@@ -17,9 +17,10 @@ use crate::run_quiet;
 /// A kernel series the lab knows: which Debian release has it and where its kernel comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Series {
-    /// What `--kernel` takes: "5.10", "6.1", "6.12", "trixie", "6.1-iolatency".
+    /// What `--kernel` takes: "5.10", "6.1", "6.12", "trixie", "7.3", "6.1-iolatency".
     pub name: &'static str,
-    /// The Debian release whose suites (`S`, `S-updates`, `S-security`) carry it.
+    /// The Debian suite that carries it: a release (its `S`, `S-updates` and `S-security`
+    /// suites are searched) or a `…-backports` suite (searched alone).
     pub suite: &'static str,
     pub origin: Origin,
     /// Part of `--kernel all`.
@@ -35,6 +36,12 @@ pub enum Origin {
         prefix: &'static str,
         infix: &'static str,
         suffix: &'static str,
+        /// Where the package carries the kernel alone (Debian from 6.19 on:
+        /// `linux-binary-unsigned-…`; `linux-image-…` is then a meta package): the prefixes
+        /// that replace `prefix` in the names of the packages with the rest, of the same
+        /// version (`linux-modules-…`: the modules; `linux-base-…`: modules.builtin,
+        /// modules.order, the config). All are unpacked into one tree.
+        companions: &'static [&'static str],
     },
     /// Built by the lab ([`super::build`]) from Debian's kernel source package `source`, with
     /// the options in scripts/lab/`fragment` on top of x86_64's defconfig and kvm_guest.config.
@@ -44,7 +51,7 @@ pub enum Origin {
     },
 }
 
-pub const SERIES: [Series; 5] = [
+pub const SERIES: [Series; 6] = [
     // Debian 11: linux-image-5.10.0-46-cloud-amd64 (5.10.262-1, bullseye-security). The signed
     // package (source linux-signed-amd64: the same kernel and modules, with signatures): the
     // mirror lists bullseye's -unsigned ones but answers 404 for their files.
@@ -55,6 +62,7 @@ pub const SERIES: [Series; 5] = [
             prefix: "linux-image-5.10.0-",
             infix: "",
             suffix: "-cloud-amd64",
+            companions: &[],
         },
         in_all: true,
     },
@@ -66,6 +74,7 @@ pub const SERIES: [Series; 5] = [
             prefix: "linux-image-6.1.0-",
             infix: "",
             suffix: "-cloud-amd64-unsigned",
+            companions: &[],
         },
         in_all: true,
     },
@@ -77,6 +86,7 @@ pub const SERIES: [Series; 5] = [
             prefix: "linux-image-6.12.",
             infix: "+deb12",
             suffix: "-cloud-amd64-unsigned",
+            companions: &[],
         },
         in_all: true,
     },
@@ -90,8 +100,24 @@ pub const SERIES: [Series; 5] = [
             prefix: "linux-image-6.12.",
             infix: "+deb13",
             suffix: "-cloud-amd64-unsigned",
+            companions: &[],
         },
         in_all: false,
+    },
+    // Debian 13's backports: linux-binary-unsigned-7.3.4+deb13-cloud-amd64 (the kernel, at
+    // usr/lib/modules/<release>/vmlinuz.unsigned), linux-modules-7.3.4+deb13-cloud-amd64 (its
+    // modules, without modules.dep) and linux-base-7.3.4+deb13-cloud-amd64 (modules.builtin). The newest kernel Debian builds: blk-throttle reworked (6.16), the
+    // plug no longer opened by __submit_bio (7.2).
+    Series {
+        name: "7.3",
+        suite: "trixie-backports",
+        origin: Origin::Prebuilt {
+            prefix: "linux-binary-unsigned-7.3.",
+            infix: "+deb13",
+            suffix: "-cloud-amd64",
+            companions: &["linux-modules-7.3.", "linux-base-7.3."],
+        },
+        in_all: true,
     },
     // Debian 12's 6.1 source, built with io.latency (CONFIG_BLK_CGROUP_IOLATENCY), which no
     // Debian (nor Ubuntu) kernel package has: the one meter the others cannot show. A small
@@ -108,7 +134,15 @@ pub const SERIES: [Series; 5] = [
 ];
 
 /// What `--kernel` accepts: every series, and "all".
-pub const KERNEL_NAMES: [&str; 6] = ["5.10", "6.1", "6.12", "trixie", "6.1-iolatency", "all"];
+pub const KERNEL_NAMES: [&str; 7] = [
+    "5.10",
+    "6.1",
+    "6.12",
+    "trixie",
+    "7.3",
+    "6.1-iolatency",
+    "all",
+];
 
 impl Series {
     pub fn by_name(name: &str) -> Option<Series> {
@@ -127,6 +161,7 @@ impl Series {
             prefix,
             infix,
             suffix,
+            ..
         } = self.origin
         else {
             return None;
@@ -159,9 +194,25 @@ impl Series {
                 prefix,
                 infix,
                 suffix,
+                ..
             } => format!("{prefix}N{infix}{suffix}"),
             Origin::Built { source, .. } => source.to_string(),
         }
+    }
+
+    /// The packages that complete `image` (a package of this series) where it carries the
+    /// kernel alone; none otherwise.
+    fn companions(&self, image: &str) -> Vec<String> {
+        let Origin::Prebuilt {
+            prefix, companions, ..
+        } = self.origin
+        else {
+            return Vec::new();
+        };
+        let Some(rest) = image.strip_prefix(prefix) else {
+            return Vec::new();
+        };
+        companions.iter().map(|c| format!("{c}{rest}")).collect()
     }
 
     /// The newest of `pkgs` in this series.
@@ -240,15 +291,20 @@ pub fn fetch(series: Series, apt: &Apt, cache: &Path) -> Result<Kernel> {
     let package = pick_package(series, apt, cache)?;
     let tree = cache.join("kernels").join(&package);
     if !tree.join(READY).exists() {
-        let deb = apt.fetch_deb(&package, None, &cache.join("debs"))?;
-        eprintln!("lab: unpacking {} (dpkg -x, not installed)", deb.display());
+        let mut debs = vec![apt.fetch_deb(&package, None, &cache.join("debs"))?];
+        for companion in series.companions(&package) {
+            debs.push(apt.fetch_deb(&companion, None, &cache.join("debs"))?);
+        }
         // Not tree.with_extension, which makes "linux-image-6.12.117+deb12-…" into
         // "linux-image-6.12.partial", the same for bookworm's and trixie's 6.12.
         let tmp = cache.join("kernels").join(format!("{package}.partial"));
         let _ = fs::remove_dir_all(&tmp);
         let _ = fs::remove_dir_all(&tree);
         fs::create_dir_all(&tmp)?;
-        run_quiet(Command::new("dpkg").arg("-x").arg(&deb).arg(&tmp))?;
+        for deb in &debs {
+            eprintln!("lab: unpacking {} (dpkg -x, not installed)", deb.display());
+            run_quiet(Command::new("dpkg").arg("-x").arg(deb).arg(&tmp))?;
+        }
         // Trixie's packages ship merged-/usr trees (usr/lib/modules); give them the lib ->
         // usr/lib link a merged-/usr system has, for depmod -b and the paths below.
         if !tmp.join("lib").exists() && tmp.join("usr/lib/modules").is_dir() {
@@ -269,7 +325,9 @@ pub fn fetch(series: Series, apt: &Apt, cache: &Path) -> Result<Kernel> {
         fs::write(tmp.join(READY), &package)?;
         fs::rename(&tmp, &tree)
             .with_context(|| format!("cannot rename {} to {}", tmp.display(), tree.display()))?;
-        let _ = fs::remove_file(&deb);
+        for deb in &debs {
+            let _ = fs::remove_file(deb);
+        }
     }
     installed(&tree, package)
 }
@@ -277,11 +335,25 @@ pub fn fetch(series: Series, apt: &Apt, cache: &Path) -> Result<Kernel> {
 /// The kernel unpacked or installed in `tree`.
 fn installed(tree: &Path, package: String) -> Result<Kernel> {
     let release = release_of(tree)?;
-    let vmlinuz = tree.join("boot").join(format!("vmlinuz-{release}"));
-    ensure!(vmlinuz.exists(), "{} is missing", vmlinuz.display());
+    let moddir = tree.join("lib/modules").join(&release);
+    // boot/vmlinuz-RELEASE, or (Debian's split packages from 6.19 on) beside the modules:
+    // vmlinuz.unsigned in linux-binary-unsigned-…, vmlinuz in the signed linux-binary-….
+    let vmlinuz = [
+        tree.join("boot").join(format!("vmlinuz-{release}")),
+        moddir.join("vmlinuz.unsigned"),
+        moddir.join("vmlinuz"),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+    .with_context(|| {
+        format!(
+            "no kernel in {}: no boot/vmlinuz-{release}, nor lib/modules/{release}/vmlinuz.unsigned or vmlinuz",
+            tree.display()
+        )
+    })?;
     Ok(Kernel {
         package,
-        moddir: tree.join("lib/modules").join(&release),
+        moddir,
         release,
         vmlinuz,
     })
@@ -331,11 +403,33 @@ mod tests {
             "linux-image-5.10.0-46-cloud-amd64",
             "linux-image-5.10.0-9-cloud-amd64",
             "linux-image-6.1.0-58-cloud-amd64",
+            "linux-binary-unsigned-7.3.4+deb13-cloud-amd64",
+            "linux-binary-unsigned-7.3.12+deb13-cloud-amd64",
+            "linux-binary-unsigned-7.3.9+deb13-cloud-amd64",
+            "linux-binary-unsigned-7.2.8+deb13-cloud-amd64",
+            "linux-binary-unsigned-7.3.12+deb13-cloud-amd64-dbg",
+            "linux-modules-7.3.13+deb13-cloud-amd64",
+            "linux-image-7.3.13+deb13-cloud-amd64",
         ];
         let s510 = Series::by_name("5.10").unwrap();
         let s61 = Series::by_name("6.1").unwrap();
         let s612 = Series::by_name("6.12").unwrap();
         let trixie = Series::by_name("trixie").unwrap();
+        let s73 = Series::by_name("7.3").unwrap();
+        assert_eq!(
+            s73.newest(pkgs).as_deref(),
+            Some("linux-binary-unsigned-7.3.12+deb13-cloud-amd64")
+        );
+        assert_eq!(
+            s73.companions("linux-binary-unsigned-7.3.12+deb13-cloud-amd64"),
+            [
+                "linux-modules-7.3.12+deb13-cloud-amd64",
+                "linux-base-7.3.12+deb13-cloud-amd64"
+            ]
+        );
+        assert!(s612
+            .companions("linux-image-6.12.117+deb12-cloud-amd64-unsigned")
+            .is_empty());
         assert_eq!(
             s510.newest(pkgs).as_deref(),
             Some("linux-image-5.10.0-46-cloud-amd64")
@@ -372,6 +466,6 @@ mod tests {
         names.push("all");
         assert_eq!(names, KERNEL_NAMES);
         let all: Vec<&str> = Series::all().iter().map(|s| s.name).collect();
-        assert_eq!(all, ["5.10", "6.1", "6.12"]);
+        assert_eq!(all, ["5.10", "6.1", "6.12", "7.3"]);
     }
 }

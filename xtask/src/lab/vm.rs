@@ -1,5 +1,5 @@
 //! One guest boot: virtiofsd sharing the host's root, QEMU (TCG) with the kernel, the lab's
-//! initramfs and three fresh sparse disks, the command's output followed live from ttyS1, a
+//! initramfs and four fresh sparse disks (three virtio, one NVMe), the command's output followed live from ttyS1, a
 //! wall-clock timeout. Only the processes started here are ever killed, by their PIDs.
 use std::{
     fs,
@@ -27,7 +27,7 @@ pub struct VmConfig<'a> {
     pub smp: u32,
     /// TCG threading: "single" or "multi".
     pub tcg_threads: &'a str,
-    /// Size of /dev/vdb, the scratch disk.
+    /// Size of each scratch disk, /dev/vdb and /dev/nvme0n1.
     pub scratch_mib: u64,
     pub timeout: Duration,
     /// Copy the command's output to our stdout as it arrives.
@@ -94,6 +94,12 @@ const REQUEUE_DISK_MIB: u64 = 256;
 const REQUEUE_DEVICE: &str =
     "virtio-blk-pci,drive=d2,num-queues=1,queue-size=16,indirect_desc=off,serial=mt-requeue";
 
+/// /dev/nvme0n1: QEMU's emulated NVMe controller with one namespace. The guest's driver
+/// makes one I/O queue per vCPU (the controller offers 64), so the scheduler is `none`, and
+/// completes requests in the queue's interrupt handler, on the CPU that submitted them (one
+/// vector per queue). QEMU's nvme does no request merging of its own.
+const NVME_DEVICE: &str = "nvme,drive=nv0,serial=mt-nvme";
+
 fn sparse_file(path: &Path, mib: u64) -> Result<()> {
     let f = fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
     f.set_len(mib << 20)
@@ -127,10 +133,12 @@ pub fn run(cfg: &VmConfig) -> Result<VmResult> {
         aux: dir.join("aux.img"),
         scratch: dir.join("scratch.img"),
         requeue: dir.join("requeue.img"),
+        nvme: dir.join("nvme.img"),
     };
     sparse_file(&disks.aux, 64)?;
     sparse_file(&disks.scratch, cfg.scratch_mib)?;
     sparse_file(&disks.requeue, REQUEUE_DISK_MIB)?;
+    sparse_file(&disks.nvme, cfg.scratch_mib)?;
     let logs = Logs {
         console: dir.join("console.log"),
         out: dir.join("out.log"),
@@ -175,11 +183,12 @@ pub fn run(cfg: &VmConfig) -> Result<VmResult> {
     })
 }
 
-/// The guest's three disks: vda (aux), vdb (scratch), vdc (requeue).
+/// The guest's four disks: vda (aux), vdb (scratch), vdc (requeue), nvme0n1 (NVMe scratch).
 struct Disks {
     aux: PathBuf,
     scratch: PathBuf,
     requeue: PathBuf,
+    nvme: PathBuf,
 }
 
 /// The guest's serial ports: the console, the test output, the exit code.
@@ -257,7 +266,7 @@ fn stop_virtiofsd(mut virtiofsd: Reaped, sock: &Path) -> Result<()> {
 const NO_HOST_MERGING: &str = "request-merging=off";
 
 /// The QEMU command line: TCG, the kernel and initramfs, the serial logs, the host's / over
-/// virtiofs and the three disks.
+/// virtiofs and the four disks.
 fn qemu_command(cfg: &VmConfig, disks: &Disks, logs: &Logs, sock_s: &str) -> Result<Command> {
     // `no_timer_check`: at boot the kernel waits a few emulated ticks for the IO-APIC timer
     // and panics ("IO-APIC + timer doesn't work!") if none arrive. A TCG guest on a busy host
@@ -320,7 +329,10 @@ fn qemu_command(cfg: &VmConfig, disks: &Disks, logs: &Logs, sock_s: &str) -> Res
     ])
     // vdc: the requeue disk (after vda and vdb, which the tests rely on).
     .args(["-drive", &drive(&disks.requeue, "d2")?])
-    .args(["-device", REQUEUE_DEVICE]);
+    .args(["-device", REQUEUE_DEVICE])
+    // nvme0n1: the NVMe scratch disk, as production disks are.
+    .args(["-drive", &drive(&disks.nvme, "nv0")?])
+    .args(["-device", NVME_DEVICE]);
     Ok(q)
 }
 
