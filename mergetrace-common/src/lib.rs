@@ -587,7 +587,8 @@ pub const MERGE_CALLERS: usize = 3;
 /// [`LOST_CGROUP_NAMES`], [`LOST_LATENCY_FULL`], [`LOST_DISPATCH_FULL`],
 /// [`LOST_COMPLETION_UNSEEN`] and [`LOST_DISKS_FULL`].
 pub const LOST_SLOTS: u32 = kind::COUNT + 6;
-/// Lost slot: an event could not be counted because the counters map was full.
+/// Lost slot: an event could not be counted: its key found no room in the counters map, nor
+/// its (disk, direction) in the unattributed one.
 pub const LOST_COUNTS_FULL: u32 = kind::COUNT;
 /// Lost slot: a cgroup birth or removal could not be reported (its ring was full); user
 /// space then learns the name by rescanning the hierarchy, as before.
@@ -614,6 +615,14 @@ pub const LOST_DISKS_FULL: u32 = kind::COUNT + 5;
 /// The `cgroup_id` of the counters of removed cgroups, folded per disk and direction
 /// (no kernfs inode is this).
 pub const REMOVED_CGROUP: u64 = u64::MAX;
+
+/// The cgroup id of a device's *unattributed* counters: events whose key found no room in the
+/// counter maps (more new keys between two reads than `MAX_SLOTS`), counted per (disk,
+/// direction) instead of lost.
+pub const UNATTRIBUTED_CGROUP: u64 = u64::MAX - 1;
+
+/// (disk, direction) keys the unattributed counters hold at most.
+pub const UNATTRIBUTED_KEYS: u32 = 64;
 
 /// Longest cgroup path a [`CgroupEvent`] carries (with its NUL); longer ones are cut and
 /// flagged, and user space looks the name up in the hierarchy instead.
@@ -709,7 +718,11 @@ mod tests {
             let tried: std::collections::BTreeSet<u32> = (0..NEW_DISK_PROBES)
                 .map(|i| new_disk_slot(dev, 200, 512, i).unwrap())
                 .collect();
-            assert_eq!(tried.len(), NEW_DISK_PROBES as usize, "{dev}: distinct slots");
+            assert_eq!(
+                tried.len(),
+                NEW_DISK_PROBES as usize,
+                "{dev}: distinct slots"
+            );
             assert!(tried.iter().all(|s| (200..512).contains(s)), "{tried:?}");
         }
         assert_eq!(new_disk_slot(5, 256, 256, 0), None);

@@ -15,13 +15,13 @@ use aya_ebpf::{
 };
 use mergetrace_common::{
     charge_run_index, flags, kind, unplug_slot, CountKey, Counters, Event, Staged, CHARGE_RUNS,
-    LOST_COUNTS_FULL, STAGED_EVENTS, STAGED_MAX_AGE_NS,
+    LOST_COUNTS_FULL, STAGED_EVENTS, STAGED_MAX_AGE_NS, UNATTRIBUTED_CGROUP,
 };
 
 use crate::{
     maps::{
         frozen, COUNTERS, COUNTS, EVENTS, LOST, METER_UNITS, RING_WAKE_BYTES, SENT_SINCE_WAKE,
-        STAGED_SINCE, STAGING, UNPLUGS, ZERO,
+        STAGED_SINCE, STAGING, UNATTRIBUTED, UNPLUGS, ZERO,
     },
     slot::{self, key_of},
 };
@@ -395,7 +395,8 @@ fn count_unplug(ev: &Event, disk: u32) {
 }
 
 /// Counts `ev` (not an unplug) in this CPU's counters, with the same rule user space applies
-/// to captures: in its key's `slot`, or without one in the `COUNTS` hash map.
+/// to captures: in its key's `slot`, or without one in the `COUNTS` hash map, or, that full,
+/// in its disk's unattributed counters.
 #[inline(always)]
 fn count(ev: &Event, slot: Option<u32>) {
     let counters = match slot.and_then(|s| COUNTERS.get_ptr_mut(s)) {
@@ -410,17 +411,22 @@ fn count(ev: &Event, slot: Option<u32>) {
     unsafe { (*counters).count(ev, &units) };
 }
 
-/// The key's counters in the `COUNTS` hash map, inserted when new.
+/// The key's counters in the `COUNTS` hash map, inserted when new; when it is full, its
+/// disk's and direction's in `UNATTRIBUTED` (counted lost only when that is full too).
 #[inline(always)]
 fn hashed_counters(key: &CountKey) -> Option<*mut Counters> {
-    hashed_entry(&COUNTS, key, &ZERO, LOST_COUNTS_FULL)
+    if let Some(c) = entry_or_inserted(&COUNTS, key, &ZERO) {
+        return Some(c);
+    }
+    let unattributed = CountKey {
+        cgroup_id: UNATTRIBUTED_CGROUP,
+        ..*key
+    };
+    hashed_entry(&UNATTRIBUTED, &unattributed, &ZERO, LOST_COUNTS_FULL)
 }
 
 /// This CPU's value of `key` in `map`, inserted from `zero` when new; counted under `lost`
-/// when the map is full. The insert never replaces an entry: since the lookup that missed, a
-/// program in interrupt context on this CPU (a completion) may have inserted the key and
-/// counted in it, and an update of an existing per-CPU entry would overwrite this CPU's value
-/// with the zeros.
+/// when the map is full.
 #[inline(always)]
 pub fn hashed_entry<V>(
     map: &PerCpuHashMap<CountKey, V>,
@@ -428,15 +434,28 @@ pub fn hashed_entry<V>(
     zero: &PerCpuArray<V>,
     lost: u32,
 ) -> Option<*mut V> {
-    if let Some(v) = map.get_ptr_mut(key) {
-        return Some(v);
-    }
-    let _ = map.insert(key, zero.get(0)?, BPF_NOEXIST as u64);
-    let v = map.get_ptr_mut(key);
+    let v = entry_or_inserted(map, key, zero);
     if v.is_none() {
         count_lost(lost);
     }
     v
+}
+
+/// This CPU's value of `key` in `map`, inserted from `zero` when new; None when the map is
+/// full. The insert never replaces an entry: since the lookup that missed, a program in
+/// interrupt context on this CPU (a completion) may have inserted the key and counted in it,
+/// and an update of an existing per-CPU entry would overwrite this CPU's value with the zeros.
+#[inline(always)]
+fn entry_or_inserted<V>(
+    map: &PerCpuHashMap<CountKey, V>,
+    key: &CountKey,
+    zero: &PerCpuArray<V>,
+) -> Option<*mut V> {
+    if let Some(v) = map.get_ptr_mut(key) {
+        return Some(v);
+    }
+    let _ = map.insert(key, zero.get(0)?, BPF_NOEXIST as u64);
+    map.get_ptr_mut(key)
 }
 
 #[inline(always)]

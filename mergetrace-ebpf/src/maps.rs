@@ -8,7 +8,7 @@ use mergetrace_common::{
     latency::{IssuedAt, LatencyHist, ISSUED_AT_ENTRIES},
     nested::CacheEntry,
     CountKey, Counters, DeviceState, DiskConfig, Event, KernelOffsets, KernelSymbols, MeterUnits,
-    Modes, SlotRef, Staged, TracedDevices, LOST_SLOTS, MAX_SLOTS,
+    Modes, SlotRef, Staged, TracedDevices, LOST_SLOTS, MAX_SLOTS, UNATTRIBUTED_KEYS,
 };
 
 use crate::throttle::Dispatching;
@@ -59,6 +59,13 @@ pub(crate) use off;
 pub static COUNTS: PerCpuHashMap<CountKey, Counters> =
     PerCpuHashMap::with_max_entries(MAX_SLOTS, 0);
 
+/// Per CPU: counters per (disk, [`UNATTRIBUTED_CGROUP`], direction), for events whose key
+/// found `COUNTS` full: counted without their cgroup rather than lost. Preallocated, sized
+/// for its few keys.
+#[map]
+pub static UNATTRIBUTED: PerCpuHashMap<CountKey, Counters> =
+    PerCpuHashMap::with_max_entries(UNATTRIBUTED_KEYS, 0);
+
 /// Per CPU: counters by slot, for the keys user space gave a slot (`SLOT_OF`); after the
 /// first `MAX_SLOTS`, one slot per (disk, direction) where keys of removed cgroups count.
 #[map]
@@ -106,9 +113,11 @@ pub static STAGING: PerCpuArray<Staged> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 pub static STAGED_SINCE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
-/// Cgroup births and removals for user space (`cgroup_mkdir`, `cgroup_rmdir`).
+/// Cgroup births and removals for user space (`cgroup_mkdir`, `cgroup_rmdir`). 2 MiB holds
+/// ~4,000 records (520 bytes each): a second of cgroups made and removed at 2,000 a second,
+/// between two of user space's drains.
 #[map]
-pub static CGROUP_EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
+pub static CGROUP_EVENTS: RingBuf = RingBuf::with_byte_size(1 << 21, 0);
 
 /// What the programs keep per traced disk, by its slot (`TRACED`'s list or `DISK_SLOTS`).
 /// User space sizes the per-disk maps to the run's slots (`TracedDevices::slots`).

@@ -390,8 +390,10 @@ fn a_pattern_traces_the_disks_that_match_now_and_later() {
         .collect();
     assert!(!names.contains(&other.name.as_str()), "{names:?}");
     assert!(
-        out.stderr.lines().any(|l| l.contains(&format!("changed: {} (", later.name))
-            && l.contains("a new disk, traced from its first bio")),
+        out.stderr
+            .lines()
+            .any(|l| l.contains(&format!("changed: {} (", later.name))
+                && l.contains("a new disk, traced from its first bio")),
         "{}",
         out.stderr
     );

@@ -647,7 +647,10 @@ fn live_view_names_short_lived_cgroups_and_intervals_add_up() {
         }
     }
     bios_of.retain(|_, n| *n > 0);
-    assert_eq!(kept_bios, bios_of, "the total's rows of the churned cgroups");
+    assert_eq!(
+        kept_bios, bios_of,
+        "the total's rows of the churned cgroups"
+    );
     // Each churned cgroup's request completed before its removal, so before its reclaim:
     // every row, (removed) too, holds the latency of exactly its own requests.
     for row in rows(&out.total, &lo) {
@@ -685,6 +688,102 @@ fn live_view_names_short_lived_cgroups_and_intervals_add_up() {
         out.intervals.len(),
         kept_bios.len()
     );
+}
+
+/// Churn faster than the reads (issue 46): more new cgroups between two reads than the counter
+/// maps hold (1,024 slots, 1,024 hash entries; the live view's one read is at its end). No bio
+/// is lost: those whose cgroup found no room count in the device's "(unattributed)" row, and
+/// the rows together equal /proc/diskstats.
+#[test]
+fn churn_faster_than_the_reads_loses_no_bio() {
+    const SIZE: u64 = 16 << 20;
+    let (lo, parent) = device_and_parent(SIZE);
+    let tracer = Tracer::start(&["-d", lo.name.as_str(), "--interval", "1h"]);
+    let before = lo.diskstats();
+    let churn = Arc::new(Churn::new(&parent, &lo, SIZE));
+    let pool = Pool::new(churn.clone());
+    // 1,440 cgroups: the slots go to the first keys while their hash entries stay until a
+    // read moves them, so the others find both maps full.
+    const ROUNDS: usize = 10;
+    for r in 0..ROUNDS {
+        pool.run(r);
+    }
+    pool.finish();
+    let d = lo.diskstats().since(&before);
+    let out = tracer.stop();
+    assert_eq!(out.lost_events(), 0);
+    let total = (ROUNDS * WRITERS * PER_WRITER) as u64;
+    let t = out.device_total(&lo);
+    assert_eq!(u(&t["write"], "bios"), total, "every bio counted");
+    assert_eq!(u(&t["write"], "requests"), d.writes, "{d:?}");
+    let unattributed = row_writes(out.cgroup_row(&lo, "(unattributed)"));
+    assert!(
+        unattributed > 0 && unattributed < total,
+        "(unattributed) {unattributed} of {total} bios: the maps should have filled"
+    );
+    // The cgroups that found room have their own row, with their one bio.
+    let mut named = 0;
+    for row in rows(&out.total, &lo) {
+        if cgroup_name(row).starts_with(&format!("{}/c", churn.parent_path)) {
+            assert_eq!(u(&row["write"], "bios"), 1, "{row}");
+            named += 1;
+        }
+    }
+    assert!(named >= 1000, "{named} cgroups named");
+    eprintln!(
+        "kernel_churn: {total} cgroups before one read: {named} named, {unattributed} bios \
+         unattributed, the rest the parent's"
+    );
+}
+
+/// `serve` with its default flags (a read a second, removed cgroups reclaimed 5 s after, or at
+/// once when half the slots are taken) while 17,280 cgroups come and go as fast as this
+/// machine makes them, nothing scraping until the end: no bio lost, the sums equal
+/// /proc/diskstats.
+#[test]
+fn churn_at_full_speed_with_default_flags_loses_no_bio() {
+    const SIZE: u64 = 16 << 20;
+    let (lo, parent) = device_and_parent(SIZE);
+    let server = Server::start(&lo, &["--tier", "tracepoint"]);
+    let before = lo.diskstats();
+    let churn = Arc::new(Churn::new(&parent, &lo, SIZE));
+    let pool = Pool::new(churn.clone());
+    const ROUNDS: usize = 120;
+    let t0 = Instant::now();
+    for r in 0..ROUNDS {
+        pool.run(r);
+    }
+    pool.finish();
+    let secs = t0.elapsed().as_secs_f64();
+    let d = lo.diskstats().since(&before);
+    // Past a read (a second), so that the last cgroups are read too.
+    thread::sleep(Duration::from_secs(2));
+    let m = server.scrape();
+    let lost: Vec<_> = m
+        .of("mergetrace_lost_events_total")
+        .filter(|s| s.value != 0.0)
+        .map(|s| (s.labels["kind"].clone(), s.value))
+        .collect();
+    assert!(lost.is_empty(), "lost events: {lost:?}");
+    let dev = [("device", lo.name.as_str()), ("direction", "write")];
+    let total = (ROUNDS * WRITERS * PER_WRITER) as u64;
+    assert_eq!(
+        m.sum("mergetrace_bios_total", &dev),
+        total,
+        "every bio counted"
+    );
+    assert_eq!(m.sum("mergetrace_requests_total", &dev), d.writes, "{d:?}");
+    let unattributed = m.sum(
+        "mergetrace_bios_total",
+        &[dev[0], dev[1], ("cgroup", "(unattributed)")],
+    );
+    eprintln!(
+        "kernel_churn: {total} cgroups in {secs:.1} s ({:.0} a second), default flags: \
+         {unattributed} bios unattributed",
+        total as f64 / secs
+    );
+    let (status, stderr) = server.stop();
+    assert!(status.success(), "{stderr}");
 }
 
 /// A capture while a round of 144 short-lived cgroups comes and goes: `report` names every one

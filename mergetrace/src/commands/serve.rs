@@ -375,10 +375,15 @@ fn spawn_poller(
                 _ = tick.tick() => {}
                 _ = reports.wait() => {}
             }
-            let read = last_read.elapsed() >= every;
             let ex = ex.clone();
-            let _ = tokio::task::spawn_blocking(move || {
-                let Ok(mut ex) = ex.try_lock() else { return };
+            let since = last_read.elapsed();
+            let read = tokio::task::spawn_blocking(move || {
+                let Ok(mut ex) = ex.try_lock() else {
+                    return false;
+                };
+                // Under churn the slots are freed by reads: then one every poll.
+                let read =
+                    since >= every || (since >= CGROUP_POLL && ex.session.slots_under_pressure());
                 if read {
                     if let Err(e) = ex.update() {
                         eprintln!("mergetrace: cannot read the counters: {e:#}");
@@ -390,8 +395,10 @@ fn spawn_poller(
                         eprintln!("mergetrace: cannot give new cgroups their counters: {e:#}");
                     }
                 }
+                read
             })
-            .await;
+            .await
+            .unwrap_or(false);
             if read {
                 last_read = tokio::time::Instant::now();
             }

@@ -11,7 +11,7 @@ use aya::{
 };
 use mergetrace_common::{
     gate, latency::LatencyHist, lookup, unplug_slot, Counters, DiskConfig, MeterUnits, Modes,
-    TracedDevices, UnplugKey, FROZEN_DISKS, LOST_SLOTS, MAX_DISKS, UNPLUG_MAX_DEPTH,
+    TracedDevices, UnplugKey, FROZEN_DISKS, LOST_SLOTS, MAX_DISKS, MAX_SLOTS, UNPLUG_MAX_DEPTH,
 };
 
 use super::{
@@ -261,6 +261,7 @@ impl Session {
             latency,
             BpfHashMap::try_from(take("SLOT_OF")?)?,
             Array::try_from(take("SLOT_GEN")?)?,
+            PerCpuHashMap::try_from(take("UNATTRIBUTED")?)?,
         )?;
         let cgroup_ring = RingBuf::try_from(take("CGROUP_EVENTS")?)?;
         let slot_owners = disks.register(&mut ebpf)?;
@@ -318,7 +319,14 @@ impl Session {
     pub fn read_totals(&mut self) -> Result<Window> {
         self.poll_cgroups();
         let now = super::monotonic_ns();
-        let (removed, grace) = (&self.removed, self.reclaim_after_ns);
+        // With half the slots taken, removed cgroups are reclaimed at once (once a read has
+        // shown them): under churn the slots go to new cgroups rather than to the grace.
+        let grace = if self.slots_under_pressure() {
+            0
+        } else {
+            self.reclaim_after_ns
+        };
+        let removed = &self.removed;
         let totals = self.slots.totals(|id| {
             removed
                 .get(&id)
@@ -347,6 +355,12 @@ impl Session {
             }
         }
         Ok(w)
+    }
+
+    /// Half the counter slots or more are taken: removed cgroups are then reclaimed at the
+    /// first read that has shown them, and `serve` reads more often.
+    pub fn slots_under_pressure(&self) -> bool {
+        self.slots.len().0 >= MAX_SLOTS as usize / 2
     }
 
     /// Gives the keys counted since the last read a counter slot, without reading counters

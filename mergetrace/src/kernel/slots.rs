@@ -34,6 +34,10 @@ use mergetrace_common::{
     latency::LatencyHist, CountKey, Counters, SlotRef, MAX_SLOTS, REMOVED_CGROUP,
 };
 
+/// Free slots new keys never take: a disk's removed slot comes from them, so that reclaiming
+/// (which frees slots) can always start, however many keys took the others.
+const REMOVED_RESERVE: usize = 16;
+
 /// A value the programs keep per key, summed field by field.
 pub trait Tally: Pod + Default + PartialEq {
     fn add(&mut self, o: &Self);
@@ -192,6 +196,9 @@ pub struct Slots {
     latency: Option<Table<LatencyHist>>,
     slot_of: BpfHashMap<MapData, CountKey, SlotRef>,
     generation: Array<MapData, u32>,
+    /// Per (disk, `UNATTRIBUTED_CGROUP`, direction): what the programs counted when a new
+    /// key found no room (`UNATTRIBUTED`). Never reclaimed: a running total like the others.
+    unattributed: PerCpuHashMap<MapData, CountKey, Counters>,
     /// The keys with a slot, and the slot.
     by_key: HashMap<CountKey, SlotRef>,
     /// The removed slot of each (disk, direction) that has needed one: where the keys of its
@@ -217,12 +224,14 @@ impl Slots {
         latency: Option<Table<LatencyHist>>,
         slot_of: BpfHashMap<MapData, CountKey, SlotRef>,
         generation: Array<MapData, u32>,
+        unattributed: PerCpuHashMap<MapData, CountKey, Counters>,
     ) -> Result<Slots> {
         Ok(Slots {
             counters,
             latency,
             slot_of,
             generation,
+            unattributed,
             by_key: HashMap::new(),
             removed: HashMap::new(),
             free: (0..MAX_SLOTS).rev().collect(),
@@ -242,7 +251,7 @@ impl Slots {
     pub fn totals(&mut self, reclaim: impl Fn(u64) -> bool) -> Result<Totals> {
         self.finish_draining()?;
         self.finish_moving();
-        let t = Totals {
+        let mut t = Totals {
             counts: self.counters.totals(&self.by_key, &self.removed)?,
             latency: match &self.latency {
                 Some(l) => l.totals(&self.by_key, &self.removed)?,
@@ -255,6 +264,10 @@ impl Slots {
             .map(|(k, _)| *k)
             .chain(t.latency.iter().map(|(k, _)| *k))
             .collect();
+        for entry in self.unattributed.iter() {
+            let (key, per_cpu) = entry.context("cannot read the UNATTRIBUTED map")?;
+            t.counts.push((key, per_cpu_sum(&per_cpu)));
+        }
         let mut retire = Vec::new();
         let mut assign = Vec::new();
         for k in &keys {
@@ -289,7 +302,7 @@ impl Slots {
     /// slot instead of two hash lookups) within moments, whatever the report interval. Their
     /// hash entries are moved at the read after next, when nothing counts in them any more.
     pub fn adopt(&mut self) -> Result<()> {
-        if self.free.is_empty() {
+        if self.free.len() <= REMOVED_RESERVE {
             return Ok(());
         }
         let mut hashed: Vec<CountKey> = self.counters.hashed_keys().collect();
@@ -313,10 +326,14 @@ impl Slots {
         Ok(())
     }
 
-    /// Gives `key` a slot if it has none and one is free; whether it has one now.
+    /// Gives `key` a slot if it has none and one is free beyond the [`REMOVED_RESERVE`];
+    /// whether it has one now.
     pub fn assign(&mut self, key: CountKey) -> Result<bool> {
         if self.by_key.contains_key(&key) {
             return Ok(true);
+        }
+        if self.free.len() <= REMOVED_RESERVE {
+            return Ok(false);
         }
         let Some(slot) = self.free.pop() else {
             return Ok(false);

@@ -1,7 +1,7 @@
 //! Cgroup ids → paths. The id the probes report is the kernfs inode of the bio's blkcg
 //! directory, which lives in the hierarchy that hosts the io controller: cgroup v1 `blkio`
 //! when it is mounted (hybrid hosts), the unified v2 hierarchy otherwise.
-use mergetrace_common::REMOVED_CGROUP;
+use mergetrace_common::{REMOVED_CGROUP, UNATTRIBUTED_CGROUP};
 use std::{
     collections::HashMap,
     os::unix::fs::MetadataExt,
@@ -83,6 +83,10 @@ pub fn io_hierarchy_id(proc_cgroups: &str) -> Option<u32> {
 /// The path shown for the counters of removed cgroups, folded per device.
 pub const REMOVED_PATH: &str = "(removed)";
 
+/// The name of a device's counters of I/O whose cgroup found no room in the counter maps
+/// (more new cgroups between two reads than they hold).
+pub const UNATTRIBUTED_PATH: &str = "(unattributed)";
+
 /// mountinfo escapes space, tab, newline and backslash as octal.
 fn unescape(s: &str) -> String {
     let b = s.as_bytes();
@@ -142,8 +146,12 @@ impl Cgroups {
 
     /// The name of `id`: looked up, rescanned once if unknown, checked for removal.
     pub fn name(&mut self, id: u64) -> CgroupName {
-        if id == 0 || id == REMOVED_CGROUP {
-            let path = if id == 0 { "(none)" } else { REMOVED_PATH };
+        if id == 0 || id == REMOVED_CGROUP || id == UNATTRIBUTED_CGROUP {
+            let path = match id {
+                0 => "(none)",
+                REMOVED_CGROUP => REMOVED_PATH,
+                _ => UNATTRIBUTED_PATH,
+            };
             return CgroupName {
                 path: path.into(),
                 gone: false,

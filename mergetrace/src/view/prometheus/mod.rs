@@ -36,6 +36,7 @@ use crate::model::{
     aggregate::Dir,
     snapshot::{self, DirStats, Snapshot},
 };
+use crate::sys::cgroups::UNATTRIBUTED_PATH;
 use exposition::Exposition;
 
 /// The `cgroup` label of everything beyond `--max-cgroups`.
@@ -359,8 +360,8 @@ impl Model {
     /// The labels (cgroup, name) of cgroup `path`: its own while there is room or it already
     /// has one, with the name it was first seen with; `(other)` and no name otherwise.
     pub fn cgroup_label(&mut self, path: &str, name: &str) -> (String, String) {
-        if path == REMOVED {
-            return (REMOVED.to_string(), String::new());
+        if path == REMOVED || path == UNATTRIBUTED_PATH {
+            return (path.to_string(), String::new());
         }
         if let Some(first) = self.admitted.get(path) {
             return (path.to_string(), first.name.clone());
