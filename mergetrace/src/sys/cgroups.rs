@@ -449,8 +449,9 @@ mod tests {
                 gone: true
             }
         );
-        assert!(c.name(u64::MAX - 1).gone);
+        assert!(c.name(u64::MAX - 2).gone);
         assert_eq!(c.name(REMOVED_CGROUP).path, REMOVED_PATH);
+        assert_eq!(c.name(UNATTRIBUTED_CGROUP).path, UNATTRIBUTED_PATH);
         // Named at birth, gone at once: the birth report's name stays until forgotten.
         c.born(77, Some("/brief".into()));
         c.gone(77);
