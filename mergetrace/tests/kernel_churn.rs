@@ -49,8 +49,10 @@ pub(crate) const BS: usize = 4096;
 const MAP_ENTRIES_BOUND: usize = 1024;
 /// Growth of the server's RSS from its peak over the first half of the rounds to its peak over
 /// the second half and the end. Before reclaim, ~8 KB per removed cgroup: 80 MB over the
-/// second half's 10,000.
-const RSS_GROWTH_BOUND_KB: u64 = 8 << 10;
+/// second half's 10,000; a leak of 1.6 KB per cgroup still fails. Without a leak, measured
+/// with a lab guest beside it: +0.3 to +4.6 MB in most runs, and a step of 9–10 MB in one run
+/// of three or four (the allocator taking another arena's pages at once, not a slope).
+const RSS_GROWTH_BOUND_KB: u64 = 16 << 10;
 /// A bound on one HTTP exchange or a wait for the server; never an assertion on speed.
 pub(crate) const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
 
