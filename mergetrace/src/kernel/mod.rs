@@ -1,6 +1,6 @@
 //! The kernel side, as user space sees it: which hooks exist where ([`compat`]), the kernel's
 //! BTF ([`btf`]), loading the object and attaching its programs from the hook table
-//! ([`attach`]), a run's programs and counters ([`session`]), who may load them
+//! ([`attach`]), a run's programs and counters ([`session`]) and its disks ([`disks`]), who may load them
 //! ([`privileges`]) and what is kept once they are attached ([`least_privilege`]), the counter
 //! slots the programs count in ([`slots`]), the
 //! event rings ([`rings`]) and their stream in time order ([`collector`], [`time_order`]), and
@@ -11,6 +11,7 @@ pub mod btf;
 pub mod cgroup_events;
 pub mod collector;
 pub mod compat;
+pub mod disks;
 pub mod least_privilege;
 pub mod privileges;
 pub mod rings;
