@@ -22,8 +22,8 @@ pub fn warn_skipped_runs(unsaid: &crate::model::snapshot::Unsaid) {
         .collect();
     eprintln!(
         "mergetrace: warning: the kernel skipped runs of the programs ({}): each was already \
-         running on its CPU when an interrupt reached the same hook; what those runs would have \
-         counted on the traced disks may be missing",
+         running on its CPU when an interrupt, or a task that preempted it, reached the same hook; \
+         what those runs would have counted on the traced disks may be missing",
         runs.join(", ")
     );
 }
