@@ -73,12 +73,15 @@ pub fn forget_all<const N: usize>(mut vs: [u64; N]) -> [u64; N] {
 /// written to a map word of this program's own ([`scratch`]) and read back.
 #[inline(always)]
 pub fn forget_all_stored<const N: usize>(mut vs: [u64; N]) -> [u64; N] {
-    if let Some(held) = scratch() {
-        for v in &mut vs {
-            unsafe {
-                core::ptr::write_volatile(held.word, *v);
-                *v = core::ptr::read_volatile(held.word);
-            }
+    // Never None (a per-CPU array of one entry), but the verifier follows that path too:
+    // there a pointer must not come back as it went in, or arithmetic on it is refused.
+    let Some(held) = scratch() else {
+        return [0; N];
+    };
+    for v in &mut vs {
+        unsafe {
+            core::ptr::write_volatile(held.word, *v);
+            *v = core::ptr::read_volatile(held.word);
         }
     }
     vs
