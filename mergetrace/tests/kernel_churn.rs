@@ -136,11 +136,7 @@ fn churn_soak(cgroups: usize) {
         let m = server.scrape();
         let ctx = format!("after round {r} ({} cgroups)", (r + 1) * per_round);
         assert_monotonic(&last, &m, &ctx);
-        let lost: Vec<_> = m
-            .of("mergetrace_lost_events_total")
-            .filter(|s| s.value != 0.0)
-            .map(|s| (s.labels["kind"].clone(), s.value))
-            .collect();
+        let lost = m.lost_events();
         assert!(lost.is_empty(), "lost events {ctx}: {lost:?}");
         for label in m.cgroup_labels() {
             assert!(
@@ -761,11 +757,7 @@ fn churn_at_full_speed_with_default_flags_loses_no_bio() {
     // Past a read (a second), so that the last cgroups are read too.
     thread::sleep(Duration::from_secs(2));
     let m = server.scrape();
-    let lost: Vec<_> = m
-        .of("mergetrace_lost_events_total")
-        .filter(|s| s.value != 0.0)
-        .map(|s| (s.labels["kind"].clone(), s.value))
-        .collect();
+    let lost = m.lost_events();
     assert!(lost.is_empty(), "lost events: {lost:?}");
     let dev = [("device", lo.name.as_str()), ("direction", "write")];
     let total = (ROUNDS * WRITERS * PER_WRITER) as u64;

@@ -39,21 +39,6 @@ fn image_archive() -> PathBuf {
         .join(format!("mergetrace-{}-oci.tar", env!("CARGO_PKG_VERSION")))
 }
 
-/// Panics unless `tool --version` runs.
-fn require_tool(tool: &str) {
-    let found = Command::new(tool)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        found,
-        "`{tool}` is required by kernel_image and was not found in PATH (scripts/setup --test \
-         installs Debian's podman and runc)"
-    );
-}
-
 // ---------------------------------------------------------------------------------------
 // podman with a scratch store
 
@@ -278,8 +263,8 @@ fn count(scrape: &Scrape, metric: &str, labels: &[(&str, &str)]) -> u64 {
 #[test]
 fn image_serves_counts_equal_to_diskstats() {
     require_root();
-    require_tool("podman");
-    require_tool("runc");
+    require_program("podman", "kernel_image");
+    require_program("runc", "kernel_image");
     let archive = image_archive();
     assert!(
         archive.is_file(),

@@ -63,16 +63,7 @@ fn rootfs() -> PathBuf {
 
 fn require_podman() {
     for tool in ["podman", "runc"] {
-        let ok = Command::new(tool)
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(
-            ok,
-            "`{tool}` is required by kernel_podman and was not found: `scripts/setup --test` installs it"
-        );
+        require_program(tool, "kernel_podman");
     }
 }
 

@@ -59,17 +59,7 @@ struct Prometheus {
 
 /// Panics unless `prometheus` runs: the test fails, never skips, without it.
 fn require_prometheus() {
-    let found = Command::new("prometheus")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        found,
-        "`prometheus` is required by kernel_prometheus and was not found in PATH \
-         (scripts/setup --test installs Debian's prometheus package)"
-    );
+    require_program("prometheus", "kernel_prometheus");
 }
 
 impl Prometheus {

@@ -267,6 +267,14 @@ impl Exposition {
         self.samples.iter().filter(move |s| s.metric == metric)
     }
 
+    /// The kinds of lost events with a count above 0, and the count.
+    pub(crate) fn lost_events(&self) -> Vec<(String, f64)> {
+        self.of("mergetrace_lost_events_total")
+            .filter(|s| s.value != 0.0)
+            .map(|s| (s.labels["kind"].clone(), s.value))
+            .collect()
+    }
+
     /// Sum of `metric` over the samples with all of `labels`.
     pub(crate) fn sum(&self, metric: &str, labels: &[(&str, &str)]) -> u64 {
         let v: f64 = self

@@ -180,6 +180,21 @@ pub fn unique_name() -> String {
     )
 }
 
+/// Panics unless `tool --version` runs: the test target `by` fails, never skips, without it
+/// (`scripts/setup --test` installs every tool a test needs).
+pub fn require_program(tool: &str, by: &str) {
+    let found = Command::new(tool)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        found,
+        "`{tool}` is required by {by} and was not found in PATH: `scripts/setup --test` installs it"
+    );
+}
+
 /// Panics unless running as root with the tools these tests need. Never skips: a CI job
 /// that cannot run them must go red, not green.
 pub fn require_root() {
